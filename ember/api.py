@@ -1,0 +1,168 @@
+"""ember.compile and the wrappers it returns: they look like what was passed in.
+
+A CompiledFunction calls the frontend (capture, guards, cache) instead of the function.
+A CompiledModule shares everything with the original module (parameters, buffers, state_dict,
+attribute reads and writes) and compiles only the call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import types
+from typing import Any, Callable
+
+import torch
+
+from ember.backends import backend_name, lookup_backend
+
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+VALID_OPTIONS = ("model", "fullgraph", "dynamic", "backend", "mode", "options", "disable")
+# Keywords that tutorials write but torch.compile never had, and what to write instead.
+KNOWN_MISTAKES = {
+    "optimization_level": 'mode="max-autotune" (or "reduce-overhead")',
+    "opt_level": 'mode="max-autotune" (or "reduce-overhead")',
+    "device": "model.to(device) before or after ember.compile",
+    "training": "model.train() / model.eval()",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """How a function is compiled; one per ember.compile call."""
+    backend: Callable
+    backend_name: str
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    mode: str | None = None
+    options: dict | None = None
+
+
+def _bad_keyword(name: str) -> TypeError:
+    if name in KNOWN_MISTAKES:
+        hint = f" ember.compile (like torch.compile) has no {name!r}; use {KNOWN_MISTAKES[name]}."
+    else:
+        near = difflib.get_close_matches(name, VALID_OPTIONS, n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+    return TypeError(f"ember.compile() got an unexpected keyword argument {name!r}. "
+                     f"Valid options: {', '.join(VALID_OPTIONS)}.{hint}")
+
+
+def _check_mode(mode: Any) -> None:
+    if mode in MODES:
+        return
+    if mode in ("training", "train"):
+        raise ValueError(f"mode={mode!r} is not a compile mode: call model.train() for training. "
+                         f"Valid modes: {[m for m in MODES if m]}.")
+    near = difflib.get_close_matches(str(mode), [m for m in MODES if m], n=1)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    raise ValueError(f"unknown mode {mode!r}; valid modes: {[m for m in MODES if m]}.{hint}")
+
+
+def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: bool | None = None,
+            backend: str | Callable = "ember", mode: str | None = None, options: dict | None = None,
+            disable: bool = False, **unknown: Any):
+    """Compile a function, bound method or nn.Module; usable as a decorator with or without arguments.
+
+    Same signature as torch.compile: switching is a change of one import.
+    """
+    if unknown:
+        raise _bad_keyword(next(iter(unknown)))
+    _check_mode(mode)
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must be a dict, got {type(options).__name__}")
+    cfg = Config(lookup_backend(backend), backend_name(backend), fullgraph, dynamic, mode, options)
+
+    def wrap(m: Callable):
+        if disable:
+            return m
+        if isinstance(m, torch.nn.Module):
+            return CompiledModule(m, cfg)
+        if isinstance(m, (CompiledFunction, CompiledModule)):
+            return m
+        if isinstance(m, (types.FunctionType, types.MethodType)) or (callable(m) and not isinstance(m, type)):
+            return CompiledFunction(m, cfg)
+        raise TypeError(f"ember.compile expects a function, a bound method or an nn.Module, "
+                        f"got {type(m).__name__}: {m!r}")
+
+    if model is None:
+        return wrap
+    return wrap(model)
+
+
+class CompiledFunction:
+    """A function whose calls go through the frontend's cache of captured graphs."""
+
+    def __init__(self, fn: Callable, cfg: Config):
+        from ember.frontend import FrameCompiler
+        self._fn = fn
+        self._cfg = cfg
+        self._frame = FrameCompiler.for_callable(fn, cfg)
+        functools.update_wrapper(self, fn, updated=())
+
+    def __call__(self, *args, **kwargs):
+        return self._frame(args, kwargs)
+
+    def __get__(self, obj, objtype=None):
+        # @ember.compile on a method: bind like a function would.
+        if obj is None:
+            return self
+        return types.MethodType(self, obj)
+
+    def __repr__(self):
+        return f"ember.compile({self._fn!r}, backend={self._cfg.backend_name!r})"
+
+
+class CompiledModule:
+    """Looks like the original module: attribute reads, writes and methods go to it, calls are compiled."""
+
+    def __init__(self, mod: torch.nn.Module, cfg: Config):
+        object.__setattr__(self, "_orig_mod", mod)
+        object.__setattr__(self, "_ember_call", CompiledFunction(_call_module, cfg))
+
+    def __call__(self, *args, **kwargs):
+        return self._ember_call(self._orig_mod, *args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self._ember_call(self._orig_mod, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._orig_mod, name)
+        if isinstance(attr, types.MethodType) and attr.__self__ is self._orig_mod:
+            # Module methods that return the module (.to, .train, .eval, .cuda, .float...) return the wrapper.
+            @functools.wraps(attr)
+            def method(*args, **kwargs):
+                out = attr(*args, **kwargs)
+                return self if out is self._orig_mod else out
+            return method
+        return attr
+
+    def __setattr__(self, name: str, value):
+        setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name: str):
+        delattr(self._orig_mod, name)
+
+    def __dir__(self):
+        return dir(self._orig_mod)
+
+    def __repr__(self):
+        return f"CompiledModule({self._orig_mod!r})"
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(f"cannot pickle an ember-compiled module: save the original module instead "
+                        f"(torch.save(model) or torch.save(model.state_dict()) on the {type(self._orig_mod).__name__} "
+                        f"you passed to ember.compile), and compile again after loading.")
+
+
+def _call_module(mod, *args, **kwargs):
+    return mod(*args, **kwargs)
+
+
+def disable(fn: Callable | None = None, recursive: bool = True):
+    """Decorator: never compile this function, also when it is called from compiled code."""
+    def mark(f):
+        target = getattr(f, "__func__", f)
+        target.__ember_disable__ = True
+        return f
+    return mark(fn) if fn is not None else mark

@@ -1,0 +1,76 @@
+"""Backend registry: a backend is any callable (gm: torch.fx.GraphModule, example_inputs: list) -> callable.
+
+This is exactly torch.compile's custom-backend contract, so a backend written for torch.compile works here.
+Built-in backends register themselves on import of this package:
+  "eager"      run the captured graph as it is
+  "aot_eager"  ahead-of-time autograd (ember.autograd), both graphs run eagerly
+  "ember"      autograd -> decompositions -> codegen (until the code generator lands: the graph as it is)
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Callable
+
+import torch
+
+Backend = Callable[[torch.fx.GraphModule, list], Callable]
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register_backend(fn: Backend | None = None, *, name: str | None = None):
+    """Register a backend under its function name (or `name`). Usable as `@register_backend` or with arguments."""
+
+    def register(f: Backend) -> Backend:
+        _REGISTRY[name or f.__name__] = f
+        return f
+
+    return register(fn) if fn is not None else register
+
+
+def list_backends() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def lookup_backend(backend: str | Backend) -> Backend:
+    if callable(backend):
+        return backend
+    if isinstance(backend, str):
+        if backend in _REGISTRY:
+            return _REGISTRY[backend]
+        near = difflib.get_close_matches(backend, list(_REGISTRY), n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise ValueError(f"unknown backend {backend!r}; registered backends: {list_backends()}.{hint}")
+    raise TypeError(f"backend must be a registered name or a callable (gm, example_inputs) -> callable, "
+                    f"got {type(backend).__name__}")
+
+
+def backend_name(backend: str | Backend) -> str:
+    return backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+
+
+@register_backend
+def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    return gm.forward
+
+
+def _ember(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    # The code generator plugs in here (ember.codegen); until then the graph runs as captured.
+    try:
+        from ember.backends.ember_backend import compile_graph  # noqa: F401 (optional, lands with codegen)
+    except ImportError:
+        return gm.forward
+    return compile_graph(gm, example_inputs)
+
+
+register_backend(_ember, name="ember")
+
+
+def _aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    try:
+        from ember.autograd import aot_eager as impl
+    except ImportError:
+        return gm.forward
+    return impl(gm, example_inputs)
+
+
+register_backend(_aot_eager, name="aot_eager")
