@@ -573,8 +573,7 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     for m in meta.mutations:
         dst, src = inputs[m.input_index], outs[m.output_index]
         if dst is not src:
-            with torch.no_grad() if not (torch.is_grad_enabled() and src.requires_grad) else _nullctx:
-                dst.copy_(src)
+            dst.copy_(src)      # under the caller's grad mode: a write into a tensor needing grad is recorded
     flat = []
     for s in meta.outputs:
         if s.kind == "graph":
@@ -584,17 +583,6 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
         else:
             flat.append(s.value)
     return pytree.tree_unflatten(flat, meta.out_spec)
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_nullctx = _Null()
 
 
 def run_graph(compiled: Callable, meta: TraceMeta, gm: torch.nn.Module | None = None) -> Callable:
