@@ -543,6 +543,7 @@ class EntryCodegen:
             return eval(g, ns_for_check, dict(zip(fc.argnames, frame_args)))
 
         entry = Entry(ns["___entry"], guards, check, description)
+        _emit("entry", name=fc.name, guards=guards)
         entry.source = text
         entry.graph_inputs = [i.source for i in self.cap.inputs]
         return entry

@@ -90,6 +90,8 @@ TORCH_OP_OBJS = {id(v): v for ns in TORCH_NAMESPACES for _, v in _namespace_item
 TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "functools", "itertools", "collections", "builtins",
                            "numbers", "typing", "enum", "dataclasses", "warnings", "inspect", "abc", "copy")
 PURE_BUILTIN_FUNCS = {abs, round, divmod, pow, hash, chr, ord, hex, oct, bin, repr, ascii, format, callable, id}
+PURE_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "count", "index",
+                "__eq__", "__ne__", "__hash__", "startswith", "endswith", "copy"}
 MATH_FUNCS = {id(v) for v in vars(math).values() if callable(v)}
 OPERATOR_FUNCS = {id(v): v for v in vars(operator).values() if callable(v)}
 
@@ -1457,6 +1459,8 @@ class Frame:
             src = attr_source(owner.source, name) if isinstance(owner, ObjV) else None
             trusted = cls.__module__.split(".")[0] in TRUSTED_MODULE_PREFIXES
             return self.cap.wrap(static, None if trusted else src)
+        if isinstance(static, (types.MethodDescriptorType, types.WrapperDescriptorType)) and isinstance(owner, ObjV):
+            return BoundV(owner, static)
         if isinstance(static, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
             if instance is not None:
                 return ObjV(getattr(instance, name))
@@ -1535,6 +1539,8 @@ class Frame:
         if isinstance(fn, BoundV):
             if isinstance(fn.func, str):
                 return self.call_method(fn.self_v, fn.func, args, kwargs)
+            if isinstance(fn.func, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+                return self.call_builtin_method(fn.self_v, fn.func, args, kwargs)
             return self.call(ObjV(fn.func), [fn.self_v] + args, kwargs)
         if isinstance(fn, ClosureV):
             return self.inline(fn.code, fn.globals, fn.defaults, fn.kwdefaults, fn.closure, args, kwargs, fn.name)
@@ -1599,6 +1605,22 @@ class Frame:
             return self.concrete(f, args, kwargs)
         raise Unsupported(f"call to {_callable_name(f)} (not a torch op and not Python ember can inline)",
                           self.where())
+
+    def call_builtin_method(self, owner: V, descr, args: list[V], kwargs: dict) -> V:
+        """A C method of a builtin base class (dict.get on a dict subclass...): read-only ones run at capture
+        time, and their result is guarded by calling them again."""
+        if descr.__name__ not in PURE_METHODS or kwargs or not isinstance(owner, ObjV) or \
+                not all(isinstance(a, ConstV) for a in args):
+            raise Unsupported(f"{descr.__qualname__} on {self.type_name(owner)}", self.where())
+        vals = [a.value for a in args]
+        try:
+            r = descr(owner.value, *vals)
+        except Exception as e:
+            raise Unsupported(f"{descr.__qualname__} raised {type(e).__name__}", self.where())
+        src = None
+        if owner.source is not None:
+            src = f"{self.cap.consts.ref(descr)}({owner.source}{''.join(', ' + self.cap.consts.key(v) for v in vals)})"
+        return self.cap.wrap(r, src)
 
     def call_torch(self, f, name: str, args: list[V], kwargs: dict) -> V:
         has_tensor = _any_tensor(args) or _any_tensor(list(kwargs.values()))
@@ -2173,6 +2195,8 @@ def _scalar_conv(typ):
 
 
 def _str(fr, args, kwargs):
+    if args and isinstance(args[0], ObjV) and isinstance(args[0].value, (type, types.FunctionType, types.ModuleType)):
+        return ConstV(str(args[0].value))
     if args and not isinstance(args[0], ConstV):
         if isinstance(args[0], (ObjV, NewObjV)):
             m = fr.getattr(args[0], "__str__") if isinstance(args[0], NewObjV) else None
