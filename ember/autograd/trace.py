@@ -43,7 +43,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 aten = torch.ops.aten
 
@@ -205,7 +205,8 @@ class _Recorder(TorchDispatchMode):
 
     def constant(self, t: torch.Tensor) -> torch.Tensor:
         name = f"_tensor_constant{len(self.constants)}"
-        self.constants[name] = t.detach().clone()
+        with _disable_current_modes():                 # a real tensor: copy it outside fake mode
+            self.constants[name] = t.detach().clone()
         fake = self.fake_mode.from_tensor(self.constants[name], static_shapes=True)
         self._new(fake, self.graph.get_attr(name))
         return fake
