@@ -262,6 +262,10 @@ class _Recorder(TorchDispatchMode):
         args, kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t if isinstance(t, FakeTensor) else self.constant(t), (args, kwargs))
         schema = func._schema
+        if func is aten.native_batch_norm_backward.default and args[7]:
+            # training: the running stats are not read; passing them would make the partitioner save the
+            # updated stats (fresh tensors) where eager saves the buffers themselves
+            args = (*args[:3], None, None, *args[5:])
         if func in _INPLACE_VIEWS:
             return self._inplace_view(func, args, kwargs)
         written = [a.name for a in schema.arguments if _is_write(a)]
