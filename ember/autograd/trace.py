@@ -546,8 +546,8 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.Gra
     tangents = []
     with fake_mode:
         for k in diff:
-            tangent = torch.empty_strided(fw_fakes[k].shape, fw_fakes[k].stride(), dtype=fw_fakes[k].dtype,
-                                          device=fw_fakes[k].device)
+            # contiguous: the runtime passes grads made contiguous (CompiledGraphFunction.backward)
+            tangent = torch.empty(fw_fakes[k].shape, dtype=fw_fakes[k].dtype, device=fw_fakes[k].device)
             with rec.graph.inserting_before(first_op):
                 node = rec.graph.placeholder(f"tangent_{len(tangents)}")
             rec._new(tangent, node)
