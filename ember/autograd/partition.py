@@ -13,6 +13,11 @@ We pick the cheapest set to save with a minimum cut (networkx max-flow), as AOTA
 - primals and forward values that may not be recomputed hang off the source (`S -> value.in`, infinite);
 - values read directly by backward nodes (those depending on tangents) feed the sink (`value.out -> T`).
 
+Normalizations are single ATen ops (native_layer_norm, batch norm) whose statistics the backward reads anyway;
+their normalized output is, given those statistics, a pointwise function of the input (`_RECIPES`). So the
+backward may recompute it with pointwise ops instead of saving it: a LayerNorm/BatchNorm output feeding a
+matmul/conv and a ReLU need not be saved next to the normalization's input. The forward keeps the fused op.
+
 Every S->T path then crosses a cut edge: the backward gets each needed value by walking back to saved ones, and
 the saved bytes are minimal among such choices. A saved value the forward did not compute anyway (e.g. a
 batch-norm statistic only the backward reads) is added to the forward graph.
@@ -61,7 +66,7 @@ def recomputable(node: torch.fx.Node) -> bool:
     return is_view or torch.Tag.pointwise in op.tags
 
 
-def _ancestors(roots, stop=lambda n: False) -> set:
+def _ancestors(roots, stop=lambda n: False, inputs_of=lambda n: n.all_input_nodes) -> set:
     seen, todo = set(), [r for r in roots if isinstance(r, torch.fx.Node)]
     while todo:
         n = todo.pop()
@@ -69,8 +74,72 @@ def _ancestors(roots, stop=lambda n: False) -> set:
             continue
         seen.add(n)
         if not stop(n):
-            todo.extend(n.all_input_nodes)
+            todo.extend(inputs_of(n))
     return seen
+
+
+# ------------------------------------------------------------------------ recompute recipes for normalizations
+
+def _stat_items(norm: torch.fx.Node) -> tuple | None:
+    items = {u.args[1]: u for u in norm.users if u.target is operator.getitem}
+    return (items[1], items[2]) if 1 in items and 2 in items else None
+
+
+def _recipe_inputs(out: torch.fx.Node) -> list | None:
+    """For `getitem(norm, 0)`: the values that determine it pointwise (input, mean, rstd, weight, bias)."""
+    if out.target is not operator.getitem or out.args[1] != 0 or out.args[0].op != "call_function":
+        return None
+    norm = out.args[0]
+    stats = _stat_items(norm)
+    if stats is None:
+        return None
+    x = norm.args[0]
+    if norm.target is aten._native_batch_norm_legit_functional.default and norm.args[5]:   # training
+        w, b = norm.args[1], norm.args[2]
+    elif norm.target is aten.native_layer_norm.default:
+        w, b = (list(norm.args) + [None, None])[2:4]
+    else:
+        return None
+    if any(isinstance(v, torch.fx.Node) and v.meta["val"].dtype != x.meta["val"].dtype for v in (*stats, w, b)):
+        return None
+    return [x, stats[0], stats[1], w, b]
+
+
+def _emit(g: torch.fx.Graph, op, *args) -> torch.fx.Node:
+    node = g.call_function(op, args)
+    vals = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+    fake_mode = next(v.fake_mode for v in vals if isinstance(v, torch.Tensor))
+    with fake_mode:
+        node.meta["val"] = op(*vals)
+    return node
+
+
+def _build_recipe(g: torch.fx.Graph, out: torch.fx.Node, x, mean, rstd, w, b) -> torch.fx.Node:
+    """The normalized output from input and statistics, in the arithmetic order of the CPU kernels."""
+    if out.args[0].target is aten.native_layer_norm.default:
+        shape = None                                         # mean/rstd already broadcast: [..., 1, 1]
+    else:
+        shape = [-1] + [1] * (x.meta["val"].dim() - 2)       # batch norm: per channel (dim 1)
+
+    def bc(v):
+        return v if shape is None or v is None else _emit(g, aten.view.default, v, shape)
+    if shape is None:    # layer norm: addcmul(b, (x - mean) * rstd, w), bit-identical to the CPU kernel
+        y = _emit(g, aten.mul.Tensor, _emit(g, aten.sub.Tensor, x, mean), rstd)
+        if w is not None and b is not None:
+            return _emit(g, aten.addcmul.default, b, y, w)
+        y = y if w is None else _emit(g, aten.mul.Tensor, y, w)
+        return y if b is None else _emit(g, aten.add.Tensor, y, b)
+    # batch norm: x * alpha + beta with alpha = rstd * w, beta = b - mean * alpha, as the CPU kernel computes it
+    alpha = bc(rstd) if w is None else _emit(g, aten.mul.Tensor, bc(rstd), bc(w))
+    mean_alpha = _emit(g, aten.mul.Tensor, bc(mean), alpha)
+    beta = _emit(g, aten.neg.default, mean_alpha) if b is None else _emit(g, aten.sub.Tensor, bc(b), mean_alpha)
+    y = _emit(g, aten.addcmul.default, beta, x, alpha)
+    return y
+    beta = _emit(g, aten.neg.default, _emit(g, aten.mul.Tensor, bc(mean), alpha))     # batch norm: x*alpha + beta
+    if b is not None:
+        beta = _emit(g, aten.add.Tensor, bc(b), beta)
+    y = _emit(g, aten.add.Tensor, _emit(g, aten.mul.Tensor, x, alpha), beta)
+    return y
 
 
 def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
@@ -90,6 +159,10 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
     needed_by_bw = _ancestors(grad_outs)
     bw_nodes = needed_by_bw & tangent_dep
     primal_only = needed_by_bw - tangent_dep     # values the backward needs: save or recompute
+    recipes = {n: r for n in primal_only if (r := _recipe_inputs(n)) is not None}
+    inputs_of = lambda n: [a for a in recipes[n] if isinstance(a, torch.fx.Node)] if n in recipes \
+        else n.all_input_nodes  # noqa: E731
+    primal_only |= {a for n in recipes for a in inputs_of(n)}
 
     G = nx.DiGraph()
     G.add_node("S")
@@ -100,10 +173,10 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
             G.add_edge((n, "in"), (n, "out"))                      # a tuple: not a value one can save
         else:
             G.add_edge((n, "in"), (n, "out"), capacity=size)
-        if n.op == "placeholder" or (n in in_forward and not recomputable(n)):
+        if n.op == "placeholder" or (n in in_forward and not (recomputable(n) or n in recipes)):
             G.add_edge("S", (n, "in"))
         else:
-            for u in n.all_input_nodes:
+            for u in inputs_of(n):
                 G.add_edge((u, "out"), (n, "in"))
         if any(user in bw_nodes for user in n.users) or n in grad_outs:
             G.add_edge((n, "out"), "T")
@@ -114,27 +187,37 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
 
     fw = _subgraph(joint, primals, fw_outs + saved, "AtenForward")
     saved_set = set(saved)
-    bw = _subgraph(joint, saved + tangents, grad_outs, "AtenBackward")
-    in_backward = _ancestors(grad_outs, stop=lambda n: n in saved_set)
+    bw = _subgraph(joint, saved + tangents, grad_outs, "AtenBackward", recipes)
+    in_backward = _ancestors(grad_outs, stop=lambda n: n in saved_set, inputs_of=inputs_of)
     recomputed = [n.name for n in graph.nodes
                   if n in in_backward and n in in_forward and n not in saved_set and n.op == "call_function"]
     return Partition(fw, bw, nf, [n.name for n in saved], sum(_bytes(n) or 0 for n in saved), recomputed)
 
 
-def _subgraph(joint: torch.fx.GraphModule, inputs: list, outputs: list, name: str) -> torch.fx.GraphModule:
-    """The nodes of `joint` computing `outputs` from `inputs` (in the joint graph's order)."""
+def _subgraph(joint: torch.fx.GraphModule, inputs: list, outputs: list, name: str,
+              recipes: dict | None = None) -> torch.fx.GraphModule:
+    """The nodes of `joint` computing `outputs` from `inputs` (in the joint graph's order); a node with a recipe
+    is recomputed by it rather than by its own (fused) op."""
+    recipes = recipes or {}
     g = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in inputs:
         env[n] = g.placeholder(n.name)
         env[n].meta = dict(n.meta)
     stop = set(inputs)
-    needed = _ancestors(outputs, stop=lambda n: n in stop)
+    needed = _ancestors(outputs, stop=lambda n: n in stop, inputs_of=lambda n: [
+        a for a in recipes[n] if isinstance(a, torch.fx.Node)] if n in recipes else n.all_input_nodes)
+
+    def get(a: torch.fx.Node) -> torch.fx.Node:
+        if a not in env:          # a recipe, emitted at its first use: its statistics come after it in `joint`
+            env[a] = _build_recipe(g, a, *[get(r) if isinstance(r, torch.fx.Node) else r for r in recipes[a]])
+        return env[a]
+
     for n in joint.graph.nodes:
-        if n in needed and n not in env:
+        if n in needed and n not in env and n not in recipes:
             if n.op == "placeholder":
                 raise AssertionError(f"partition: {n.name} is needed by {name} but not one of its inputs")
-            env[n] = g.node_copy(n, lambda a: env[a])
-    g.output(tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outputs))
+            env[n] = g.node_copy(n, get)
+    g.output(tuple(get(o) if isinstance(o, torch.fx.Node) else o for o in outputs))
     g.lint()
     return torch.fx.GraphModule(joint, g, class_name=name)

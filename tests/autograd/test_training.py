@@ -1,6 +1,11 @@
 """Training through aot_eager equals eager: 3 steps of the tutorial loop (Adam, CrossEntropyLoss), then gradients,
 parameters and buffers (BatchNorm running stats) compared with assert_close.
 
+The CNNs run in float64: the partitioner recomputes BatchNorm outputs in the backward (partition.py), which can
+round differently from the fused kernel by one ulp, and Adam turns the sign of a gradient that is rounding noise
+(BatchNorm over a handful of values makes some) into a full lr-sized step; in float64 that noise is far below the
+tolerance.
+
 Graphs come from torch.fx.symbolic_trace where it works (MLP, resnet18, densenet121), from ember's frontend
 (ember.compile(..., backend="aot_eager")) for the MLP, and for GPT-2 (which symbolic_trace cannot trace, and
 transformers 5 no longer ships its own fx tracer) from the module itself: aot_module traces any nn.Module by running
@@ -94,18 +99,18 @@ def test_mlp_through_ember_compile_frontend():
 def test_resnet18_train_mode_batchnorm_stats():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
-    model = torchvision.models.resnet18(num_classes=10).train()
-    x, y = data((2, 3, 32, 32))
-    check_training(model, via_symbolic_trace, x, y)
+    model = torchvision.models.resnet18(num_classes=10).train().double()
+    x, y = data((4, 3, 32, 32))
+    check_training(model, via_symbolic_trace, x.double(), y)
 
 
 @pytest.mark.slow
 def test_densenet121_small_input():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
-    model = torchvision.models.densenet121(num_classes=10).train()
-    x, y = data((2, 3, 32, 32))
-    check_training(model, via_symbolic_trace, x, y)
+    model = torchvision.models.densenet121(num_classes=10).train().double()
+    x, y = data((4, 3, 32, 32))
+    check_training(model, via_symbolic_trace, x.double(), y)
 
 
 class LMLoss(torch.nn.Module):
