@@ -294,6 +294,9 @@ class _Recorder(TorchDispatchMode):
     def _inplace_view(self, func, args, kwargs):
         self.node_of(args[0])
         rec = self.recs[id(args[0])]
+        if rec.base.input_index is not None:
+            raise TraceError(f"{func} changes the shape/strides of a graph input in place; eager keeps that change, "
+                             f"the graph cannot")
         view_op = _INPLACE_VIEWS[func]
         out_fake = view_op(*args, **kwargs)
         func(*args, **kwargs)                           # updates the fake tensor's metadata in place

@@ -198,3 +198,44 @@ def test_joint_graph_layout():
     outs = joint.graph.output_node().args[0]
     assert len(outs) == meta.num_graph_outputs + len(meta.mutations) + 1
     assert meta.outputs[1].kind == "const" and meta.outputs[1].value == 3.0
+
+
+def test_inplace_view_ops():
+    def f(x):
+        y = x * 2
+        y.t_()
+        y.unsqueeze_(0)
+        return y + 1
+    x = torch.randn(3, 4)
+    fn = aot_eager(torch.fx.symbolic_trace(f), [x])
+    torch.testing.assert_close(fn(x), f(x))
+    assert list(fn.artifacts.values()) != [None]
+
+    def g(x):
+        x.t_()                              # metadata of an input changes: not expressible, runs eagerly
+        return x * 1
+    a, b = torch.randn(3, 4), None
+    b = a.clone()
+    fg = aot_eager(torch.fx.symbolic_trace(g), [a])
+    torch.testing.assert_close(fg(a), g(b))
+    assert a.shape == b.shape == (4, 3)
+    assert list(fg.artifacts.values()) == [None]
+
+
+def test_foreach_inplace_optimizer_style_update():
+    """Optimizer-like mutation of many inputs (parameters under no_grad), via _foreach ops and addcdiv_."""
+    def step(p1, p2, g1, g2, v1, v2):
+        torch._foreach_mul_([v1, v2], 0.9)
+        torch._foreach_addcmul_([v1, v2], [g1, g2], [g1, g2], value=0.1)
+        for p, g, v in ((p1, g1, v1), (p2, g2, v2)):
+            p.addcdiv_(g, v.sqrt().add_(1e-8), value=-0.01)
+    args = [torch.randn(4, 3), torch.randn(5), torch.randn(4, 3), torch.randn(5), torch.rand(4, 3), torch.rand(5)]
+    ref = [a.clone() for a in args]
+    fn = aot_eager(torch.fx.symbolic_trace(step), args)
+    with torch.no_grad():
+        fn(*args)
+        step(*ref)
+    for a, b in zip(args, ref):
+        torch.testing.assert_close(a, b)
+    (art,) = fn.artifacts.values()
+    assert sorted(m.input_index for m in art.meta.mutations) == [0, 1, 4, 5]
