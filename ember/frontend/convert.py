@@ -18,6 +18,7 @@ instruction of the root frame, so the state there is exact.
 """
 from __future__ import annotations
 
+import dataclasses
 import dis
 import inspect
 import linecache
@@ -368,7 +369,9 @@ class EntryCodegen:
             if v.source is not None:
                 return v.source
             body = "{" + ", ".join(f"{self.key(k)}: {self.expr(x)}" for k, x in v.items.items()) + "}"
-            return body if v.cls is dict else f"{c(v.cls)}({body})"
+            if v.cls is dict:
+                return body
+            return f"{c(v.cls)}(**{body})" if dataclasses.is_dataclass(v.cls) else f"{c(v.cls)}({body})"
         if isinstance(v, SetV):
             if v.source is not None:
                 return v.source
