@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ember.errors import Unsupported
 from ember.frontend.guards import Guards
 from ember.frontend.values import (
-    NULL, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
+    NULL, GradExit, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
     NullV, ObjV, SetV, SuperV, TensorV, TupleV, V,
 )
 
@@ -253,6 +253,10 @@ class Capture:
             v.contents = self.wrap(contents, f"{source}.cell_contents" if source else None)
             self._track(value, v)
             return v
+        if type(value) is GradExit:
+            if source is not None:
+                g.add(f"type({source}) is {self.consts.ref(GradExit)} and {source}.prev is {value.prev}", 0)
+            return GradModeExitV(value.prev, source)
         # Objects used by identity: functions, classes, modules, nn.Modules, user objects.
         if id(value) in self.by_id:
             return self.by_id[id(value)]
