@@ -49,6 +49,10 @@ Prologue layout (everything up to the original RESUME is kept, minus MAKE_CELL o
   - Offsets are ``dis`` offsets (CACHE entries skipped); an instruction may also be named by the
     offset of its first EXTENDED_ARG prefix.
 
+Zero-argument ``super()`` finds the instance in local slot 0 (3.11 and 3.12's unspecialized
+LOAD_SUPER_ATTR), i.e. the resume code's first parameter: functions that use it must pass their first
+argument as a live local, and when a stack parameter comes first the prologue copies it there.
+
 Known limits: generators/coroutines are refused (their frames cannot be rebuilt by a call); in cleanup
 handlers that keep ``lasti`` on the stack, a later RERAISE sets the resume frame's f_lasti to the
 *original* offset, so the traceback line of that frame may be wrong; resuming inside an ``except`` body
@@ -63,7 +67,7 @@ import types
 from dataclasses import dataclass
 from typing import Iterable
 
-from bytecode import Bytecode, CompilerFlags, Instr, Label, TryBegin, TryEnd
+from bytecode import Bytecode, CellVar, CompilerFlags, Instr, Label, TryBegin, TryEnd
 
 PY312 = sys.version_info >= (3, 12)
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
@@ -142,7 +146,14 @@ def make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_l
     """Code that continues ``code`` at ``offset`` from the given operand stack and live locals.
 
     See the module docstring for the parameters of the result.  Cached per arguments."""
-    return _make_resume_code(code, offset, stack_depth, tuple(live_locals), tuple(sorted(set(null_positions))))
+    # code objects compare equal across files (co_filename is not compared): keep tracebacks right
+    return _make_resume_code(code, code.co_filename, code.co_qualname, offset, stack_depth, tuple(live_locals),
+                             tuple(sorted(set(null_positions))))
+
+
+def clear_caches() -> None:
+    resume_offsets.cache_clear()
+    _make_resume_code.cache_clear()
 
 
 def _as_cell(value: object) -> types.CellType:
@@ -171,7 +182,7 @@ def _locate(code: types.CodeType, bc: Bytecode, offset: int) -> tuple[Instr, Ins
 
 
 @functools.lru_cache(maxsize=None)
-def _make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_locals: tuple[str, ...],
+def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offset: int, stack_depth: int, live_locals: tuple[str, ...],
                       nulls: tuple[int, ...]) -> ResumeCode:
     expected = stack_depth_at(code, offset)
     if stack_depth != expected:
@@ -185,6 +196,13 @@ def _make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_
     stack_names = [f"___stack{k}" for k in range(stack_depth)]
     argnames = tuple(n for k, n in enumerate(stack_names) if k not in nulls) + live_locals
     cells = tuple(n for n in live_locals if n in code.co_cellvars)
+    # Zero-argument super() reads the class from __class__ and the instance from local slot 0, which in
+    # the resume code is its first parameter: that slot must hold the original's first argument.
+    self_name = code.co_varnames[0] if code.co_argcount else None
+    fix_slot0 = "__class__" in code.co_freevars and "super" in code.co_names and argnames[:1] != (self_name,)
+    if fix_slot0 and (self_name not in live_locals or not argnames[0].startswith("___stack")):
+        raise ValueError(f"{_where(code)} uses super(): pass its first argument {self_name!r} as a live local, "
+                         f"first among them when the stack is empty")
 
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     target, kw_names = _locate(code, bc, offset)
@@ -201,6 +219,9 @@ def _make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_
         prologue += [instr("STORE_FAST", c)]
     for k, name in enumerate(stack_names):
         prologue += [instr("PUSH_NULL")] if k in nulls else [instr("LOAD_FAST", name), instr("DELETE_FAST", name)]
+    if fix_slot0:  # the stack parameter in slot 0 was cleared above: it becomes a second `self`
+        prologue += [instr("LOAD_DEREF", CellVar(self_name)) if self_name in cells else
+                     instr("LOAD_FAST", self_name), instr("STORE_FAST", argnames[0])]
     if kw_names is not None:
         prologue.append(instr("KW_NAMES", kw_names.arg))
     prologue.append(instr("JUMP_FORWARD", label))

@@ -401,6 +401,43 @@ def global_and_del(x):
 COUNTER = 0
 
 
+def with_raise_caught(x):
+    try:
+        with CM("outer"):
+            with CM("inner"):
+                g(x)
+                if x > 1:
+                    raise IndexError(x)
+                r = log("no raise", x)
+            return r  # return inside with: both __exit__ run first
+    except IndexError as e:
+        log("caught", e.args)
+        return -x
+    finally:
+        log("finally")
+
+
+class Base:
+    def describe(self, k):
+        return log("base", k)
+
+
+class Derived(Base):
+    def describe(self, k):  # zero-argument super(): __class__ is a free variable
+        head = g(k)
+        return super().describe(head) + super().describe(k + 1) * 2
+
+
+def comp_closure_cells(xs):
+    fns = [lambda: x * 10 for x in xs]  # x is a cell inside the (3.12: inlined) comprehension
+    x = g(len(fns))
+    return [f() for f in fns], x
+
+
+def nested_calls(a, b, c):
+    return h(g(a), k=g(b), m=h(g(c), k=h(1, m=g(a)))) + len([g(a), *[g(b)], *(g(c),)])
+
+
 def _fresh_global(x):
     def factory():
         global COUNTER
@@ -442,6 +479,10 @@ PROGRAMS = [
     (matcher, _a(["go", "n"])), (matcher, _a(["go", "x"])), (matcher, _a({"x": 3, "y": 4})),
     (matcher, _a(Box(7))), (matcher, _a(42)),
     (long_jumps, _a(5)),
+    (with_raise_caught, _a(1)), (with_raise_caught, _a(2)),
+    (Derived.describe, _a(Derived(), 3)),
+    (comp_closure_cells, _a([1, 2, 3])),
+    (nested_calls, _a(1, 2, 3)),
     (global_and_del, _fresh_global(2)),
 ]
 
