@@ -245,8 +245,9 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
 
 def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
     t = CTYPE[m.buf.dtype]
+    inner = m.inner or (sympy.Integer(1),)  # a loop of one keeps each member's temporaries in its own scope
     if not m.is_reduction:
-        head, bind, close = _loops(m.inner, ind, parallel_inner)
+        head, bind, close = _loops(inner, ind, parallel_inner)
         b = Body(ptrs, scalars, bind)
         v = b.emit(m.body)
         store = f"{bind}{m.buf.name}[{index_code(m.store, {})}] = {v};"
@@ -271,7 +272,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
     clause = ""
     if simple:
         clause = f" reduction({OMP_REDUCTION[kind]}:{acc})" + (f" reduction(||:{acc}_nan)" if kind in ("max", "min") else "")
-    head, bind, close = _loops(m.inner, ind, parallel_inner and simple, clause, simd=simple)
+    head, bind, close = _loops(inner, ind, parallel_inner and simple, clause, simd=simple)
     b = Body(ptrs, scalars, bind)
     v = b.emit(m.body)
     fl = m.body.dtype.is_floating_point
@@ -288,17 +289,13 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
         upd = f"{acc} = ({v} {cmp} {acc}) ? {v} : {acc};" + (f" {acc}_nan = {acc}_nan || ({v} != {v});" if fl else "")
     else:
         cmp = ">" if kind == "argmax" else "<"
-        flat = index_code(sum((r * s for r, s in zip(rvars(len(m.inner)), ir.contiguous_strides(m.inner))),
+        flat = index_code(sum((r * s for r, s in zip(rvars(len(inner)), ir.contiguous_strides(inner))),
                               sympy.Integer(0)), {})
         nan = f" || ({v} != {v} && !{acc}_nan)" if fl else ""
         upd = f"if (({v} {cmp} {acc} && !{acc}_nan){nan}) {{ {acc} = {v}; {acc}_i = {flat}; {acc}_nan = ({v} != {v}); }}"
         if not fl:
             upd = f"if ({v} {cmp} {acc}) {{ {acc} = {v}; {acc}_i = {flat}; }}"
     lines += head + b.lines + [bind + upd] + close
-    if not m.inner:  # reduction over nothing: the value itself
-        lines = lines[:1] + [f"{ind}{vt} {acc};"] + b.lines + [f"{ind}{acc} = {v};"]
-        if kind.startswith("arg"):
-            lines.append(f"{ind}int64_t {acc}_i = 0;")
     if kind in ("max", "min") and fl:
         lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{vt}>::quiet_NaN();")
     result = f"{acc}_i" if kind.startswith("arg") else acc
@@ -312,7 +309,7 @@ def generate(sched: Schedule) -> tuple[str, list]:
     """The C++ file of a schedule, and per group (function name, argument buffer names, checks indices)."""
     parts, kernels = [PRELUDE], []
     for it in sched.items:
-        if isinstance(it, FusedGroup):
+        if isinstance(it, FusedGroup) and it.numel > 0:
             src, args = kernel_source(it, sched)
             parts.append(src)
             kernels.append((it.name, args, "ember_index(" in src))

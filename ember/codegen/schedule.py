@@ -78,6 +78,8 @@ def _outer_index(size, x0) -> list:
 
 def make_member(buf, numel: int) -> Member | None:
     """buf as a member of a group of `numel` rows, or None when its iteration space does not split so."""
+    if ir.prod(buf.size) == 0:  # nothing to compute: allocated only, in a group of no rows
+        return Member(buf, (), None, 0, set()) if numel == 0 else None
     if isinstance(buf, Reduction):
         if ir.prod(buf.size) != numel:
             return None
@@ -140,6 +142,8 @@ def _row_local(m: Member, producer: Member, numel: int) -> bool:
 
 
 def _default_rows(buf) -> int:
+    if ir.prod(buf.size) == 0:
+        return 0
     if isinstance(buf, Reduction):
         return ir.prod(buf.size)
     return ir.prod(buf.size[:-1]) if len(buf.size) > 1 else 1
