@@ -190,3 +190,14 @@ NULL = NullV()
 
 def is_const(v: V) -> bool:
     return isinstance(v, ConstV)
+
+
+class GradExit:
+    """At run time: the __exit__ of a grad-mode context entered inside a graph, handed to a resume function."""
+
+    def __init__(self, prev: bool):
+        self.prev = prev
+
+    def __call__(self, *exc):
+        torch._C._set_grad_enabled(self.prev)
+        return False
