@@ -162,7 +162,7 @@ def schedule(lowered) -> Schedule:
     bodies = {}
     for b in reversed(lowered.buffers):
         outs = [b.name] + [o.name for o in (getattr(b, "outputs", None) or []) if o is not None]
-        if not any(n in needed for n in outs):
+        if not any(n in needed for n in outs) and not getattr(b, "side_effect", False):
             continue
         if isinstance(b, ExternBuffer):
             needed |= set(b.inputs)
@@ -170,8 +170,8 @@ def schedule(lowered) -> Schedule:
             m = make_member(b, _default_rows(b))
             bodies[b.name] = m
             needed |= m.reads
-    live = [b for b in lowered.buffers if b.name in bodies or
-            (isinstance(b, ExternBuffer) and any(o is not None and o.name in needed for o in b.outputs))]
+    live = [b for b in lowered.buffers if b.name in bodies or (isinstance(b, ExternBuffer) and (
+        b.side_effect or any(o is not None and o.name in needed for o in b.outputs)))]
 
     items: list = []
     where: dict[str, int] = {}  # buffer name -> index of the item computing it

@@ -393,6 +393,12 @@ def _arange(*args, **kwargs):
     return NotImplemented  # float aranges accumulate rounding exactly as eager's kernel does: keep it
 
 
+@reg(aten.eye.default, aten.eye.m)
+def _eye(n, m=None, **kwargs):
+    size = tuple(out().shape)
+    return P.cast(P.pointwise("eq", P.iota(size, 0), P.iota(size, 1)), odt())
+
+
 @reg(aten.tril.default, aten.triu.default)
 def _tril(x, diagonal=0):
     r, c = P.iota(x.size, x.ndim - 2), P.iota(x.size, x.ndim - 1)
