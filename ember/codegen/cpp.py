@@ -26,16 +26,9 @@ PRELUDE = r"""
 #include <cstdint>
 #include <limits>
 #include <algorithm>
-// vector variants of libm functions (glibc libmvec), so loops calling them still vectorize
-#define EMBER_SIMD __attribute__((simd("notinbranch"), const, nothrow))
-extern "C" { EMBER_SIMD float expf(float); EMBER_SIMD double exp(double); EMBER_SIMD float logf(float);
-  EMBER_SIMD double log(double); EMBER_SIMD float sinf(float); EMBER_SIMD float cosf(float);
-  EMBER_SIMD double sin(double); EMBER_SIMD double cos(double); EMBER_SIMD float tanhf(float);
-  EMBER_SIMD float erff(float); EMBER_SIMD float powf(float, float); EMBER_SIMD float log1pf(float);
-  EMBER_SIMD float expm1f(float); }
+//@MVEC@
 template <typename T> static inline T ember_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> static inline T ember_min(T a, T b) { return (a != a || a < b) ? a : b; }
-template <typename T> static inline T ember_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 template <typename T> static inline T ember_floordiv(T a, T b) {  // as at::native div_floor_floating
   if (b == T(0)) return a / b;
   T mod = std::fmod(a, b), div = (a - mod) / b;
@@ -65,12 +58,31 @@ template <typename T> static inline T ember_rand(int64_t seed, int64_t i) {
 }
 """
 
+# libm functions with vector variants in glibc's libmvec: called through ember_<name>[f] aliases declared
+# `simd`, so loops calling them vectorize (and g++ does not merge sin+cos into sincos, which has none)
+MVEC_UNARY = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "erfc", "exp", "exp2", "expm1",
+              "log", "log10", "log1p", "log2", "sin", "sinh", "tan", "tanh")
+MVEC_BINARY = ("atan2", "hypot", "pow")
+
+
+def _mvec_decls() -> str:
+    out = ['#define EMBER_SIMD __attribute__((simd("notinbranch"), const, nothrow))', 'extern "C" {']
+    for n in MVEC_UNARY:
+        out.append(f'EMBER_SIMD float ember_{n}f(float) __asm__("{n}f"); EMBER_SIMD double ember_{n}(double) __asm__("{n}");')
+    for n in MVEC_BINARY:
+        out.append(f'EMBER_SIMD float ember_{n}f(float, float) __asm__("{n}f"); '
+                   f'EMBER_SIMD double ember_{n}(double, double) __asm__("{n}");')
+    out.append("}")
+    return "\n".join(out)
+
+
+PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls())
 UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log({})", "log2": "std::log2({})",
                "log10": "std::log10({})", "sqrt": "std::sqrt({})", "rsqrt": "({t}(1) / std::sqrt({}))",
                "sin": "std::sin({})", "cos": "std::cos({})", "tan": "std::tan({})", "asin": "std::asin({})",
                "acos": "std::acos({})", "atan": "std::atan({})", "sinh": "std::sinh({})", "cosh": "std::cosh({})",
                "tanh": "std::tanh({})", "asinh": "std::asinh({})", "acosh": "std::acosh({})",
-               "atanh": "std::atanh({})", "sigmoid": "ember_sigmoid({})", "erf": "std::erf({})",
+               "atanh": "std::atanh({})", "sigmoid": "({t}(1) / ({t}(1) + ember_exp{sfx}(-{})))", "erf": "std::erf({})",
                "erfc": "std::erfc({})", "log1p": "std::log1p({})", "expm1": "std::expm1({})",
                "floor": "std::floor({})", "ceil": "std::ceil({})", "round": "std::nearbyint({})",
                "trunc": "std::trunc({})", "reciprocal": "({t}(1) / {})", "lgamma": "std::lgamma({})",
@@ -183,11 +195,15 @@ class Body:
                 f = UNARY_ANY[x.op]
             elif arg_dtype == torch.bool and x.op == "bitwise_not":
                 f = "(!{})"
+            elif x.op in MVEC_UNARY:
+                f = f"ember_{x.op}{{sfx}}({{}})"
             else:
                 f = UNARY_FLOAT[x.op]
-            return self.var(f.format(a[0], t=at), x.dtype)
+            return self.var(f.format(a[0], t=at, sfx="f" if arg_dtype == torch.float32 else ""), x.dtype)
         if arg_dtype == torch.bool and x.op in ("add", "mul", "maximum", "minimum"):
             f = {"add": "({} || {})", "mul": "({} && {})", "maximum": "({} || {})", "minimum": "({} && {})"}[x.op]
+        elif x.op in MVEC_BINARY and arg_dtype.is_floating_point:
+            f = f"ember_{x.op}{'f' if arg_dtype == torch.float32 else ''}({{}}, {{}})"
         else:
             f = BINARY[x.op]
         return self.var(f.format(*a), x.dtype)
