@@ -91,7 +91,10 @@ def test_bfloat16_and_float16_compute_in_float32():
     for dt in (torch.bfloat16, torch.float16):
         x, y = rand(40, 64, dtype=dt), rand(40, 64, dtype=dt)
         # Triton's interpreter rounds float32 -> bfloat16 toward zero (the GPU rounds to nearest): looser there
-        tol = {} if CUDA or dt == torch.float16 else {"atol": 0.25, "rtol": 0.05}
+        # Intermediates stay float32 inside a kernel (eager rounds x * y to 16 bits before the softmax): a few ulp.
+        tol = {"atol": 1e-3, "rtol": 4e-3} if dt == torch.float16 else {"atol": 1e-2, "rtol": 1.6e-2}
+        if not CUDA and dt == torch.bfloat16:
+            tol = {"atol": 0.25, "rtol": 0.05}
         compile_and_check(lambda x, y: (torch.softmax(x * y, -1), (x + y).float().sum(1)), x, y, **tol)
 
 
