@@ -35,7 +35,9 @@ def compile_and_check(fn, *xs, **tol):
     got, want = pytree.tree_leaves(out), pytree.tree_leaves(ref)
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, equal_nan=True, **tol)
+        # float32: the CPU sweep's tolerance (summation order differs from eager's)
+        t = tol or ({"atol": 1e-5, "rtol": 1.3e-5} if w.dtype == torch.float32 else {})
+        torch.testing.assert_close(g, w, equal_nan=True, **t)
     return compiled.compiled
 
 
