@@ -6,10 +6,10 @@ round differently from the fused kernel by one ulp, and Adam turns the sign of a
 (BatchNorm over a handful of values makes some) into a full lr-sized step; in float64 that noise is far below the
 tolerance.
 
-Graphs come from torch.fx.symbolic_trace where it works (MLP, resnet18, densenet121), from ember's frontend
-(ember.compile(..., backend="aot_eager")) for the MLP, and for GPT-2 (which symbolic_trace cannot trace, and
-transformers 5 no longer ships its own fx tracer) from the module itself: aot_module traces any nn.Module by running
-its forward on fake tensors, which is what it does with a GraphModule too.
+Graphs come from ember's frontend (ember.compile(..., backend="aot_eager")) and, to test this package alone,
+from torch.fx.symbolic_trace where it works (MLP, resnet18, densenet121) or, for GPT-2 (which symbolic_trace cannot
+trace, and transformers 5 no longer ships its own fx tracer), from the module itself: aot_module traces any
+nn.Module by running its forward on fake tensors, which is what it does with a GraphModule too.
 """
 import copy
 
@@ -58,6 +58,35 @@ def via_symbolic_trace(model, x, y):
     return lambda a, b: f(a)
 
 
+class RecordingAotEager:
+    """The aot_eager backend, keeping what it built, so a test can check that training ran through it."""
+
+    def __init__(self):
+        self.built = []
+
+    def __call__(self, gm, example_inputs):
+        self.built.append(aot_eager(gm, example_inputs))
+        return self.built[-1]
+
+    def trained(self) -> bool:
+        return any(a is not None and a.training for f in self.built for a in f.artifacts.values())
+
+
+def via_ember_compile(model, x, y):
+    """ember's frontend captures the graph, the "aot_eager" backend builds forward and backward."""
+    backend = RecordingAotEager()
+    cm = ember.compile(model, backend=backend)
+
+    def call(a, b):
+        out = cm(a)
+        assert backend.trained(), "no training graph was built: the frontend ran the model without aot_eager"
+        return out
+    return call
+
+
+CAPTURES = {"symbolic_trace": via_symbolic_trace, "ember.compile": via_ember_compile}
+
+
 def mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.GELU(), torch.nn.Dropout(0.1),
@@ -90,27 +119,26 @@ def test_mlp_builds_one_training_graph_and_saves_no_random_recompute():
 
 def test_mlp_through_ember_compile_frontend():
     x, y = data((16, 20))
-    def compile_fn(model, a, b):
-        cm = ember.compile(model, backend="aot_eager")
-        return lambda p, q: cm(p)
-    check_training(mlp(), compile_fn, x, y)
+    check_training(mlp(), via_ember_compile, x, y)
 
 
-def test_resnet18_train_mode_batchnorm_stats():
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_resnet18_train_mode_batchnorm_stats(capture):
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).train().double()
     x, y = data((4, 3, 32, 32))
-    check_training(model, via_symbolic_trace, x.double(), y)
+    check_training(model, CAPTURES[capture], x.double(), y)
 
 
 @pytest.mark.slow
-def test_densenet121_small_input():
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_densenet121_small_input(capture):
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.densenet121(num_classes=10).train().double()
     x, y = data((4, 3, 32, 32))
-    check_training(model, via_symbolic_trace, x.double(), y)
+    check_training(model, CAPTURES[capture], x.double(), y)
 
 
 class LMLoss(torch.nn.Module):
@@ -124,7 +152,8 @@ class LMLoss(torch.nn.Module):
         return self.lm(input_ids=ids, labels=labels).loss
 
 
-def test_gpt2_lm_head_loss_from_labels():
+@pytest.mark.parametrize("capture", ["module", "ember.compile"])
+def test_gpt2_lm_head_loss_from_labels(capture):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32,
@@ -132,22 +161,29 @@ def test_gpt2_lm_head_loss_from_labels():
     lm = transformers.GPT2LMHeadModel(cfg).train()        # dropout on: masks must match eager's
     ref = copy.deepcopy(lm)
     ids = torch.randint(0, 100, (2, 16))
-    f = aot_eager(LMLoss(lm), [ids, ids])
-    got = _train(lm, lambda a, b: f(a, b), ids, ids, loss_fn=None)
+    if capture == "module":
+        f = aot_eager(LMLoss(lm), [ids, ids])
+    else:
+        backend = RecordingAotEager()
+        f = ember.compile(lm, backend=backend)
+    got = _train(lm, (lambda a, b: f(a, b)) if capture == "module" else (lambda a, b: f(input_ids=a, labels=b).loss),
+                 ids, ids, loss_fn=None)
     want = _train(ref, lambda a, b: ref(input_ids=a, labels=b).loss, ids, ids, loss_fn=None)
     torch.testing.assert_close(got[0], want[0])
     for g, w in zip(got[1], want[1]):
         torch.testing.assert_close(g, w)
     for (name, p), q in zip(lm.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, msg=lambda m: f"{name}: {m}")
-    (art,) = f.artifacts.values()
-    assert art.training
+    if capture == "module":
+        (art,) = f.artifacts.values()
+        assert art.training
+    else:
+        assert backend.trained()
 
 
 def test_train_function_with_optimizer_step_inside():
     """The tutorial's whole train(mod, data) (forward, loss, backward, opt.step()) compiled with aot_eager."""
-    # loss.backward() inside the function is a graph break: needs the frontend's resume functions
-    pytest.importorskip("ember.frontend.bytecode_gen", reason="frontend graph breaks (resume functions) not on main yet")
+    # loss.backward() inside the function is a graph break: the frontend resumes after it
     x, y = data((16, 20))
     model = mlp()
     ref = copy.deepcopy(model)
@@ -163,7 +199,8 @@ def test_train_function_with_optimizer_step_inside():
         opt.step()
         return loss
 
-    compiled = ember.compile(train, backend="aot_eager")
+    backend = RecordingAotEager()
+    compiled = ember.compile(train, backend=backend)
     for step in range(3):
         torch.manual_seed(step)
         l1 = compiled(model, (x, y))
@@ -172,3 +209,4 @@ def test_train_function_with_optimizer_step_inside():
         torch.testing.assert_close(l1, l2)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
+    assert backend.trained()
