@@ -120,14 +120,16 @@ def main():
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     print(f"# saved-for-backward bytes, {dev} ({device.type}), torch {torch.__version__}, "
           f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}")
-    print(f"{'workload':48} {'system':14} {'activations MB':>15} {'params MB':>10} {'saves':>6} "
-          f"{'vs eager':>9} {'peak step MB':>13}")
+    print(f"{'workload':48} {'system':14} {'activations MB':>15} {'params MB':>10} {'total MB':>9} {'saves':>6} "
+          f"{'acts/eager':>11} {'total/eager':>12} {'peak step MB':>13}")
     for name, results in rows:
-        eager_acts = results["eager"][0]
+        eager_acts, eager_prms = results["eager"][:2]
         for sys_name, (acts, prms, n, peak) in results.items():
             peak_s = f"{peak / 2**20:13.1f}" if peak is not None else f"{'n/a':>13}"
-            print(f"{name:48} {sys_name:14} {acts / 2**20:15.2f} {prms / 2**20:10.2f} {n:6d} "
-                  f"{acts / eager_acts:8.2f}x {peak_s}")
+            print(f"{name:48} {sys_name:14} {acts / 2**20:15.2f} {prms / 2**20:10.2f} {(acts + prms) / 2**20:9.2f} "
+                  f"{n:6d} {acts / eager_acts:10.2f}x {(acts + prms) / (eager_acts + eager_prms):11.2f}x {peak_s}")
+    print("activations = saved tensors not sharing storage with a parameter/buffer (torch.compile saves copies of\n"
+          "some weights, e.g. in another layout, which land there); total = all saved bytes, each storage once.")
 
 
 if __name__ == "__main__":

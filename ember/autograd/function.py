@@ -128,6 +128,11 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             outs = art.forward(*inputs)
         return finish(art.meta, inputs, outs)
 
+    # Build now for the example inputs (the frontend calls a backend right before the first run), so an inner
+    # compiler's error surfaces while compiling; other signatures are built on their first call.
+    example = [*example_inputs, *lifted()]
+    if all(isinstance(t, torch.Tensor) for t in example):
+        artifacts[_signature(example)] = build(example)
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
     return run
 

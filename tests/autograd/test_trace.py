@@ -142,8 +142,8 @@ def test_mutated_non_leaf_input_requiring_grad():
 def test_inference_builds_no_backward():
     m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
     x = torch.randn(2, 4)
-    fn = aot_eager(torch.fx.symbolic_trace(m), [x])
     with torch.no_grad():
+        fn = aot_eager(torch.fx.symbolic_trace(m), [x])
         torch.testing.assert_close(fn(x), m(x))
     (art,) = fn.artifacts.values()
     assert not art.training
@@ -231,8 +231,8 @@ def test_foreach_inplace_optimizer_style_update():
             p.addcdiv_(g, v.sqrt().add_(1e-8), value=-0.01)
     args = [torch.randn(4, 3), torch.randn(5), torch.randn(4, 3), torch.randn(5), torch.rand(4, 3), torch.rand(5)]
     ref = [a.clone() for a in args]
-    fn = aot_eager(torch.fx.symbolic_trace(step), args)
     with torch.no_grad():
+        fn = aot_eager(torch.fx.symbolic_trace(step), args)
         fn(*args)
         step(*ref)
     for a, b in zip(args, ref):
