@@ -19,7 +19,7 @@ import torch
 import torch.fx
 
 from ember.autograd.partition import Partition, partition
-from ember.autograd.trace import TraceError, TraceMeta, _lifted_getter, finish, lift_parameters, trace_forward, \
+from ember.autograd.trace import TraceMeta, _lifted_getter, finish, lift_parameters, trace_forward, \
     trace_joint
 from ember.tools.logs import get_logger
 
@@ -81,7 +81,8 @@ class CompiledGraphFunction(torch.autograd.Function):
 
 def _signature(inputs: list) -> tuple:
     grad = torch.is_grad_enabled()
-    return (grad,) + tuple((t.shape, t.stride(), t.dtype, t.device, grad and t.requires_grad) for t in inputs)
+    return (grad,) + tuple((t.shape, t.stride(), t.dtype, t.device, grad and t.requires_grad)
+                           if isinstance(t, torch.Tensor) else (type(t), id(t)) for t in inputs)
 
 
 def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Compiler,
@@ -94,21 +95,21 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     artifacts: dict[tuple, _Artifact | None] = {}
 
     def build(inputs: list) -> _Artifact | None:
-        training = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+        user_inputs = inputs[:len(inputs) - len(lifted())]
         try:
             if not training:
-                aten_gm, meta = trace_forward(gm, inputs[:len(inputs) - len(lifted())])
-                art = _Artifact(meta, fw_compiler(aten_gm, inputs), name)
-                log.debug("%s: inference graph, %d nodes", name, len(aten_gm.graph.nodes))
-                return art
-            joint, meta = trace_joint(gm, inputs[:len(inputs) - len(lifted())])
-            part = partition(joint, meta)
-        except TraceError as e:
-            fallback_log.warning("ember.autograd: graph %r runs eagerly: %s", name, e)
-            return None
-        except Exception as e:  # fake tensors refuse data-dependent ops (.item(), nonzero): run eagerly
+                aten_gm, meta = trace_forward(gm, user_inputs)
+            else:
+                joint, meta = trace_joint(gm, user_inputs)
+                part = partition(joint, meta)
+        except Exception as e:  # TraceError, or fake tensors refusing data-dependent ops (.item(), nonzero)
             fallback_log.warning("ember.autograd: graph %r runs eagerly: %s: %s", name, type(e).__name__, e)
             return None
+        # an inner compiler's errors are not fallbacks: they reach the caller (the frontend reports them)
+        if not training:
+            log.debug("%s: inference graph, %d nodes", name, len(aten_gm.graph.nodes))
+            return _Artifact(meta, fw_compiler(aten_gm, inputs), name)
         log.debug("%s: joint graph %d nodes -> forward %d, backward %d; saves %d tensors (%d bytes), "
                   "recomputes %d nodes", name, len(joint.graph.nodes), len(part.forward.graph.nodes),
                   len(part.backward.graph.nodes), len(part.saved), part.saved_bytes, len(part.recomputed))
@@ -131,8 +132,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     # Build now for the example inputs (the frontend calls a backend right before the first run), so an inner
     # compiler's error surfaces while compiling; other signatures are built on their first call.
     example = [*example_inputs, *lifted()]
-    if all(isinstance(t, torch.Tensor) for t in example):
-        artifacts[_signature(example)] = build(example)
+    artifacts[_signature(example)] = build(example)
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
     return run
 

@@ -239,3 +239,13 @@ def test_foreach_inplace_optimizer_style_update():
         torch.testing.assert_close(a, b)
     (art,) = fn.artifacts.values()
     assert sorted(m.input_index for m in art.meta.mutations) == [0, 1, 4, 5]
+
+
+def test_non_tensor_input_falls_back_to_eager():
+    def f(x, n):
+        return x * n
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(3)
+    fn = aot_eager(gm, [x, 3])
+    torch.testing.assert_close(fn(x, 3), x * 3)
+    assert list(fn.artifacts.values()) == [None]
