@@ -545,14 +545,14 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.Gra
     diff = [k for k, f in enumerate(fw_fakes) if f.requires_grad]
     wrt = [p for p in primals if p.requires_grad]
     # tangent placeholders go right after the primals
-    first_op = next(n for n in rec.graph.nodes if n.op != "placeholder")
+    last = [n for n in rec.graph.nodes if n.op == "placeholder"][-1]
     tangents = []
     with fake_mode:
         for k in diff:
             # contiguous: the runtime passes grads made contiguous (CompiledGraphFunction.backward)
             tangent = torch.empty(fw_fakes[k].shape, dtype=fw_fakes[k].dtype, device=fw_fakes[k].device)
-            with rec.graph.inserting_before(first_op):
-                node = rec.graph.placeholder(f"tangent_{len(tangents)}")
+            with rec.graph.inserting_after(last):
+                node = last = rec.graph.placeholder(f"tangent_{len(tangents)}")
             rec._new(tangent, node)
             tangents.append(tangent)
     grads = [None] * len(wrt)
