@@ -90,7 +90,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     """gm as a callable whose forward (and backward, when inputs require grad) are ATen graphs compiled by the
     given compilers, each `(aten_gm, example_inputs) -> callable`. bw_compiler defaults to fw_compiler."""
     bw_compiler = bw_compiler or fw_compiler
-    name = type(gm).__name__
+    where = getattr(gm, "meta", {}).get("ember_where") if isinstance(getattr(gm, "meta", None), dict) else None
+    name = f"{type(gm).__name__} captured from {where}" if where else type(gm).__name__
     lifted = _lifted_getter(gm, lift_parameters(gm)[0])
     artifacts: dict[tuple, _Artifact | None] = {}
 

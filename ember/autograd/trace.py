@@ -12,6 +12,8 @@ under the same recorder, so backward ATen ops are recorded too.
 - nodes: `call_function` on `torch.ops.aten.*` OpOverloads (plus `operator.getitem` to take one result of a
   multi-result op, and `get_attr` for tensor constants the program made, stored on the GraphModule).
   Every node has `node.meta["val"]`: its fake tensor (or tuple of them), i.e. shape, dtype, stride, device.
+- `node.meta["origin"]`: the name of the torch-level node whose execution recorded it ("backward" for ops of the
+  backward), and `node.meta["where"]` (user file:line) when the torch-level node had one (ember's frontend sets it).
 - functional: no node mutates anything. In-place ops (`add_`, `bernoulli_`, `copy_`, ...) became their
   out-of-place forms (`add`, `bernoulli.p`, `copy`, `_native_batch_norm_legit_functional`, ...); a write into a
   view became a scatter into its base (`slice_scatter`, `select_scatter`, `as_strided_scatter`) and later reads of
@@ -171,13 +173,41 @@ def _tensors(x) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
+class _StampingGraph(torch.fx.Graph):
+    """An fx graph whose new nodes remember which torch-level node was running (`origin`, "where" it came from
+    in user code when the frontend said so), or that they belong to the backward."""
+
+    origin: dict = {}
+
+    def create_node(self, *args, **kwargs) -> torch.fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta.update(self.origin)
+        return node
+
+
+class _OriginInterpreter(torch.fx.Interpreter):
+    """Runs a GraphModule node by node, telling the recorder's graph which node is running."""
+
+    def __init__(self, gm: torch.fx.GraphModule, graph: _StampingGraph):
+        super().__init__(gm)
+        self.stamp = graph
+
+    def run_node(self, n: torch.fx.Node):
+        if n.op in ("call_function", "call_method", "call_module"):
+            self.stamp.origin = {"origin": n.name, **({"where": n.meta["where"]} if "where" in n.meta else {})}
+        try:
+            return super().run_node(n)
+        finally:
+            self.stamp.origin = {}
+
+
 class _Recorder(TorchDispatchMode):
     """Records every ATen op into `graph`, functionalized (see the module docstring)."""
 
     def __init__(self, fake_mode: FakeTensorMode):
         super().__init__()
         self.fake_mode = fake_mode
-        self.graph = torch.fx.Graph()
+        self.graph = _StampingGraph()
         self.recs: dict[int, _Rec] = {}
         self.keep: list[torch.Tensor] = []   # keeps every recorded tensor alive, so ids stay unique
         self.constants: dict[str, torch.Tensor] = {}
@@ -473,7 +503,10 @@ def _run(gm: torch.nn.Module, example_inputs: list, grad: bool, lift: bool = Tru
     # (convolutions are recorded as aten.convolution either way and still use cudnn when the graph runs).
     with torch.set_grad_enabled(grad), torch.backends.cudnn.flags(enabled=False), fake_mode, rec, \
             _swap_tensors(gm, names, program_inputs[n_user:]):
-        out = gm(*program_inputs[:n_user])
+        if isinstance(gm, torch.fx.GraphModule):
+            out = _OriginInterpreter(gm, rec.graph).run(*program_inputs[:n_user])
+        else:
+            out = gm(*program_inputs[:n_user])
     flat, spec = pytree.tree_flatten(out)
     return rec, fake_mode, primals, program_inputs, flat, spec, names, inputs
 
@@ -557,6 +590,7 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.Gra
             tangents.append(tangent)
     grads = [None] * len(wrt)
     if diff and wrt:
+        rec.graph.origin = {"origin": "backward"}
         with fake_mode, rec:
             grads = torch.autograd.grad([fw_fakes[k] for k in diff], wrt, tangents, allow_unused=True)
     grad_nodes = [None if g is None else rec.node_of(g) for g in grads]

@@ -249,3 +249,13 @@ def test_non_tensor_input_falls_back_to_eager():
     fn = aot_eager(gm, [x, 3])
     torch.testing.assert_close(fn(x, 3), x * 3)
     assert list(fn.artifacts.values()) == [None]
+
+
+def test_aten_nodes_name_their_torch_level_origin():
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    gm = torch.fx.symbolic_trace(m)
+    joint, _ = trace_joint(gm, [torch.randn(2, 4)])
+    origins = {n.target: n.meta.get("origin") for n in joint.graph.nodes if n.op == "call_function"}
+    assert origins[torch.ops.aten.addmm.default] == "_0"          # the call_module node of the Linear
+    assert origins[torch.ops.aten.gelu.default] == "_1"
+    assert origins[torch.ops.aten.gelu_backward.default] == "backward"
