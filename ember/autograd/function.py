@@ -55,7 +55,7 @@ class CompiledGraphFunction(torch.autograd.Function):
         n = art.part.num_forward_outputs
         fw_outs, saved = outs[:n], outs[n:]
         ctx.art = art
-        ctx.save_for_backward(*saved)
+        ctx.save_for_backward(*[primals[i] for i in art.part.saved_primals], *saved)
         diff = set(art.meta.tangent_of)
         ctx.mark_non_differentiable(*[o for k, o in enumerate(fw_outs) if k not in diff and
                                       isinstance(o, torch.Tensor)])

@@ -38,10 +38,12 @@ aten = torch.ops.aten
 
 @dataclasses.dataclass
 class Partition:
-    forward: torch.fx.GraphModule    # primals -> (forward outputs..., saved...)
-    backward: torch.fx.GraphModule   # (saved..., tangents...) -> grads of primals requiring grad (None if unused)
+    forward: torch.fx.GraphModule    # primals -> (forward outputs..., saved activations...)
+    backward: torch.fx.GraphModule   # (saved primals..., saved activations..., tangents...) -> grads of the
+                                     # primals requiring grad, in order (None where a grad is unused)
     num_forward_outputs: int
-    saved: list[str]                 # node names of the saved values, in order
+    saved_primals: list[int]         # primal indices the backward reads: saved from the inputs, not returned
+    saved: list[str]                 # node names of all saved values, in the backward's order
     saved_bytes: int
     recomputed: list[str]            # forward nodes the backward recomputes
 
@@ -185,13 +187,17 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
         _, (reach, _) = nx.minimum_cut(G, "S", "T")
         saved = [n for n in graph.nodes if n in primal_only and (n, "in") in reach and (n, "out") not in reach]
 
-    fw = _subgraph(joint, primals, fw_outs + saved, "AtenForward")
+    # saved primals come straight from the Function's inputs, so the forward graph never returns an input
+    saved = [n for n in saved if n.op == "placeholder"] + [n for n in saved if n.op != "placeholder"]
+    saved_primals = [primals.index(n) for n in saved if n.op == "placeholder"]
+    fw = _subgraph(joint, primals, fw_outs + saved[len(saved_primals):], "AtenForward")
     saved_set = set(saved)
     bw = _subgraph(joint, saved + tangents, grad_outs, "AtenBackward", recipes)
     in_backward = _ancestors(grad_outs, stop=lambda n: n in saved_set, inputs_of=inputs_of)
     recomputed = [n.name for n in graph.nodes
                   if n in in_backward and n in in_forward and n not in saved_set and n.op == "call_function"]
-    return Partition(fw, bw, nf, [n.name for n in saved], sum(_bytes(n) or 0 for n in saved), recomputed)
+    return Partition(fw, bw, nf, saved_primals, [n.name for n in saved], sum(_bytes(n) or 0 for n in saved),
+                     recomputed)
 
 
 def _subgraph(joint: torch.fx.GraphModule, inputs: list, outputs: list, name: str,
