@@ -29,6 +29,8 @@ under the same recorder, so backward ATen ops are recorded too.
   tensors end exactly as eager leaves them.
 - outputs that are inputs or views of inputs (`OutputSpec.kind == "alias"`) are not computed by the graph:
   the runtime replays their view ops on the (already updated) input, so they alias it as in eager.
+- grad mode: a graph that switches it (`torch._C._set_grad_enabled` nodes, from a `with torch.no_grad()` cut by a
+  graph break) leaves it switched for the code after it, as eager would: `meta.grad_mode_after`.
 - `meta.out_spec` (a pytree spec) rebuilds the program's output structure from the flat list.
 
 Random ops (`Tag.nondeterministic_seeded`: bernoulli, rand, ...) are recorded as ops that draw from the global
@@ -81,6 +83,7 @@ class TraceMeta:
     # joint trace only (trace_joint):
     requires_grad: list[bool] = dataclasses.field(default_factory=list)   # per primal
     tangent_of: list[int] = dataclasses.field(default_factory=list)       # per tangent: which forward output
+    grad_mode_after: bool | None = None   # the graph switched grad mode (torch._C._set_grad_enabled): set it after
 
 
 # ---------------------------------------------------------------------------------------------- functionalization
@@ -501,12 +504,15 @@ def _run(gm: torch.nn.Module, example_inputs: list, grad: bool, lift: bool = Tru
     n_user = len(example_inputs)
     # cudnn off while tracing: batch norm then goes to native_batch_norm, whose functional form we know
     # (convolutions are recorded as aten.convolution either way and still use cudnn when the graph runs).
-    with torch.set_grad_enabled(grad), torch.backends.cudnn.flags(enabled=False), fake_mode, rec, \
+    mode = grad or torch.is_grad_enabled()      # inference traces run in the caller's mode (nothing requires grad)
+    with torch.set_grad_enabled(mode), torch.backends.cudnn.flags(enabled=False), fake_mode, rec, \
             _swap_tensors(gm, names, program_inputs[n_user:]):
         if isinstance(gm, torch.fx.GraphModule):
             out = _OriginInterpreter(gm, rec.graph).run(*program_inputs[:n_user])
         else:
             out = gm(*program_inputs[:n_user])
+        after = torch.is_grad_enabled()          # a graph may switch grad mode for the code after it
+        rec.grad_mode_after = after if after != mode else None
     flat, spec = pytree.tree_flatten(out)
     return rec, fake_mode, primals, program_inputs, flat, spec, names, inputs
 
@@ -556,7 +562,8 @@ def trace_forward(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.G
     muts, mut_nodes, _ = _mutations(rec, len(out_nodes))
     _check_inputs_do_not_overlap(inputs, {m.input_index for m in muts})
     rec.graph.output(tuple(out_nodes + mut_nodes))
-    meta = TraceMeta(len(inputs), names, specs, spec, muts, num_graph_outputs=len(out_nodes))
+    meta = TraceMeta(len(inputs), names, specs, spec, muts, num_graph_outputs=len(out_nodes),
+                     grad_mode_after=rec.grad_mode_after)
     return _graph_module(rec, "AtenForward"), meta
 
 
@@ -596,6 +603,7 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.Gra
     grad_nodes = [None if g is None else rec.node_of(g) for g in grads]
     rec.graph.output(tuple(fw_nodes + grad_nodes))
     meta = TraceMeta(len(primals), names, specs, spec, muts, num_graph_outputs=len(out_nodes),
+                     grad_mode_after=rec.grad_mode_after,
                      requires_grad=[p.requires_grad for p in primals], tangent_of=diff)
     return _graph_module(rec, "AtenJoint"), meta
 
@@ -624,6 +632,8 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
             flat.append(replay_views(inputs[s.index], s.views))
         else:
             flat.append(s.value)
+    if meta.grad_mode_after is not None:
+        torch.set_grad_enabled(meta.grad_mode_after)   # as the graph's own _set_grad_enabled call left it
     return pytree.tree_unflatten(flat, meta.out_spec)
 
 

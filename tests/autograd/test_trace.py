@@ -259,3 +259,25 @@ def test_aten_nodes_name_their_torch_level_origin():
     assert origins[torch.ops.aten.addmm.default] == "_0"          # the call_module node of the Linear
     assert origins[torch.ops.aten.gelu.default] == "_1"
     assert origins[torch.ops.aten.gelu_backward.default] == "backward"
+
+
+@pytest.mark.parametrize("x_requires_grad", [True, False])
+def test_graph_that_switches_grad_mode_leaves_it_switched(x_requires_grad):
+    """A `with torch.no_grad():` cut by a graph break: the first graph turns grad off for the code after it."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.call_function(torch._C._set_grad_enabled, (False,))
+    g.output((g.call_function(torch.mul, (x, 2)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    a = torch.randn(3, requires_grad=x_requires_grad)
+    try:
+        fn = aot_eager(gm, [a])
+        torch.set_grad_enabled(True)
+        (out,) = fn(a)
+        assert not torch.is_grad_enabled() and not out.requires_grad
+        torch.set_grad_enabled(True)
+        (want,) = gm(a)
+        assert not torch.is_grad_enabled()
+        torch.testing.assert_close(out, want)
+    finally:
+        torch.set_grad_enabled(True)
