@@ -417,9 +417,10 @@ class _Recorder(TorchDispatchMode):
             op, args, kwargs, _, _ = chain[0]
             node = self.graph.call_function(_SCATTER[op], (cur, new, *args), kwargs)
         else:
-            dense = self.fake_mode.from_tensor(torch.empty(0)).new_empty_strided(base.fake.shape, base.fake.stride())
-            if torch.empty_like(dense).stride() != base.fake.stride():
-                raise TraceError("an in-place write into a view of a tensor whose memory is not dense")
+            # as_strided_scatter writes into a clone of the base: offsets are relative to it, so the clone must
+            # keep the base's strides (true for dense tensors) and the view its dtype
+            if torch.empty_like(base.fake).stride() != base.fake.stride() or t.dtype != base.fake.dtype:
+                raise TraceError("an in-place write into a view of a non-dense tensor, or into a dtype view")
             node = self.graph.call_function(aten.as_strided_scatter.default, (
                 cur, new, list(t.shape), list(t.stride()), t.storage_offset() - base.fake.storage_offset()))
         node.meta["val"] = base.fake
