@@ -754,3 +754,37 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
     total = P.reduce("sum", wt, [0])
     s = P.reduce("sum", loss, [0])
     return (P.div(s, total) if reduction == 1 else s), total
+
+
+@reg(aten.max_pool2d_with_indices.default)
+def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """A max reduction over each window (out-of-bounds taps are -inf); indices from the window's argmax."""
+    if not floaty(x.dtype):
+        return NotImplemented
+    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = pair(kernel), pair(stride or kernel), pair(padding), pair(dilation)
+    vals = out()[0]
+    oh, ow = vals.shape[-2:]
+    h, w = int(x.size[-2]), int(x.size[-1])
+    lead = list(x.size[:-2])
+    neg_inf = ir.Expr("const", (-math.inf,), x.dtype)
+
+    def loader(idx):
+        *b, i, j, a, c = idx
+        hi, wi = i * sh - ph + a * dh, j * sw - pw + c * dw
+        conds = []
+        for v, n in ((hi, h), (wi, w)):
+            iv = ir.Expr("index", (v,), torch.int64)
+            conds += [ir.Expr("ge", (iv, ir.Expr("const", (0,), torch.int64)), torch.bool),
+                      ir.Expr("lt", (iv, ir.Expr("const", (n,), torch.int64)), torch.bool)]
+        e = x.loader(list(b) + [sympy.Min(sympy.Max(hi, 0), h - 1), sympy.Min(sympy.Max(wi, 0), w - 1)])
+        for cnd in conds:
+            e = ir.Expr("where", (cnd, e, neg_inf), x.dtype)
+        return e
+    win = TensorBox(lead + [oh, ow, kh, kw], x.dtype, loader)
+    n = len(lead)
+    values = P.reduce("max", win, [n + 2, n + 3])
+    k = P.reduce("argmax", win, [n + 2, n + 3])
+    hi = P.add(P.sub(P.iota(values.size, n, torch.int64, 0, sh), ph), P.mul(P.div(k, kw), dh))
+    wi = P.add(P.sub(P.iota(values.size, n + 1, torch.int64, 0, sw), pw), P.mul(P.pointwise("remainder", k, kw), dw))
+    return values, P.add(P.mul(hi, w), wi)
