@@ -199,7 +199,7 @@ def _default_rows(buf) -> int:
     if isinstance(buf, Reduction):
         return ir.prod(buf.size)
     size = [ir.prod(buf.size[d] for d in g) for g in merged_dims(buf)]
-    if len(size) == 1:
+    if len(size) <= 1:
         return 1
     if size[-1] >= 16:
         return ir.prod(size[:-1])

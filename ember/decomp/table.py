@@ -387,8 +387,9 @@ def _fill(x, value):
 @reg(aten.arange.start_step, aten.arange.default, aten.arange.start)
 def _arange(*args, **kwargs):
     v = out()
-    if not floaty(v.dtype) and all(isinstance(a, int) for a in args):
-        start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    name = ir.GRAPH.op_name
+    start, step = (0, 1) if name.endswith(".default") else (args[0], args[2] if name.endswith("start_step") else 1)
+    if not floaty(v.dtype) and all(type(a) is int for a in (start, step)):
         return P.iota(v.shape, 0, v.dtype, start, step)
     return NotImplemented  # float aranges accumulate rounding exactly as eager's kernel does: keep it
 
