@@ -141,3 +141,32 @@ def test_composite_graphs_match_eager(name):
     else:
         inputs = [torch.randn(s) for s in shapes]
     compiled(fn, inputs)
+
+
+def test_conv_bn_cross_entropy_training_has_no_fallbacks():
+    import copy
+    from ember.codegen import lower
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.bn, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(144, 5)
+
+        def forward(self, x, t):
+            return F.cross_entropy(self.fc(F.relu(self.bn(self.c(x))).flatten(1)), t)
+    torch.manual_seed(0)
+    m = M()
+    m2 = copy.deepcopy(m)
+    x, t = torch.randn(3, 3, 8, 8), torch.tensor([1, 4, 0])
+    before = sum(lower.FALLBACK_COUNTS.values())
+    fn = compile_graph(torch.fx.symbolic_trace(m), [x, t])
+    out = fn(x, t)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    out.backward()
+    ref = m2(x, t)
+    ref.backward()
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(m.parameters(), m2.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    torch.testing.assert_close(m.bn.running_var, m2.bn.running_var)
+    assert sum(lower.FALLBACK_COUNTS.values()) == before  # batch_norm and nll_loss backward are decomposed
