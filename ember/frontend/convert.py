@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import functools
 import inspect
 import linecache
+import operator
 import sys
 import types
 import warnings
@@ -38,7 +40,7 @@ from ember.frontend.interpreter import (
 )
 from ember.frontend.values import GradExit as _GradExit
 from ember.frontend.values import (
-    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NullV, ObjV, SetV,
+    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NullV, ObjV, PartialV, SetV,
     SuperV, TensorV, TupleV, V,
 )
 from ember.tools.logs import enabled, get_logger
@@ -305,6 +307,13 @@ class EntryCodegen:
         for i, v in enumerate(needed):
             self.outputs[id(v)] = i
         cap.graph.output(tuple(v.node for v in needed))
+        _eliminate_dead_code(cap.graph)
+        for inp in list(cap.inputs):  # inputs the graph ended up not using (still guarded) are not passed
+            if not inp.node.users:
+                cap.graph.erase_node(inp.node)
+                cap.inputs.remove(inp)
+        real_ops = [n for n in cap.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+                    and n.target is not torch._C._set_grad_enabled]
         root = torch.nn.Module()
         for n in cap.graph.nodes:
             if n.op == "get_attr":
@@ -377,6 +386,9 @@ class EntryCodegen:
             if v.source is not None:
                 return v.source
             return "{" + ", ".join(self.expr(x) for x in v.items) + "}" if v.items else "set()"
+        if isinstance(v, NewObjV) and issubclass(v.cls, BaseException):
+            args = v.attrs.get("args")
+            return f"{c(v.cls)}(*{self.expr(args) if args is not None else '()'})"
         if isinstance(v, NewObjV):
             t = self.tmp()
             self.memo[id(v)] = t
@@ -413,6 +425,9 @@ class EntryCodegen:
             return f"super({c(v.cls)}, {self.expr(v.obj)})"
         if isinstance(v, NullV):
             return "___NULL"
+        if isinstance(v, PartialV):
+            kw = "".join(f", {k}={self.expr(x)}" for k, x in v.kwargs.items())
+            return f"{c(functools.partial)}({self.expr(v.func)}{''.join(', ' + self.expr(x) for x in v.args)}{kw})"
         raise Unsupported(f"cannot rebuild a {type(v).__name__} in Python")
 
     def key(self, k) -> str:
@@ -428,7 +443,7 @@ class EntryCodegen:
                     writes.append((f"setattr({v.source}, {name!r}, {{}})", self.expr(x)))
                 for name in v.deleted:
                     if name not in v.writes:
-                        writes.append((f"delattr({v.source}, {name!r}){{}}", "''"))
+                        writes.append((f"delattr({v.source}, {name!r})", "None"))
             elif isinstance(v, ListV) and v.mutated:
                 writes.append((f"{v.source}[:] = {{}}", "[" + ", ".join(self.expr(x) for x in v.items) + "]"))
             elif isinstance(v, DictV) and v.mutated:
@@ -463,9 +478,9 @@ class EntryCodegen:
         self.side_effects()
         insts, index = instructions(frame.code)
         in_loop = any(isinstance(v, IterV) for v in frame.stack)
-        covering = [e for e in dis._parse_exception_table(frame.code) if e.start <= inst.offset < e.end]
-        grad_withs = [frame.stack[e.depth - 1] for e in covering
-                      if 0 < e.depth <= len(frame.stack) and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
+        covering = _enclosing_blocks(frame.code, inst.offset)
+        grad_withs = [frame.stack[e.depth - 1] for e, is_with in covering if is_with and 0 < e.depth <= len(frame.stack)
+                      and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
         in_try = len(grad_withs) != len(covering)  # only grad-mode `with` blocks are handled across a break
         restore = f"___torch._C._set_grad_enabled({grad_withs[0].prev})" if grad_withs else None
         nulls = tuple(i for i, v in enumerate(frame.stack) if isinstance(v, NullV))
@@ -615,11 +630,25 @@ def _is_library(fn: types.FunctionType) -> bool:
     return mod.split(".")[0] in _USER_SKIP
 
 
-def _in_exception_range(code, offset: int) -> bool:
-    for entry in dis._parse_exception_table(code):
-        if entry.start <= offset < entry.end:
-            return True
-    return False
+def _enclosing_blocks(code, offset: int) -> list:
+    """The try/with blocks around an offset, outermost first, as (exception-table entry, is a with block).
+
+    CPython's table maps each range to its innermost handler only, so an outer block's range is the hull of
+    all the pieces that name its handler."""
+    insts, index = instructions(code)
+    hulls: dict[int, list] = {}
+    for e in dis._parse_exception_table(code):
+        h = hulls.setdefault(e.target, [e.start, e.end, e])
+        h[0], h[1] = min(h[0], e.start), max(h[1], e.end)
+    out = []
+    for target, (start, end, e) in hulls.items():
+        if start <= offset < end:
+            i = index.get(target)
+            ops = [insts[j].opname for j in range(i, min(i + 2, len(insts)))] if i is not None else []
+            if ops[:1] != ["PUSH_EXC_INFO"]:
+                continue  # cleanup of a handler, not a block of user code
+            out.append((e, ops[1:2] == ["WITH_EXCEPT_START"]))
+    return sorted(out, key=lambda item: item[0].depth)
 
 
 def _arg_names(code) -> list[str]:
@@ -629,6 +658,8 @@ def _arg_names(code) -> list[str]:
 
 def _make_binder(fn: types.FunctionType, argnames: list[str]) -> Callable:
     """A function with fn's signature that returns its arguments as a tuple, in co_varnames order."""
+    if not all(n.isidentifier() for n in argnames):  # e.g. pytest's `@py_assert1` locals in resume functions
+        return lambda *args: args
     sig = inspect.signature(fn, follow_wrapped=False)
     ns: dict[str, Any] = {}
     parts, seen_star = [], False
@@ -664,6 +695,30 @@ def _trampoline(f: Callable) -> types.FunctionType:
         return f(*args, **kwargs)
     call.__qualname__ = getattr(f, "__qualname__", type(f).__name__)
     return call
+
+
+_INPLACE_OPERATORS = {operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul,
+                      operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul,
+                      operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+_RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "cauchy",
+                 "geometric", "poisson", "log_normal", "random")
+
+
+def _has_effect(node: torch.fx.Node) -> bool:
+    """Mutations, global state and random draws (which advance the generator) stay even when unused."""
+    t = node.target
+    name = t if isinstance(t, str) else getattr(t, "__name__", "")
+    if name.endswith("_") and not name.endswith("__") or t in _INPLACE_OPERATORS:
+        return True
+    if t is torch._C._set_grad_enabled or "out" in node.kwargs:
+        return True
+    return any(w in name for w in _RANDOM_WORDS)
+
+
+def _eliminate_dead_code(graph: torch.fx.Graph) -> None:
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("call_function", "call_method") and not node.users and not _has_effect(node):
+            graph.erase_node(node)
 
 
 def _code_where(code) -> str:
