@@ -101,9 +101,14 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     """Compile a functional ATen-level fx graph (node.meta['val'] set) into fused C++ kernels."""
     options = options or {}
     t0 = time.perf_counter()
+    bad = _dtypes(gm) - set(cpp.CTYPE)
+    if bad:
+        fallback_log.warning("graph runs eagerly: the C++ backend has no kernels for %s", sorted(map(str, bad)))
+        STATS["eager_graphs"] += 1
+        return gm.forward
     try:
         low, out_spec, _ = lower.lower(gm, example_inputs)
-        sched = schedule.schedule(low)
+        sched = schedule.schedule(low, row_buffers=True)
         source, kernels = cpp.generate(sched)
     except lower.Unsupported as e:
         fallback_log.warning("graph runs eagerly: %s", e)
@@ -133,6 +138,12 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         return pytree.tree_unflatten(compiled(*args), out_spec)
     run.compiled = compiled
     return run
+
+
+def _dtypes(gm) -> set:
+    import torch.utils._pytree as pytree
+    return {v.dtype for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
+            if isinstance(v, torch.Tensor)}
 
 
 def _done(v):

@@ -39,7 +39,8 @@ class Member:
     body: Expr  # the value (reductions: the value reduced) in terms of x0 and r0.. (loads of group buffers kept)
     store: object  # offset written for this row (pointwise: in x0, r*; reduction: in x0)
     reads: set
-    local: bool = False  # a reduction read only inside the group: kept in a register, never stored
+    local: bool = False  # read only inside the group, never stored: a reduction (a register) or, with
+    # schedule(row_buffers=True), a pointwise row (a per-thread row buffer)
 
     @property
     def is_reduction(self) -> bool:
@@ -206,7 +207,9 @@ def _default_rows(buf) -> int:
     return ir.prod(buf.size[:-1])
 
 
-def schedule(lowered) -> Schedule:
+def schedule(lowered, row_buffers: bool = False) -> Schedule:
+    """Group `lowered`'s buffers into FusedGroups and extern calls. row_buffers: pointwise rows read only inside
+    their group become `local` too (the backend keeps them per row: C++ uses a per-thread stack array)."""
     buffers = {b.name: b for b in lowered.inputs}
     for b in lowered.buffers:
         buffers[b.name] = b
@@ -280,7 +283,7 @@ def schedule(lowered) -> Schedule:
                     continue
                 if m.is_reduction:
                     m.local = True
-                elif it.numel > 1 and _row_contiguous(m):
+                elif row_buffers and it.numel > 1 and _row_contiguous(m):
                     # a row read only by later members of its group: a per-thread row buffer (stays in cache)
                     size = ir.prod(m.inner) * ir.itemsize(m.buf.dtype)
                     if scratch + size <= SCRATCH_BYTES:

@@ -170,3 +170,11 @@ def test_conv_bn_cross_entropy_training_has_no_fallbacks():
         torch.testing.assert_close(a.grad, b.grad)
     torch.testing.assert_close(m.bn.running_var, m2.bn.running_var)
     assert sum(lower.FALLBACK_COUNTS.values()) == before  # batch_norm and nll_loss backward are decomposed
+
+
+def test_half_precision_graph_runs_eagerly_and_correctly():
+    x = torch.randn(64, dtype=torch.bfloat16)
+    gm, ref = trace_aten(lambda x: x.exp() * 2, [x])
+    c = compile_aten(gm, [x])
+    assert not hasattr(c, "compiled")  # no bf16 kernels in C++: the whole graph is eager (logged)
+    torch.testing.assert_close(c(x)[0], ref)
