@@ -34,6 +34,7 @@ class LoweredGraph:
     buffers: list[Buffer]  # computed and extern buffers in execution order
     outputs: list  # per graph output: TensorArg (a view of a buffer) or a python constant
     fallbacks: list[str]
+    constants: dict = dataclasses.field(default_factory=dict)  # buffer name -> tensor held by the graph (get_attr)
 
 
 class Graph:
@@ -111,6 +112,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
     ir.GRAPH = g
     env: dict = {}
     inputs = []
+    constants: dict = {}
     users = {n: len(n.users) for n in gm.graph.nodes}
     try:
         for node in gm.graph.nodes:
@@ -124,6 +126,17 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                     inputs.append(buf)
                 else:
                     raise Unsupported(f"non-tensor graph input {node.name}")
+            elif node.op == "get_attr":
+                t = gm
+                for part in node.target.split("."):
+                    t = getattr(t, part)
+                if not isinstance(t, torch.Tensor):
+                    raise Unsupported(f"get_attr {node.target} is not a tensor")
+                t = t.detach()
+                name = f"const{len(constants)}"
+                buf = g.add(InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0))
+                constants[name] = t
+                env[node] = TensorBox.of_buffer(buf)
             elif node.op == "call_function":
                 args, kwargs = pytree.tree_map(lambda a: env[a] if isinstance(a, torch.fx.Node) else a,
                                                (node.args, node.kwargs))
@@ -186,7 +199,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                         v = TensorArg(buf.name, tuple(int(s) for s in v.size), tuple(int(s) for s in st), int(off))
                     outs.append(v)
                 out_spec = pytree.tree_flatten(node.args[0])[1]
-                return LoweredGraph(inputs, g.buffers, outs, g.fallbacks), out_spec, g
+                return LoweredGraph(inputs, g.buffers, outs, g.fallbacks, constants), out_spec, g
             else:
                 raise Unsupported(f"fx node kind {node.op} ({node.name})")
     finally:

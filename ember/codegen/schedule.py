@@ -211,6 +211,8 @@ def schedule(lowered, row_buffers: bool = False) -> Schedule:
     """Group `lowered`'s buffers into FusedGroups and extern calls. row_buffers: pointwise rows read only inside
     their group become `local` too (the backend keeps them per row: C++ uses a per-thread stack array)."""
     buffers = {b.name: b for b in lowered.inputs}
+    for name, t in lowered.constants.items():
+        buffers[name] = ir.InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0)
     for b in lowered.buffers:
         buffers[b.name] = b
         for o in getattr(b, "outputs", None) or []:

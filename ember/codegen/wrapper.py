@@ -56,6 +56,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     w = Wrapper(sched)
     w.globals.update(extra_globals)
     low = sched.lowered
+    w.globals.update(low.constants)  # tensors the graph holds (get_attr): bound by name
     L = w.lines
     L.append("def call(args):")
     names = [b.name for b in low.inputs]

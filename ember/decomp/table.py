@@ -379,6 +379,15 @@ def _ones(size, **kwargs):
     return P.const(1, odt(), size)
 
 
+@reg(aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.empty_like.default,
+     aten.new_empty.default, aten.empty.memory_format)
+def _new_filled(*args, **kwargs):
+    """new_ones/new_zeros/new_full; empty* too: any content is correct for an uninitialized tensor, zeros are cheap."""
+    name = ir.GRAPH.op_name
+    value = 1 if "ones" in name else args[2] if "new_full" in name else 0
+    return P.const(value, odt(), tuple(out().shape))
+
+
 @reg(aten.fill.Scalar)
 def _fill(x, value):
     return P.const(value, odt(), x.size)
@@ -834,3 +843,43 @@ def _nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weig
     hit = P.pointwise("eq", P.iota(xs_size, 1), P.unsqueeze(t, 1))
     out = P.where(hit, P.unsqueeze(val, 1), 0.0, dtype=x.dtype)
     return out if x.ndim == 2 else P.squeeze(out, [0])
+
+
+@reg(aten.hardswish_backward.default)
+def _hardswish_backward(g, x):
+    mid = P.mul(g, P.add(P.div(x, 3.0), 0.5))
+    return P.where(P.pointwise("lt", x, -3.0), 0.0, P.where(P.pointwise("le", x, 3.0), mid, g))
+
+
+@reg(aten.hardsigmoid_backward.default)
+def _hardsigmoid_backward(g, x):
+    inside = P.pointwise("logical_and", P.pointwise("gt", x, -3.0), P.pointwise("lt", x, 3.0))
+    return P.where(inside, P.div(g, 6.0), 0.0)
+
+
+@reg(aten._safe_softmax.default)
+def _safe_softmax(x, dim, dtype=None):
+    """softmax whose fully -inf rows give 0 instead of NaN (attention with every key masked)."""
+    y = _softmax(x, dim)
+    dead = P.reduce("all", P.pointwise("eq", P.cast(x, odt()), -math.inf), [dim], True)
+    return P.where(dead, 0.0, y)
+
+
+@reg(aten.select_backward.default)
+def _select_backward(g, size, dim, index):
+    dim = dim % len(size)
+    index = index % size[dim]
+    gx = P.unsqueeze(g, dim)
+    hit = P.pointwise("eq", P.iota(size, dim), index)
+    return P.where(hit, P.expand(gx, size), 0.0, dtype=odt())
+
+
+@reg(aten.slice_backward.default)
+def _slice_backward(g, size, dim, start, end, step):
+    dim = dim % len(size)
+    n = size[dim]
+    start, end, _ = slice(start, end, step).indices(n)
+    pads = [0, 0] * (len(size) - 1 - dim) + [start, n - start - int(g.size[dim] - 1) * step - 1]
+    if step != 1:
+        return NotImplemented
+    return P.pad(g, pads, 0)
