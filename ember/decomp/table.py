@@ -498,8 +498,8 @@ def _pad(x, pad, value=0):
 
 @reg(aten.as_strided.default)
 def _as_strided(x, size, stride, storage_offset=None):
-    if x.strided is not None and x.strided[2] != 0 or storage_offset:
-        return NotImplemented
+    if (x.strided is not None and x.strided[2] != 0) or storage_offset is not None:
+        return NotImplemented  # offsets are absolute in the storage, which only eager's tensor knows
     return P.as_strided(x, size, stride, 0)
 
 
