@@ -151,6 +151,7 @@ class Body:
 
     def __init__(self, ptrs: dict, scalars: dict, indent: str, rows: dict):
         self.ptrs, self.scalars, self.indent, self.rows = ptrs, scalars, indent, rows
+        self.forward: dict = {}  # (buffer, offset) -> C variable already holding that element
         self.lines: list[str] = []
         self.names: dict = {}
 
@@ -173,6 +174,8 @@ class Body:
             name, off = x.args
             if name in self.scalars:
                 return self.scalars[name]
+            if (name, off) in self.forward:
+                return self.forward[(name, off)]
             ind = {s: self.names[id(s.value)] for s in off.atoms(IndirectSymbol)}
             if name in self.rows:  # a row buffer holds this row only
                 return self.var(f"{name}[{index_code(ir.simplify_index(off - X0 * self.rows[name]), ind)}]", x.dtype)
@@ -267,10 +270,12 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
         lines.append(f"{ind}{{ const int64_t x0 = 0; (void)x0;")
         ind += "  "
     scalars: dict = {}
-    for m in group.members:
-        lines += _member(m, ptrs, scalars, ind, parallel and group.numel == 1, rows)
-        if m.is_reduction:
-            scalars[m.buf.name] = f"{m.buf.name}_v"
+    for block in _blocks(group.members):
+        if block[0].is_reduction:
+            lines += _member(block[0], ptrs, scalars, ind, parallel and group.numel == 1, rows)
+            scalars[block[0].buf.name] = f"{block[0].buf.name}_v"
+        else:
+            lines += _pointwise_block(block, ptrs, scalars, ind, parallel and group.numel == 1, rows)
     if group.numel > 1 and rows:
         lines += ["    }", "  }"]
     else:
@@ -279,16 +284,37 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     return "\n".join(lines), args
 
 
+def _blocks(members: list) -> list[list]:
+    """Consecutive pointwise members over the same inner loops share one loop (horizontal fusion inside the
+    row), as long as what a member reads from an earlier one in the loop is that member's own element."""
+    out = []
+    for m in members:
+        prev = out[-1] if out else None
+        if prev and not m.is_reduction and not prev[0].is_reduction and tuple(prev[0].inner) == tuple(m.inner):
+            stores = {p.buf.name: p.store for p in prev}
+            loads = [x for x in m.body.walk() if x.op == "load" and x.args[0] in stores]
+            if all(sympy.expand(x.args[1] - stores[x.args[0]]) == 0 for x in loads):
+                prev.append(m)
+                continue
+        out.append([m])
+    return out
+
+
+def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
+    inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
+    head, bind, close = _loops(inner, ind, parallel_inner)
+    b = Body(ptrs, scalars, bind, rows)
+    for m in ms:
+        v = b.emit(m.body)
+        off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
+        b.lines.append(f"{bind}{m.buf.name}[{index_code(ir.simplify_index(off), {})}] = {v};")
+        b.forward[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
+    return [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"] + head + b.lines + close
+
+
 def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     t = CTYPE[m.buf.dtype]
     inner = m.inner or (sympy.Integer(1),)  # a loop of one keeps each member's temporaries in its own scope
-    if not m.is_reduction:
-        head, bind, close = _loops(inner, ind, parallel_inner)
-        b = Body(ptrs, scalars, bind, rows)
-        v = b.emit(m.body)
-        off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
-        store = f"{bind}{m.buf.name}[{index_code(ir.simplify_index(off), {})}] = {v};"
-        return [f"{ind}// {m.buf.name}: pointwise"] + head + b.lines + [store] + close
     kind, vt = m.buf.kind, CTYPE[m.body.dtype]
     acc = f"{m.buf.name}_acc"
     lines = [f"{ind}// {m.buf.name}: {kind} reduction over {[int(s) for s in m.inner]}"]

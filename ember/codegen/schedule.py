@@ -178,6 +178,8 @@ def _row_local(m: Member, producer: Member, numel: int) -> bool:
     for x in m.body.walk():
         if x.op == "load" and x.args[0] == buf.name:
             rest = ir.simplify_index(x.args[1] - X0 * width, ranges)
+            if numel == 1:  # one row: x0 is 0
+                rest = rest.subs(X0, 0)
             if X0 in rest.free_symbols or any(isinstance(s, ir.IndirectSymbol) for s in rest.free_symbols):
                 return False
             b = ir.bounds(rest, ranges)
