@@ -122,17 +122,19 @@ def time_call(fn, args, name, reps=None):
 
 
 def compile_time_child(name, compiler):
-    """In a new process: seconds of the first call (capture + compile + one run) minus one warm run."""
+    """In a new process: seconds of the first call (capture + compile + one run) minus a run (median of 3)."""
     fn, args = compiled(name, compiler)
     ctx = torch.enable_grad() if name in TRAINING else torch.no_grad()
     with ctx:
         t0 = time.perf_counter()
         fn(*args)
         first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        fn(*args)
-        run = time.perf_counter() - t0
-    print(json.dumps({"compile": first - run}))
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn(*args)
+            runs.append(time.perf_counter() - t0)
+    print(json.dumps({"compile": first - statistics.median(runs)}))
 
 
 def compile_times(name, compiler) -> tuple[float, float]:
