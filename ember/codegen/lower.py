@@ -12,7 +12,6 @@ import collections
 import dataclasses
 import operator
 
-import sympy
 import torch
 import torch.utils._pytree as pytree
 

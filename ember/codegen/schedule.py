@@ -22,7 +22,7 @@ import dataclasses
 import sympy
 
 from ember.codegen import ir
-from ember.codegen.ir import Buffer, Expr, ExternBuffer, Pointwise, Reduction, TensorArg
+from ember.codegen.ir import Expr, ExternBuffer, Pointwise, Reduction, TensorArg
 
 X0 = sympy.Symbol("x0", integer=True, nonnegative=True)
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from ember.codegen.ir import ExternBuffer, InputBuffer, TensorArg
+from ember.codegen.ir import ExternBuffer, TensorArg
 from ember.codegen.schedule import FusedGroup, Schedule
 
 

@@ -41,10 +41,6 @@ def odt():
     return (v[0] if isinstance(v, (tuple, list)) else v).dtype
 
 
-def is_float(x) -> bool:
-    return (x.dtype if isinstance(x, TensorBox) else torch.tensor(x).dtype).is_floating_point
-
-
 def floaty(d):
     return d.is_floating_point
 
@@ -536,11 +532,6 @@ def _embedding(w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
 
 
 # ------------------------------------------------------------------------------------------------ reductions
-def _acc(x, d=None):
-    d = d or odt()
-    return d
-
-
 @reg(aten.sum.dim_IntList, aten.sum.default)
 def _sum(x, dim=None, keepdim=False, *, dtype=None):
     return P.reduce("sum", x, dims_of(x, dim), keepdim, odt())
