@@ -49,6 +49,16 @@ def _ops(names=None):
     return [op for n in names for op in by.get(n, [])[:1]]
 
 
+def _draws_random(n) -> bool:
+    """A node of a random op (attention ops are tagged random for their dropout: only with dropout_p > 0)."""
+    if not (isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags):
+        return False
+    if "scaled_dot_product" in str(n.target):
+        p = n.kwargs.get("dropout_p", n.args[3] if len(n.args) > 3 else 0.0)
+        return bool(p)
+    return True
+
+
 def run_sample(op, dtype, sample) -> tuple[str, str]:
     """(status, detail) for one OpInfo sample."""
     if any(w in op.name for w in NONDETERMINISTIC):
@@ -68,8 +78,7 @@ def run_sample(op, dtype, sample) -> tuple[str, str]:
         gm, ref = trace_aten(fn, tensors)
     except Exception as e:
         return "skip", f"tracer/eager: {type(e).__name__}"
-    if any(isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
-           for n in gm.graph.nodes):
+    if any(_draws_random(n) for n in gm.graph.nodes):
         # OpInfo wraps random ops in wrapper_set_seed: a manual_seed inside the op, which no ATen trace sees
         return "skip", "random op (OpInfo seeds inside its wrapper, outside the ATen graph)"
     ref_leaves = [r for r in pytree.tree_leaves(ref) if isinstance(r, torch.Tensor)]
