@@ -75,6 +75,11 @@ class Graph:
 
         def arg(x):
             if isinstance(x, TensorBox):
+                # an ATen op sees the layout eager gives it (some kernels assume what their callers ensure)
+                want = getattr(x, "eager_stride", None)
+                if want is not None and (x.strided is None or tuple(int(s) for s in x.strided[1]) != want):
+                    x = self.realize(x, stride=want) if x.strided is None else \
+                        self.realize(TensorBox(x.size, x.dtype, x.loader), stride=want)
                 x = self.realize(x)
                 buf, stride, offset = x.strided
                 reads.append(buf.name)
@@ -177,9 +182,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                         g.fallbacks.append(name)
                         fallback_log.debug("ATen fallback: %s at node %s (%s)", name, node.name, why)
                     out = _check(g.extern(op, args, kwargs, fallback), g.val, node)
-                for b in pytree.tree_leaves(out):
+                for b, v in zip(pytree.tree_leaves(out), pytree.tree_leaves(g.val)):
                     if isinstance(b, TensorBox):
                         b.origin_names = g.origins
+                        if _dense(v) and b.size and any(s != 1 for s in v.shape):
+                            b.eager_stride = tuple(v.stride())
                 if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and out.cost() > 3:
                     out = g.realize(out)
                     out.origin_names = g.origins
