@@ -6,7 +6,9 @@ Per workload: median run time of each (repeated calls after warm-up), the speedu
 compiler's compile time = its first call, measured in a new process: cold (empty caches: a fresh
 TORCHINDUCTOR_CACHE_DIR / EMBER_CACHE_DIR) and warm (the same process started again on the filled cache).
 ember runs through ember.compile (the frontend) with its default backend. Inference workloads run under
-torch.no_grad(); the Adam step compiles `opt.step()`.
+torch.no_grad(). Adam: eager and Inductor run torch.optim.Adam(foreach=True).step(); ember runs the same update
+written out (`adam_by_hand`), because ember's frontend does not capture torch.optim's step() yet.
+The machine is shared: numbers are ratios from one run, and they move a lot between runs.
 """
 from __future__ import annotations
 
