@@ -874,3 +874,23 @@ def _slice_backward(g, size, dim, start, end, step):
     if step != 1:
         return NotImplemented
     return P.pad(g, pads, 0)
+
+
+@reg(aten.linalg_vector_norm.default)
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    d = odt()
+    if not floaty(d) or x.ndim == 0 and dim not in (None, [], ()):
+        return NotImplemented
+    dims = dims_of(x, dim)
+    a = P.unary("abs", P.cast(x, d))
+    if ord == math.inf:
+        return P.reduce("max", a, dims, keepdim)
+    if ord == -math.inf:
+        return P.reduce("min", a, dims, keepdim)
+    if ord == 0:
+        return P.reduce("sum", P.cast(P.pointwise("ne", a, 0.0), d), dims, keepdim)
+    if ord == 1:
+        return P.reduce("sum", a, dims, keepdim)
+    if ord == 2:
+        return P.unary("sqrt", P.reduce("sum", P.mul(a, a), dims, keepdim))
+    return P.pointwise("pow", P.reduce("sum", P.pointwise("pow", a, float(ord)), dims, keepdim), 1.0 / ord)
