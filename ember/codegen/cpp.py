@@ -7,14 +7,13 @@ a vectorizable accumulator), so g++ -O3 -march=native vectorizes contiguous inne
 """
 from __future__ import annotations
 
-import ctypes
 import math
 
 import sympy
 import torch
 
 from ember.codegen import ir
-from ember.codegen.ir import Expr, ExternBuffer, FloorDiv, IndirectSymbol, ModIndex, TensorArg
+from ember.codegen.ir import Expr, FloorDiv, IndirectSymbol, ModIndex
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
 
 CTYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
@@ -90,6 +89,7 @@ UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log(
                "isfinite": "std::isfinite({})", "signbit": "std::signbit({})"}
 UNARY_ANY = {"neg": "(-{})", "abs": "({0} < {t}(0) ? -{0} : {0})", "sign": "ember_sign({})",
              "logical_not": "(!{})", "relu": "({0} < {t}(0) ? {t}(0) : {0})"}
+BINARY_INT = {"floordiv": "({} / {})", "remainder": "({} % {})"}  # only decompositions use these, on indices >= 0
 UNARY_INT = {"floor": "{}", "ceil": "{}", "round": "{}", "trunc": "{}", "isnan": "false", "isinf": "false",
              "isfinite": "true", "signbit": "({} < 0)", "bitwise_not": "(~{})", "abs": "({0} < 0 ? -{0} : {0})"}
 BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv": "({} / {})",
@@ -148,8 +148,9 @@ def index_code(e, names: dict) -> str:
 class Body:
     """Straight-line C++ for Exprs, one statement per DAG node (CSE by identity, since Exprs are interned)."""
 
-    def __init__(self, ptrs: dict, scalars: dict, indent: str):
-        self.ptrs, self.scalars, self.indent = ptrs, scalars, indent
+    def __init__(self, ptrs: dict, scalars: dict, indent: str, rows: dict):
+        self.ptrs, self.scalars, self.indent, self.rows = ptrs, scalars, indent, rows
+        self.forward: dict = {}  # (buffer, offset) -> C variable already holding that element
         self.lines: list[str] = []
         self.names: dict = {}
 
@@ -172,7 +173,11 @@ class Body:
             name, off = x.args
             if name in self.scalars:
                 return self.scalars[name]
+            if (name, off) in self.forward:
+                return self.forward[(name, off)]
             ind = {s: self.names[id(s.value)] for s in off.atoms(IndirectSymbol)}
+            if name in self.rows:  # a row buffer holds this row only
+                return self.var(f"{name}[{index_code(ir.simplify_index(off - X0 * self.rows[name]), ind)}]", x.dtype)
             return self.var(f"{self.ptrs[name]}[{index_code(off, ind)}]", x.dtype)
         if x.op == "index":
             ind = {s: self.names[id(s.value)] for s in x.args[0].atoms(IndirectSymbol)}
@@ -202,6 +207,8 @@ class Body:
             return self.var(f.format(a[0], t=at, sfx="f" if arg_dtype == torch.float32 else ""), x.dtype)
         if arg_dtype == torch.bool and x.op in ("add", "mul", "maximum", "minimum"):
             f = {"add": "({} || {})", "mul": "({} && {})", "maximum": "({} || {})", "minimum": "({} && {})"}[x.op]
+        elif x.op in BINARY_INT and not arg_dtype.is_floating_point:
+            f = BINARY_INT[x.op]
         elif x.op in MVEC_BINARY and arg_dtype.is_floating_point:
             f = f"ember_{x.op}{'f' if arg_dtype == torch.float32 else ''}({{}}, {{}})"
         else:
@@ -241,7 +248,19 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     lines = [f"// fused fx nodes: {', '.join(group.origins())}",
              f"extern \"C\" void {group.name}({params}{', ' if params else ''}int64_t* __restrict__ err) {{"]
     ind = "  "
-    if group.numel > 1:
+    rows = {m.buf.name: ir.prod(m.inner) for m in group.members if m.local and not m.is_reduction}
+    if group.numel > 1 and rows:  # per-thread row buffers, declared inside the parallel region
+        if parallel:
+            lines.append(ind + "#pragma omp parallel")
+        lines.append(ind + "{")
+        for m in group.members:
+            if m.buf.name in rows:
+                lines.append(f"{ind}  alignas(64) {CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
+        if parallel:
+            lines.append(ind + "  #pragma omp for")
+        lines.append(f"{ind}  for (int64_t x0 = 0; x0 < {group.numel}; x0++) {{")
+        ind += "    "
+    elif group.numel > 1:
         if parallel:
             lines.append(ind + "#pragma omp parallel for")
         lines.append(f"{ind}for (int64_t x0 = 0; x0 < {group.numel}; x0++) {{")
@@ -250,24 +269,51 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
         lines.append(f"{ind}{{ const int64_t x0 = 0; (void)x0;")
         ind += "  "
     scalars: dict = {}
-    for m in group.members:
-        lines += _member(m, ptrs, scalars, ind, parallel and group.numel == 1, sched)
-        if m.is_reduction:
-            scalars[m.buf.name] = f"{m.buf.name}_v"
-    lines.append("  }")
+    for block in _blocks(group.members):
+        if block[0].is_reduction:
+            lines += _member(block[0], ptrs, scalars, ind, parallel and group.numel == 1, rows)
+            scalars[block[0].buf.name] = f"{block[0].buf.name}_v"
+        else:
+            lines += _pointwise_block(block, ptrs, scalars, ind, parallel and group.numel == 1, rows)
+    if group.numel > 1 and rows:
+        lines += ["    }", "  }"]
+    else:
+        lines.append("  }")
     lines.append("}")
     return "\n".join(lines), args
 
 
-def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
+def _blocks(members: list) -> list[list]:
+    """Consecutive pointwise members over the same inner loops share one loop (horizontal fusion inside the
+    row), as long as what a member reads from an earlier one in the loop is that member's own element."""
+    out = []
+    for m in members:
+        prev = out[-1] if out else None
+        if prev and not m.is_reduction and not prev[0].is_reduction and tuple(prev[0].inner) == tuple(m.inner):
+            stores = {p.buf.name: p.store for p in prev}
+            loads = [x for x in m.body.walk() if x.op == "load" and x.args[0] in stores]
+            if all(sympy.expand(x.args[1] - stores[x.args[0]]) == 0 for x in loads):
+                prev.append(m)
+                continue
+        out.append([m])
+    return out
+
+
+def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
+    inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
+    head, bind, close = _loops(inner, ind, parallel_inner)
+    b = Body(ptrs, scalars, bind, rows)
+    for m in ms:
+        v = b.emit(m.body)
+        off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
+        b.lines.append(f"{bind}{m.buf.name}[{index_code(ir.simplify_index(off), {})}] = {v};")
+        b.forward[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
+    return [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"] + head + b.lines + close
+
+
+def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     t = CTYPE[m.buf.dtype]
     inner = m.inner or (sympy.Integer(1),)  # a loop of one keeps each member's temporaries in its own scope
-    if not m.is_reduction:
-        head, bind, close = _loops(inner, ind, parallel_inner)
-        b = Body(ptrs, scalars, bind)
-        v = b.emit(m.body)
-        store = f"{bind}{m.buf.name}[{index_code(m.store, {})}] = {v};"
-        return [f"{ind}// {m.buf.name}: pointwise"] + head + b.lines + [store] + close
     kind, vt = m.buf.kind, CTYPE[m.body.dtype]
     acc = f"{m.buf.name}_acc"
     lines = [f"{ind}// {m.buf.name}: {kind} reduction over {[int(s) for s in m.inner]}"]
@@ -289,7 +335,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
     if simple:
         clause = f" reduction({OMP_REDUCTION[kind]}:{acc})" + (f" reduction(||:{acc}_nan)" if kind in ("max", "min") else "")
     head, bind, close = _loops(inner, ind, parallel_inner and simple, clause, simd=simple)
-    b = Body(ptrs, scalars, bind)
+    b = Body(ptrs, scalars, bind, rows)
     v = b.emit(m.body)
     fl = m.body.dtype.is_floating_point
     if kind == "sum":

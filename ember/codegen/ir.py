@@ -15,6 +15,7 @@ through the IR; the C++ backend specializes them to the example's values).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -195,13 +196,15 @@ class IndirectSymbol(sympy.Symbol):
     value: Expr
 
     def __new__(cls, value: Expr):
-        s = super().__new__(cls, f"ind{len(_INDIRECT)}", integer=True)
+        # sympy caches symbols by name: names are unique per process so no two values ever share one
+        s = super().__new__(cls, f"ind{next(_INDIRECT_IDS)}", integer=True)
         s.value = value
         _INDIRECT.append(s)
         return s
 
 
 _INDIRECT: list = []
+_INDIRECT_IDS = itertools.count()
 GRAPH = None  # the lowering in progress (ember.codegen.lower.Graph); primitives add buffers to it
 
 

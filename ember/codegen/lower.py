@@ -12,7 +12,6 @@ import collections
 import dataclasses
 import operator
 
-import sympy
 import torch
 import torch.utils._pytree as pytree
 
@@ -34,6 +33,7 @@ class LoweredGraph:
     buffers: list[Buffer]  # computed and extern buffers in execution order
     outputs: list  # per graph output: TensorArg (a view of a buffer) or a python constant
     fallbacks: list[str]
+    constants: dict = dataclasses.field(default_factory=dict)  # buffer name -> tensor held by the graph (get_attr)
 
 
 class Graph:
@@ -75,6 +75,11 @@ class Graph:
 
         def arg(x):
             if isinstance(x, TensorBox):
+                # an ATen op sees the layout eager gives it (some kernels assume what their callers ensure)
+                want = getattr(x, "eager_stride", None)
+                if want is not None and (x.strided is None or tuple(int(s) for s in x.strided[1]) != want):
+                    x = self.realize(x, stride=want) if x.strided is None else \
+                        self.realize(TensorBox(x.size, x.dtype, x.loader), stride=want)
                 x = self.realize(x)
                 buf, stride, offset = x.strided
                 reads.append(buf.name)
@@ -111,6 +116,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
     ir.GRAPH = g
     env: dict = {}
     inputs = []
+    constants: dict = {}
     users = {n: len(n.users) for n in gm.graph.nodes}
     try:
         for node in gm.graph.nodes:
@@ -124,6 +130,17 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                     inputs.append(buf)
                 else:
                     raise Unsupported(f"non-tensor graph input {node.name}")
+            elif node.op == "get_attr":
+                t = gm
+                for part in node.target.split("."):
+                    t = getattr(t, part)
+                if not isinstance(t, torch.Tensor):
+                    raise Unsupported(f"get_attr {node.target} is not a tensor")
+                t = t.detach()
+                name = f"const{len(constants)}"
+                buf = g.add(InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0))
+                constants[name] = t
+                env[node] = TensorBox.of_buffer(buf)
             elif node.op == "call_function":
                 args, kwargs = pytree.tree_map(lambda a: env[a] if isinstance(a, torch.fx.Node) else a,
                                                (node.args, node.kwargs))
@@ -165,9 +182,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                         g.fallbacks.append(name)
                         fallback_log.debug("ATen fallback: %s at node %s (%s)", name, node.name, why)
                     out = _check(g.extern(op, args, kwargs, fallback), g.val, node)
-                for b in pytree.tree_leaves(out):
+                for b, v in zip(pytree.tree_leaves(out), pytree.tree_leaves(g.val)):
                     if isinstance(b, TensorBox):
                         b.origin_names = g.origins
+                        if _dense(v) and b.size and any(s != 1 for s in v.shape):
+                            b.eager_stride = tuple(v.stride())
                 if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and out.cost() > 3:
                     out = g.realize(out)
                     out.origin_names = g.origins
@@ -186,7 +205,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                         v = TensorArg(buf.name, tuple(int(s) for s in v.size), tuple(int(s) for s in st), int(off))
                     outs.append(v)
                 out_spec = pytree.tree_flatten(node.args[0])[1]
-                return LoweredGraph(inputs, g.buffers, outs, g.fallbacks), out_spec, g
+                return LoweredGraph(inputs, g.buffers, outs, g.fallbacks, constants), out_spec, g
             else:
                 raise Unsupported(f"fx node kind {node.op} ({node.name})")
     finally:

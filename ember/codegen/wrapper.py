@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from ember.codegen.ir import ExternBuffer, InputBuffer, TensorArg
+from ember.codegen.ir import ExternBuffer, TensorArg
 from ember.codegen.schedule import FusedGroup, Schedule
 
 
@@ -56,10 +56,12 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     w = Wrapper(sched)
     w.globals.update(extra_globals)
     low = sched.lowered
+    w.globals.update(low.constants)  # tensors the graph holds (get_attr): bound by name
     L = w.lines
     L.append("def call(args):")
     names = [b.name for b in low.inputs]
-    L.append(f"    {', '.join(names)}{',' if names else ''} = args")
+    if names:
+        L.append(f"    {', '.join(names)}, = args")
     checks = [f"{b.name}.shape != {tuple(int(s) for s in b.size)} or {b.name}.stride() != "
               f"{tuple(int(s) for s in b.stride)} or {b.name}.dtype != {w.const(b.dtype)}" for b in low.inputs]
     if checks:

@@ -41,10 +41,6 @@ def odt():
     return (v[0] if isinstance(v, (tuple, list)) else v).dtype
 
 
-def is_float(x) -> bool:
-    return (x.dtype if isinstance(x, TensorBox) else torch.tensor(x).dtype).is_floating_point
-
-
 def floaty(d):
     return d.is_floating_point
 
@@ -379,6 +375,15 @@ def _ones(size, **kwargs):
     return P.const(1, odt(), size)
 
 
+@reg(aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.empty_like.default,
+     aten.new_empty.default, aten.empty.memory_format)
+def _new_filled(*args, **kwargs):
+    """new_ones/new_zeros/new_full; empty* too: any content is correct for an uninitialized tensor, zeros are cheap."""
+    name = ir.GRAPH.op_name
+    value = 1 if "ones" in name else args[2] if "new_full" in name else 0
+    return P.const(value, odt(), tuple(out().shape))
+
+
 @reg(aten.fill.Scalar)
 def _fill(x, value):
     return P.const(value, odt(), x.size)
@@ -387,8 +392,9 @@ def _fill(x, value):
 @reg(aten.arange.start_step, aten.arange.default, aten.arange.start)
 def _arange(*args, **kwargs):
     v = out()
-    if not floaty(v.dtype) and all(isinstance(a, int) for a in args):
-        start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    name = ir.GRAPH.op_name
+    start, step = (0, 1) if name.endswith(".default") else (args[0], args[2] if name.endswith("start_step") else 1)
+    if not floaty(v.dtype) and all(type(a) is int for a in (start, step)):
         return P.iota(v.shape, 0, v.dtype, start, step)
     return NotImplemented  # float aranges accumulate rounding exactly as eager's kernel does: keep it
 
@@ -488,8 +494,8 @@ def _pad(x, pad, value=0):
 
 @reg(aten.as_strided.default)
 def _as_strided(x, size, stride, storage_offset=None):
-    if x.strided is not None and x.strided[2] != 0 or storage_offset:
-        return NotImplemented
+    if (x.strided is not None and x.strided[2] != 0) or storage_offset is not None:
+        return NotImplemented  # offsets are absolute in the storage, which only eager's tensor knows
     return P.as_strided(x, size, stride, 0)
 
 
@@ -526,11 +532,6 @@ def _embedding(w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
 
 
 # ------------------------------------------------------------------------------------------------ reductions
-def _acc(x, d=None):
-    d = d or odt()
-    return d
-
-
 @reg(aten.sum.dim_IntList, aten.sum.default)
 def _sum(x, dim=None, keepdim=False, *, dtype=None):
     return P.reduce("sum", x, dims_of(x, dim), keepdim, odt())
@@ -754,3 +755,142 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
     total = P.reduce("sum", wt, [0])
     s = P.reduce("sum", loss, [0])
     return (P.div(s, total) if reduction == 1 else s), total
+
+
+@reg(aten.max_pool2d_with_indices.default)
+def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """A max reduction over each window (out-of-bounds taps are -inf); indices from the window's argmax."""
+    if not floaty(x.dtype):
+        return NotImplemented
+    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = pair(kernel), pair(stride or kernel), pair(padding), pair(dilation)
+    vals = out()[0]
+    oh, ow = vals.shape[-2:]
+    h, w = int(x.size[-2]), int(x.size[-1])
+    lead = list(x.size[:-2])
+    neg_inf = ir.Expr("const", (-math.inf,), x.dtype)
+
+    def loader(idx):
+        *b, i, j, a, c = idx
+        hi, wi = i * sh - ph + a * dh, j * sw - pw + c * dw
+        conds = []
+        for v, n in ((hi, h), (wi, w)):
+            iv = ir.Expr("index", (v,), torch.int64)
+            conds += [ir.Expr("ge", (iv, ir.Expr("const", (0,), torch.int64)), torch.bool),
+                      ir.Expr("lt", (iv, ir.Expr("const", (n,), torch.int64)), torch.bool)]
+        e = x.loader(list(b) + [sympy.Min(sympy.Max(hi, 0), h - 1), sympy.Min(sympy.Max(wi, 0), w - 1)])
+        for cnd in conds:
+            e = ir.Expr("where", (cnd, e, neg_inf), x.dtype)
+        return e
+    win = TensorBox(lead + [oh, ow, kh, kw], x.dtype, loader)
+    n = len(lead)
+    values = P.reduce("max", win, [n + 2, n + 3])
+    k = P.reduce("argmax", win, [n + 2, n + 3])
+    hi = P.add(P.sub(P.iota(values.size, n, torch.int64, 0, sh), ph), P.mul(P.div(k, kw), dh))
+    wi = P.add(P.sub(P.iota(values.size, n + 1, torch.int64, 0, sw), pw), P.mul(P.pointwise("remainder", k, kw), dw))
+    return values, P.add(P.mul(hi, w), wi)
+
+
+@reg(aten.native_batch_norm_backward.default)
+def _bn_backward(dy, x, w, rm, rv, save_mean, save_invstd, train, eps, mask):
+    dims = [0] + list(range(2, x.ndim))
+    n = ir.prod(x.size[d] for d in dims)
+    if train:
+        mean, invstd = save_mean, save_invstd
+    else:
+        mean, invstd = rm, P.unary("rsqrt", P.add(rv, eps))
+    mean_b, invstd_b = _bn_shape(mean, x), _bn_shape(invstd, x)
+    xhat = P.mul(P.sub(x, mean_b), invstd_b)
+    sum_dy = P.reduce("sum", dy, dims)
+    sum_dy_xhat = P.reduce("sum", P.mul(dy, xhat), dims)
+    scale = P.mul(invstd_b, _bn_shape(w, x)) if w is not None else invstd_b
+    dx = None
+    if mask[0]:
+        if train:
+            dx = P.mul(P.sub(P.sub(dy, P.div(_bn_shape(sum_dy, x), n)),
+                             P.mul(xhat, P.div(_bn_shape(sum_dy_xhat, x), n))), scale)
+        else:
+            dx = P.mul(dy, scale)
+    return dx, (sum_dy_xhat if mask[1] else None), (sum_dy if mask[2] else None)
+
+
+@reg(aten.nll_loss_backward.default)
+def _nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight):
+    """d loss / d x: -weight[t] * g (/ total_weight for mean) at column t of each row; a compare, no scatter."""
+    if x.ndim > 2:
+        return NotImplemented
+    xs_size = x.size if x.ndim == 2 else (sympy.Integer(1),) + x.size
+    t = target if target.ndim == 1 else P.unsqueeze(target, 0)
+    valid = P.pointwise("ne", t, ignore_index)
+    wt = P.where(valid, 1.0, 0.0, dtype=x.dtype)
+    if weight is not None:
+        wt = P.mul(wt, P.gather(weight, 0, P.where(valid, t, 0)))
+    gs = g if reduction == 0 else P.expand(P.reshape(g, [1]), [xs_size[0]])
+    if reduction == 0 and x.ndim == 1:
+        gs = P.reshape(g, [1])
+    val = P.mul(P.unary("neg", wt), gs)
+    if reduction == 1:
+        val = P.div(val, total_weight)
+    hit = P.pointwise("eq", P.iota(xs_size, 1), P.unsqueeze(t, 1))
+    out = P.where(hit, P.unsqueeze(val, 1), 0.0, dtype=x.dtype)
+    return out if x.ndim == 2 else P.squeeze(out, [0])
+
+
+@reg(aten.hardswish_backward.default)
+def _hardswish_backward(g, x):
+    mid = P.mul(g, P.add(P.div(x, 3.0), 0.5))
+    return P.where(P.pointwise("lt", x, -3.0), 0.0, P.where(P.pointwise("le", x, 3.0), mid, g))
+
+
+@reg(aten.hardsigmoid_backward.default)
+def _hardsigmoid_backward(g, x):
+    inside = P.pointwise("logical_and", P.pointwise("gt", x, -3.0), P.pointwise("lt", x, 3.0))
+    return P.where(inside, P.div(g, 6.0), 0.0)
+
+
+@reg(aten._safe_softmax.default)
+def _safe_softmax(x, dim, dtype=None):
+    """softmax whose fully -inf rows give 0 instead of NaN (attention with every key masked)."""
+    y = _softmax(x, dim)
+    dead = P.reduce("all", P.pointwise("eq", P.cast(x, odt()), -math.inf), [dim], True)
+    return P.where(dead, 0.0, y)
+
+
+@reg(aten.select_backward.default)
+def _select_backward(g, size, dim, index):
+    dim = dim % len(size)
+    index = index % size[dim]
+    gx = P.unsqueeze(g, dim)
+    hit = P.pointwise("eq", P.iota(size, dim), index)
+    return P.where(hit, P.expand(gx, size), 0.0, dtype=odt())
+
+
+@reg(aten.slice_backward.default)
+def _slice_backward(g, size, dim, start, end, step):
+    dim = dim % len(size)
+    n = size[dim]
+    start, end, _ = slice(start, end, step).indices(n)
+    pads = [0, 0] * (len(size) - 1 - dim) + [start, n - start - int(g.size[dim] - 1) * step - 1]
+    if step != 1:
+        return NotImplemented
+    return P.pad(g, pads, 0)
+
+
+@reg(aten.linalg_vector_norm.default)
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    d = odt()
+    if not floaty(d) or x.ndim == 0 and dim not in (None, [], ()):
+        return NotImplemented
+    dims = dims_of(x, dim)
+    a = P.unary("abs", P.cast(x, d))
+    if ord == math.inf:
+        return P.reduce("max", a, dims, keepdim)
+    if ord == -math.inf:
+        return P.reduce("min", a, dims, keepdim)
+    if ord == 0:
+        return P.reduce("sum", P.cast(P.pointwise("ne", a, 0.0), d), dims, keepdim)
+    if ord == 1:
+        return P.reduce("sum", a, dims, keepdim)
+    if ord == 2:
+        return P.unary("sqrt", P.reduce("sum", P.mul(a, a), dims, keepdim))
+    return P.pointwise("pow", P.reduce("sum", P.pointwise("pow", a, float(ord)), dims, keepdim), 1.0 / ord)
