@@ -100,8 +100,10 @@ def test_break(kind, place):
     r = check(f, x)
     want = EXPECTED[kind].get(place)
     if want is None:
-        # numpy everywhere; loop and try for every kind (see the module docstring)
+        # numpy everywhere; loop and try for every kind (see the module docstring).  Every program has ops
+        # after its break, so a compiler that resumes there captures at least one graph.
         assert r.graphs <= BOUND, r
+        assert r.graphs >= (1 if not BASELINE or kind == "numpy" else 0), r
     elif isinstance(want, int):
         assert r.graphs == want, r
     else:
@@ -118,7 +120,7 @@ def test_data_dependent_both_directions(kind, place):
     r = check_many(f, [(x,), (-x,), (x,), (-x,), (x.abs(),), (-x.abs(),)])
     # the graph(s) before the break and one resume graph per direction; in a callee, the caller's graphs too
     # (torch.compile: 6 for callee-item, its resume function is specialized on the int n once more)
-    assert r.graphs <= (6 if place == "callee" else BOUND), r
+    assert 2 <= r.graphs <= (6 if place == "callee" else BOUND), r
 
 
 def loop_print_dead_counter(x, n):
@@ -165,6 +167,7 @@ def test_break_in_loop_compiles_bounded(fn, bound):
     """20 iterations, 3 calls: the graph count must not grow with the iterations."""
     r = check(fn, rand(6), 20, _calls=3, _recompiles=True)
     assert r.graphs <= bound, r
+    assert r.graphs >= (0 if BASELINE else 1), r  # torch.compile runs frames with a break in a loop in Python
     n = r.graphs
     check_many(fn, [(rand(6), 20) for _ in range(3)])
     assert n <= bound
