@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.frontend.harness import case, check, rand, run_case
+from tests.frontend.harness import BASELINE, case, check, rand, run_case
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -272,3 +272,27 @@ def test_kwargs_call_of_compiled_function():
         return x * scale + offset
     r = check(f, rand(3), scale=2.0, offset=1.0)
     assert r.graphs == 1 and r.ops == [2]
+
+
+@pytest.mark.xfail(BASELINE, strict=True, reason="torch.compile 2.14 raises InternalTorchDynamoError (RecursionError) "
+                                                 "here; ember must fall back instead of raising")
+def test_deep_recursion_beyond_inline_limit_is_correct():
+    """Recursion deeper than any sensible inline limit: still eager's result (graphs split or fall back)."""
+    r = check(recursive_pow, rand(3), 120)
+    assert r.graphs >= 1, r
+
+
+def test_autocast_cpu_inside_graph():
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+        return y, y.dtype, (x @ w).dtype
+    r = check(f, rand(4, 4), rand(4, 4))
+    assert r.result[1] == torch.bfloat16 and r.result[2] == torch.float32
+    assert r.graphs == 1, r
+
+
+def test_user_class_instances_compared_by_value_not_identity():
+    """A fresh (deep-copied) user object with the same attributes on every call: no recompile (check asserts)."""
+    r = check(p_user_object_arg, rand(3), Scaler(2.0), _calls=3)
+    assert r.graphs == 1
