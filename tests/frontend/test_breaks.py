@@ -108,7 +108,7 @@ def test_break(kind, place):
         assert r.graphs == want, r
     else:
         graphs, ops = want
-        assert r.graphs == graphs and r.ops == ops, f"expected {graphs} graphs {ops}, got {r}"
+        assert r.graphs == graphs and r.ops == ops, f"expected {graphs} graphs {ops}, got {r}: {r.describe()}"
 
 
 @pytest.mark.parametrize("kind", ["if_sum", "bool", "item", "tolist"])

@@ -109,7 +109,7 @@ def c_zeros_ones(x): return torch.zeros(3, 4) + torch.ones(3, 4, dtype=torch.flo
 def c_arange(x): return torch.arange(12).reshape(3, 4) * x
 def c_arange_float(x): return torch.arange(0.0, 1.0, 0.25) + x
 def c_tensor_literal(x): return x + torch.tensor([1.0, 2.0, 3.0, 4.0])
-def c_like(x): return torch.zeros_like(x), torch.ones_like(x) * 2, torch.full_like(x, 7.0), torch.empty_like(x).shape
+def c_like(x): return torch.zeros_like(x), torch.ones_like(x) * 2, torch.full_like(x, 7.0), torch.empty_like(x).fill_(2.0)
 def c_full_eye_linspace(x): return torch.full((4,), 2.5) * x, torch.eye(3) @ x, torch.linspace(0, 1, 4) + x
 def c_from_shape(x): return torch.zeros(x.shape[0], 2, dtype=x.dtype)
 
@@ -160,7 +160,7 @@ CASES = [
     case(a_device, X, 3), case(a_requires_grad, X, 1), case(a_numel_len, X, 1), case(a_is_floating, X, 0, graphs=0),
     case(a_shape_tuple_out, X, 1),
     case(c_zeros_ones, X, 4), case(c_arange, X, 3), case(c_arange_float, X, 2), case(c_tensor_literal, X, 2),
-    case(c_like, X, 5), case(c_full_eye_linspace, X, 6), case(c_from_shape, X, 1),
+    case(c_like, X, 6), case(c_full_eye_linspace, X, 6), case(c_from_shape, X, 1),
     case(r_rand_randn, X, 3), case(r_like, X, 3), case(r_randint_perm, X, 3), case(r_dropout_train, X, 1),
     case(r_bernoulli_normal, X, 4), case(r_multinomial, X, 2),
 ]
