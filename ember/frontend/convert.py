@@ -1,0 +1,718 @@
+"""From a captured frame to a cached entry: guards -> graph call -> side effects -> rebuilt outputs.
+
+`FrameCompiler` owns the cache of one function (several entries, each with its own guards). On a miss it
+captures the function on the call's real arguments (ember.frontend.interpreter), hands the graph to the
+backend, and generates a Python function for the entry:
+
+    def ___entry(<the function's arguments>):
+        if not <guards>: return ___MISS
+        ___o = ___graph(<graph inputs, by source>)
+        <values to keep, then side effects: attribute/list/dict/global/cell writes, as Python would do them>
+        return <the original return structure>                  # whole function captured
+        -- or, at a graph break --
+        <the instruction ember could not capture, run in Python>
+        return ___resume(<stack>, <live locals>)                # rest of the function, compiled on its own
+
+A break happens where the interpreter raised Unsupported: capture restarts and stops just before that
+instruction of the root frame, so the state there is exact.
+"""
+from __future__ import annotations
+
+import dataclasses
+import dis
+import functools
+import inspect
+import linecache
+import operator
+import sys
+import types
+import warnings
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
+from ember.frontend.guards import check_tensor
+from ember.frontend.interpreter import (
+    PY312, Capture, ConstTable, Frame, StopCapture, instructions, is_namedtuple_cls, is_structseq_cls, where,
+)
+from ember.frontend.values import GradExit as _GradExit
+from ember.frontend.values import (
+    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NullV, ObjV, PartialV, SetV,
+    SuperV, TensorV, TupleV, V,
+)
+from ember.tools.logs import enabled, get_logger
+
+RECOMPILE_LIMIT = 8
+MISS = object()
+NULL = object()  # stands for CPython's NULL on a rebuilt stack
+log_graph, log_guards = get_logger("graph"), get_logger("guards")
+log_recompiles, log_breaks = get_logger("recompiles"), get_logger("graph_breaks")
+CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR, CO_ITERABLE_COROUTINE = 0x20, 0x80, 0x200, 0x100
+
+# explain() listens here: one list of events per active recording.
+RECORDERS: list[list] = []
+
+
+def _emit(kind: str, **info) -> None:
+    for rec in RECORDERS:
+        rec.append((kind, info))
+
+
+class Entry:
+    def __init__(self, fn: Callable, guards: list[str], check: Callable, description: str):
+        self.fn, self.guards, self.check, self.description = fn, guards, check, description
+
+
+class FrameCompiler:
+    """The compiled form of one function: a binder for its arguments and a list of guarded entries."""
+
+    _by_function: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+    _all: "weakref.WeakSet[FrameCompiler]" = weakref.WeakSet()
+
+    def __init__(self, fn: types.FunctionType, cfg, name: str | None = None):
+        self.fn = fn
+        self.code = fn.__code__
+        self.cfg = cfg
+        self.name = name or fn.__qualname__
+        self.entries: list[Entry] = []
+        self.disabled = bool(self.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
+        self.warned = False
+        self.resumes: dict[tuple, FrameCompiler] = {}
+        self.argnames = _arg_names(self.code)
+        self.bind = _make_binder(fn, self.argnames)
+        FrameCompiler._all.add(self)
+
+    @classmethod
+    def for_callable(cls, f: Callable, cfg) -> Callable:
+        """The call path for any callable: a function, a bound method, or a callable object."""
+        if isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
+            inner = cls.for_function(f.__func__, cfg)
+            obj = f.__self__
+            return lambda args, kwargs: inner((obj, *args), kwargs)
+        if isinstance(f, types.FunctionType):
+            return cls.for_function(f, cfg)
+        tramp = _trampoline(f)
+        return cls(tramp, cfg, name=getattr(f, "__qualname__", type(f).__name__))
+
+    @classmethod
+    def for_function(cls, f: types.FunctionType, cfg) -> "FrameCompiler":
+        per_fn = cls._by_function.setdefault(f, {})
+        key = id(cfg)
+        if key not in per_fn:
+            per_fn[key] = cls(f, cfg)
+        return per_fn[key]
+
+    # -- the hot path ------------------------------------------------------------------------------------
+    def __call__(self, args: tuple, kwargs: dict):
+        frame_args = self.bind(*args, **kwargs)
+        for e in self.entries:
+            r = e.fn(*frame_args)
+            if r is not MISS:
+                return r
+        if self.disabled:
+            return self.fn(*args, **kwargs)
+        return self.compile_and_run(args, kwargs, frame_args)
+
+    # -- misses ------------------------------------------------------------------------------------------
+    def compile_and_run(self, args, kwargs, frame_args):
+        if self.entries:
+            reason = self.failed_guard(frame_args)
+            log_recompiles.debug("recompiling %s (%s): guard failed: %s", self.name, _code_where(self.code), reason)
+            _emit("recompile", name=self.name, reason=reason)
+            if len(self.entries) >= RECOMPILE_LIMIT:
+                self.disabled = True
+                if not self.warned:
+                    self.warned = True
+                    warnings.warn(f"ember: {self.name} ({_code_where(self.code)}) was recompiled "
+                                  f"{RECOMPILE_LIMIT} times; the guard that kept failing: {reason}. "
+                                  f"It runs uncompiled from now on.", stacklevel=4)
+                return self.fn(*args, **kwargs)
+        entry = self.capture(frame_args)
+        self.entries.append(entry)
+        r = entry.fn(*frame_args)
+        if r is MISS:  # the capture itself changed what the guards read: run as Python this time
+            log_guards.debug("fresh entry of %s missed its own guards; running uncompiled", self.name)
+            return self.fn(*args, **kwargs)
+        return r
+
+    def failed_guard(self, frame_args) -> str:
+        entry = self.entries[-1]
+        for g in entry.guards:
+            try:
+                if not entry.check(g, frame_args):
+                    return g
+            except Exception as e:
+                return f"{g} (raised {type(e).__name__})"
+        return "(none)"
+
+    def capture(self, frame_args: tuple) -> Entry:
+        stop_at: dict[int, str] = {}
+        prev_grad = torch.is_grad_enabled()
+        for _attempt in range(64):
+            consts = ConstTable()
+            cap = Capture(consts)
+            local_vars = {}
+            for name, value in zip(self.argnames, frame_args):
+                local_vars[name] = cap.wrap(value, name)
+            cells = {}
+            clo = self.fn.__closure__ or ()
+            for i, fv in enumerate(self.code.co_freevars):
+                cells[fv] = cap.wrap(clo[i], f"{consts.ref(clo)}[{i}]")
+            frame = Frame(cap, self.code, self.fn.__globals__, local_vars, cells, stop_at=stop_at)
+            try:
+                result = frame.run()
+                return self.make_entry(cap, frame_args, result=result)
+            except StopCapture as stop:
+                return self.make_entry(cap, frame_args, stop=stop)
+            except Unsupported as u:
+                inst = frame.current
+                if inst is None or inst.offset in stop_at:
+                    return self.fallback_entry(cap, u.reason)
+                where_ = u.where or where(self.code, inst.offset)
+                if self.cfg.fullgraph:
+                    raise GraphBreakError(_break_message(u.reason, where_)) from None
+                stop_at[inst.offset] = f"{u.reason} ({where_})"
+                log_breaks.debug("graph break in %s at %s: %s", self.name, where_, u.reason)
+                _emit("break", name=self.name, reason=u.reason, where=where_)
+            finally:
+                torch._C._set_grad_enabled(prev_grad)
+        return self.fallback_entry(Capture(ConstTable()), "too many graph breaks")
+
+    def fallback_entry(self, cap: Capture, reason: str) -> Entry:
+        """Run the whole function as Python when these guards hold."""
+        log_breaks.debug("%s runs uncompiled: %s", self.name, reason)
+        _emit("fallback", name=self.name, reason=reason)
+        gen = EntryCodegen(self, cap)
+        gen.lines.append(f"return ___fn({', '.join(self.argnames_call())})")
+        gen.namespace["___fn"] = self.fn
+        return gen.finish(f"uncompiled ({reason})")
+
+    def argnames_call(self) -> list[str]:
+        out = []
+        code = self.code
+        n = code.co_argcount + code.co_kwonlyargcount
+        for i, name in enumerate(self.argnames):
+            if i < code.co_argcount:
+                out.append(name)
+            elif i < n:
+                out.append(f"{name}={name}")
+            elif code.co_flags & 0x04 and i == n:
+                out.append(f"*{name}")
+            else:
+                out.append(f"**{name}")
+        return out
+
+    # -- building an entry --------------------------------------------------------------------------------
+    def make_entry(self, cap: Capture, frame_args, result: V | None = None, stop: StopCapture | None = None):
+        gen = EntryCodegen(self, cap)
+        try:
+            if stop is None:
+                live = [result]
+            else:
+                live = list(stop.frame.stack) + list(stop.frame.locals.values()) + \
+                    [c.contents for c in stop.frame.cells.values() if c.contents is not None]
+            gen.call_graph(live)
+            if stop is None:
+                out = gen.expr(result)
+                gen.side_effects()
+                gen.lines.append(f"return {out}")
+            else:
+                gen.resume(stop)
+        except Unsupported as u:
+            return self.fallback_entry(cap, u.reason)
+        return gen.finish("graph" if stop is None else f"graph, then break at {stop.reason}")
+
+    def resume_compiler(self, offset: int, stack_depth: int, names: tuple, nulls: tuple, compiled: bool):
+        key = (offset, stack_depth, names, nulls, compiled)
+        if key not in self.resumes:
+            from ember.frontend.bytecode_gen import make_resume_code
+            rc = make_resume_code(self.code, offset, stack_depth, list(names), tuple(nulls))
+            fn = types.FunctionType(rc.code, self.fn.__globals__, rc.code.co_name, None, self.fn.__closure__)
+            if compiled:
+                self.resumes[key] = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})")
+            else:
+                self.resumes[key] = fn
+        return self.resumes[key]
+
+
+class EntryCodegen:
+    """Writes one entry function's Python source."""
+
+    def __init__(self, fc: FrameCompiler, cap: Capture):
+        self.fc, self.cap = fc, cap
+        self.consts = cap.consts
+        self.lines: list[str] = []
+        self.namespace: dict[str, Any] = {"___MISS": MISS, "___check_tensor": check_tensor, "___torch": torch,
+                                          "___NULL": NULL, "___new_object": _new_object,
+                                          "___make_cell": _make_cell, "___grad_exit": _GradExit,
+                                          "___call_compiled": _call_compiled, "___cfg": fc.cfg,
+                                          "___MethodType": types.MethodType, "___make_function": _make_function}
+        self.memo: dict[int, str] = {}
+        self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
+        self.ntmp = 0
+
+    def tmp(self) -> str:
+        self.ntmp += 1
+        return f"___t{self.ntmp}"
+
+    # -- the graph --------------------------------------------------------------------------------------
+    def call_graph(self, live: list[V]) -> None:
+        cap = self.cap
+        needed: list[TensorV] = []
+        seen = set()
+
+        def visit(v, depth=0):
+            if depth > 50 or id(v) in seen:
+                return
+            seen.add(id(v))
+            if isinstance(v, TensorV):
+                if v.source is None:
+                    needed.append(v)
+            elif isinstance(v, (ListV, TupleV, SetV, IterV)):
+                for x in (v.items if not isinstance(v, IterV) else v.remaining()):
+                    visit(x, depth + 1)
+            elif isinstance(v, DictV):
+                for x in v.items.values():
+                    visit(x, depth + 1)
+            elif isinstance(v, NewObjV):
+                for x in v.attrs.values():
+                    visit(x, depth + 1)
+            elif isinstance(v, ObjV):
+                for x in v.writes.values():
+                    visit(x, depth + 1)
+            elif isinstance(v, CellV):
+                if v.contents is not None:
+                    visit(v.contents, depth + 1)
+            elif isinstance(v, ClosureV):
+                for x in (*v.defaults, *v.kwdefaults.values(), *v.closure):
+                    visit(x, depth + 1)
+            elif isinstance(v, BoundV):
+                visit(v.self_v, depth + 1)
+
+        for v in live:
+            visit(v)
+        for v in cap.mutables:
+            visit(v)
+        for _g, v in cap.global_writes.values():
+            visit(v)
+        real_ops = [n for n in cap.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+                    and n.target is not torch._C._set_grad_enabled]
+        if not real_ops and not needed:
+            if cap.grad_enabled != torch.is_grad_enabled():
+                self.lines.append(f"___torch._C._set_grad_enabled({cap.grad_enabled})")
+            return
+        for i, v in enumerate(needed):
+            self.outputs[id(v)] = i
+        cap.graph.output(tuple(v.node for v in needed))
+        _eliminate_dead_code(cap.graph)
+        real_ops = [n for n in cap.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+                    and n.target is not torch._C._set_grad_enabled]
+        root = torch.nn.Module()
+        for n in cap.graph.nodes:
+            if n.op == "get_attr":
+                root.register_buffer(n.target, n.meta["tensor"], persistent=False)
+        gm = torch.fx.GraphModule(root, cap.graph, class_name="GraphModule")
+        gm.meta["ember_where"] = _code_where(self.fc.code)
+        example_inputs = [inp.real for inp in cap.inputs]
+        if enabled("graph"):
+            log_graph.debug("graph of %s (%s):\n%s", self.fc.name, _code_where(self.fc.code), gm.print_readable(False))
+        _emit("graph", name=self.fc.name, gm=gm, ops=len(real_ops))
+        cfg = self.fc.cfg
+        try:
+            compiled = cfg.backend(gm, example_inputs)
+        except Exception as e:
+            raise BackendCompilerFailed(cfg.backend_name, e, _code_where(self.fc.code)) from e
+        if not callable(compiled):
+            raise BackendCompilerFailed(cfg.backend_name, TypeError(f"backend returned {type(compiled).__name__}, "
+                                                                    f"not a callable"), _code_where(self.fc.code))
+        self.namespace["___graph"] = compiled
+        self.lines.append(f"___o = ___graph({', '.join(inp.source for inp in cap.inputs)})")
+
+    # -- rebuilding values ------------------------------------------------------------------------------
+    def expr(self, v: V) -> str:
+        key = id(v)
+        if key in self.memo:
+            return self.memo[key]
+        e = self._expr(v)
+        if isinstance(v, (ListV, DictV, SetV, NewObjV, ClosureV, CellV, IterV)) and not e.isidentifier():
+            t = self.tmp()
+            self.lines.append(f"{t} = {e}")
+            e = t
+        self.memo[key] = e
+        return e
+
+    def _expr(self, v: V) -> str:
+        c = self.consts.ref
+        if isinstance(v, TensorV):
+            if v.source is not None:
+                return v.source
+            return f"___o[{self.outputs[id(v)]}]"
+        if isinstance(v, ConstV):
+            x = v.value
+            if x is None or isinstance(x, (bool, int, str, bytes)) or (isinstance(x, float) and x == x and
+                                                                       x not in (float("inf"), float("-inf"))):
+                return repr(x)
+            return c(x)
+        if isinstance(v, ObjV):
+            if v.source is not None:
+                return v.source
+            return c(v.value)
+        if isinstance(v, ListV):
+            if v.source is not None:
+                return v.source
+            return "[" + ", ".join(self.expr(x) for x in v.items) + "]"
+        if isinstance(v, TupleV):
+            items = ", ".join(self.expr(x) for x in v.items)
+            if v.cls is tuple:
+                return f"({items},)" if v.items else "()"
+            if is_namedtuple_cls(v.cls):
+                return f"{c(v.cls)}({items})"
+            return f"{c(v.cls)}(({items},))"
+        if isinstance(v, DictV):
+            if v.source is not None:
+                return v.source
+            body = "{" + ", ".join(f"{self.key(k)}: {self.expr(x)}" for k, x in v.items.items()) + "}"
+            if v.cls is dict:
+                return body
+            return f"{c(v.cls)}(**{body})" if dataclasses.is_dataclass(v.cls) else f"{c(v.cls)}({body})"
+        if isinstance(v, SetV):
+            if v.source is not None:
+                return v.source
+            return "{" + ", ".join(self.expr(x) for x in v.items) + "}" if v.items else "set()"
+        if isinstance(v, NewObjV):
+            t = self.tmp()
+            self.memo[id(v)] = t
+            self.lines.append(f"{t} = ___new_object({c(v.cls)})")
+            for k, x in v.attrs.items():
+                self.lines.append(f"{t}.__dict__[{k!r}] = {self.expr(x)}")
+            return t
+        if isinstance(v, CellV):
+            if v.source is not None:
+                return v.source
+            t = self.tmp()
+            self.memo[id(v)] = t
+            self.lines.append(f"{t} = ___make_cell()")
+            if v.contents is not None:
+                self.lines.append(f"{t}.cell_contents = {self.expr(v.contents)}")
+            return t
+        if isinstance(v, ClosureV):
+            defaults = "(" + "".join(self.expr(x) + ", " for x in v.defaults) + ")"
+            kwd = "{" + ", ".join(f"{k!r}: {self.expr(x)}" for k, x in v.kwdefaults.items()) + "}"
+            closure = "(" + "".join(self.expr(x) + ", " for x in v.closure) + ")"
+            return f"___make_function({c(v.code)}, {c(v.globals)}, {defaults}, {kwd}, {closure})"
+        if isinstance(v, IterV):
+            return "iter((" + "".join(self.expr(x) + ", " for x in v.remaining()) + "))"
+        if isinstance(v, BoundV):
+            if isinstance(v.func, str):
+                return f"{self.expr(v.self_v)}.{v.func}"
+            return f"___MethodType({c(v.func)}, {self.expr(v.self_v)})"
+        if isinstance(v, GradModeExitV):
+            return f"___grad_exit({v.prev})"
+        if isinstance(v, GradModeCtxV):
+            return f"___torch.set_grad_enabled({v.enabled})" if v.prev is not None else \
+                f"___torch.{'enable_grad' if v.enabled else 'no_grad'}()"
+        if isinstance(v, SuperV):
+            return f"super({c(v.cls)}, {self.expr(v.obj)})"
+        if isinstance(v, NullV):
+            return "___NULL"
+        if isinstance(v, PartialV):
+            kw = "".join(f", {k}={self.expr(x)}" for k, x in v.kwargs.items())
+            return f"{c(functools.partial)}({self.expr(v.func)}{''.join(', ' + self.expr(x) for x in v.args)}{kw})"
+        raise Unsupported(f"cannot rebuild a {type(v).__name__} in Python")
+
+    def key(self, k) -> str:
+        return self.consts.key(k)
+
+    # -- side effects -----------------------------------------------------------------------------------
+    def side_effects(self) -> None:
+        """Write back mutations of things that existed before the call, in Python's terms."""
+        writes: list[tuple[str, str]] = []  # (target statement format, value expr), values computed first
+        for v in self.cap.mutables:
+            if isinstance(v, ObjV):
+                for name, x in v.writes.items():
+                    writes.append((f"setattr({v.source}, {name!r}, {{}})", self.expr(x)))
+                for name in v.deleted:
+                    if name not in v.writes:
+                        writes.append((f"delattr({v.source}, {name!r})", "None"))
+            elif isinstance(v, ListV) and v.mutated:
+                writes.append((f"{v.source}[:] = {{}}", "[" + ", ".join(self.expr(x) for x in v.items) + "]"))
+            elif isinstance(v, DictV) and v.mutated:
+                body = "{" + ", ".join(f"{self.key(k)}: {self.expr(x)}" for k, x in v.items.items()) + "}"
+                writes.append((f"{v.source}.clear(); {v.source}.update({{}})", body))
+            elif isinstance(v, SetV) and v.mutated:
+                writes.append((f"{v.source}.clear(); {v.source}.update({{}})",
+                               "[" + ", ".join(self.expr(x) for x in v.items) + "]"))
+            elif isinstance(v, CellV) and v.mutated and v.contents is not None:
+                writes.append((f"{v.source}.cell_contents = {{}}", self.expr(v.contents)))
+        for (_gid, name), (g, x) in self.cap.global_writes.items():
+            writes.append((f"{self.consts.ref(g)}[{name!r}] = {{}}", self.expr(x)))
+        for t in getattr(self.cap, "tensor_grad_writes", []):
+            writes.append((f"{t.source}.grad = {{}}", "None"))
+        temps = []
+        for _target, value in writes:
+            t = self.tmp()
+            self.lines.append(f"{t} = {value}")
+            temps.append(t)
+        for (target, _value), t in zip(writes, temps):
+            self.lines.append(target.format(t) if "{}" in target else target)
+
+    # -- graph breaks -----------------------------------------------------------------------------------
+    def resume(self, stop: StopCapture) -> None:
+        frame, inst = stop.frame, stop.inst
+        stack = [self.expr(v) for v in frame.stack]
+        names = tuple(frame.locals)
+        local_exprs = [self.expr(frame.locals[n]) for n in names]
+        cell_names = tuple(n for n, c in frame.cells.items() if n in frame.code.co_cellvars and c.contents is not None)
+        local_exprs += [self.expr(frame.cells[n].contents) for n in cell_names]
+        names = names + cell_names
+        self.side_effects()
+        insts, index = instructions(frame.code)
+        in_loop = any(isinstance(v, IterV) for v in frame.stack)
+        covering = [e for e in dis._parse_exception_table(frame.code) if e.start <= inst.offset < e.end]
+        grad_withs = [frame.stack[e.depth - 1] for e in covering
+                      if 0 < e.depth <= len(frame.stack) and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
+        in_try = len(grad_withs) != len(covering)  # only grad-mode `with` blocks are handled across a break
+        restore = f"___torch._C._set_grad_enabled({grad_withs[0].prev})" if grad_withs else None
+        nulls = tuple(i for i, v in enumerate(frame.stack) if isinstance(v, NullV))
+        args_of = lambda st: ", ".join(st + local_exprs)  # noqa: E731
+
+        def go(offset: int, st: list[str], compiled: bool = True) -> str:
+            nst = tuple(i for i, e in enumerate(st) if e == "___NULL")
+            compiled = compiled and not in_loop
+            rc = self.fc.resume_compiler(offset, len(st), names, nst, compiled)
+            name = self.consts.ref(rc)
+            st_args = [e for e in st if e != "___NULL"]
+            if compiled:
+                return f"return {name}(({args_of(st_args)}{',' if st_args or local_exprs else ''}), {{}})"
+            return f"return {name}({args_of(st_args)})"
+
+        op = inst.opname
+        if in_try or op not in ("CALL", "CALL_FUNCTION_EX", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
+                                "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
+                                "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE"):
+            # Run the rest of the function as Python from this instruction (its handlers included).
+            at = inst.offset
+            i = index[at]
+            while i > 0 and insts[i - 1].opname in ("PRECALL", "KW_NAMES") and op == "CALL":
+                i -= 1  # 3.11: resume at PRECALL/KW_NAMES, which set up the CALL
+            self.lines.append(go(insts[i].offset, stack, compiled=False))
+            return
+        nxt = insts[index[inst.offset] + 1].offset
+        if op == "CALL":
+            n = inst.arg
+            kw = frame.kw_names
+            base = len(stack) - n - 2
+            a, b, args = stack[base], stack[base + 1], stack[base + 2:]
+            if a == "___NULL":
+                fn, pos = b, args
+            else:
+                fn, pos = a, [b] + args
+            npos = len(pos) - len(kw)
+            call_args = pos[:npos] + [f"{k}={e}" for k, e in zip(kw, pos[npos:])]
+            call = (f"___r = ___call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
+                    f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg)")
+            del call_args
+            self.guarded_call(call, restore)
+            self.lines.append(go(nxt, stack[:base] + ["___r"]))
+        elif op == "CALL_FUNCTION_EX":
+            has_kw = inst.arg & 1
+            kwargs = stack[-1] if has_kw else "{}"
+            args = stack[-1 - has_kw]
+            fn = stack[-2 - has_kw]
+            base = len(stack) - 2 - has_kw
+            if base > 0 and stack[base - 1] == "___NULL":
+                base -= 1
+            self.guarded_call(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg)", restore)
+            self.lines.append(go(nxt, stack[:base] + ["___r"]))
+        else:
+            when = op.endswith("TRUE")
+            cond = stack[-1]
+            rest = stack[:-1]
+            if restore:
+                self.guarded_call(f"___c = bool({cond})", restore)
+                cond = "___c"
+            self.lines.append(f"if bool({cond}) is {when}:")
+            self.lines.append("    " + go(inst.argval, rest))
+            self.lines.append(go(nxt, rest))
+
+    def guarded_call(self, line: str, restore: str | None) -> None:
+        """The break's instruction; inside `with torch.no_grad()` an exception leaves the grad mode restored."""
+        if restore is None:
+            self.lines.append(line)
+            return
+        self.lines += ["try:", "    " + line, "except BaseException:", "    " + restore, "    raise"]
+
+    # -- the function -----------------------------------------------------------------------------------
+    def finish(self, description: str) -> Entry:
+        fc = self.fc
+        guards = self.cap.guards.exprs()
+        self.namespace.update(self.consts.objs)
+        params = ", ".join(fc.argnames)
+        cond = " and ".join(guards) if guards else "True"
+        src = [f"def ___entry({params}):",
+               "    try:",
+               f"        ___ok = {cond}",
+               "    except Exception:",
+               "        return ___MISS",
+               "    if not ___ok:",
+               "        return ___MISS"]
+        src += ["    " + line for line in self.lines]
+        text = "\n".join(src) + "\n"
+        if enabled("guards"):
+            log_guards.debug("entry for %s (%s):\n%s", fc.name, _code_where(fc.code), text)
+        filename = f"<ember entry of {fc.name}>"
+        code = compile(text, filename, "exec")
+        ns = dict(self.namespace)
+        exec(code, ns)
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+        ns_for_check = dict(ns)
+
+        def check(g: str, frame_args) -> bool:
+            return eval(g, ns_for_check, dict(zip(fc.argnames, frame_args)))
+
+        entry = Entry(ns["___entry"], guards, check, description)
+        _emit("entry", name=fc.name, guards=guards)
+        entry.source = text
+        entry.graph_inputs = [i.source for i in self.cap.inputs]
+        return entry
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helpers the generated code calls.
+
+def _new_object(cls):
+    return cls.__new__(cls) if cls.__new__ is not object.__new__ else object.__new__(cls)
+
+
+def _make_cell():
+    return types.CellType()
+
+
+def _make_function(code, f_globals, defaults, kwdefaults, closure):
+    fn = types.FunctionType(code, f_globals, code.co_name, defaults or None, closure or None)
+    fn.__kwdefaults__ = kwdefaults or None
+    fn.__qualname__ = code.co_qualname
+    return fn
+
+
+_USER_SKIP = ("torch", "ember", "numpy", "scipy", "functools", "builtins", "logging", "typing")
+
+
+def _call_compiled(f, args: tuple, kwargs: dict, cfg):
+    """Run the instruction a graph break stopped at; user functions called there are compiled in turn."""
+    target, prefix = f, ()
+    if isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
+        target, prefix = f.__func__, (f.__self__,)
+    elif isinstance(f, torch.nn.Module) and not (f._forward_hooks or f._forward_pre_hooks or f._backward_hooks) \
+            and "forward" not in f.__dict__ and isinstance(type(f).forward, types.FunctionType) \
+            and not _is_library(type(f).forward):
+        from torch.nn.modules import module as m
+        if not (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks):
+            target, prefix = type(f).forward, (f,)
+    if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
+            and not _is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
+        return FrameCompiler.for_function(target, cfg)((*prefix, *args), kwargs)
+    return f(*args, **kwargs)
+
+
+def _is_library(fn: types.FunctionType) -> bool:
+    mod = getattr(fn, "__module__", None) or ""
+    return mod.split(".")[0] in _USER_SKIP
+
+
+def _in_exception_range(code, offset: int) -> bool:
+    for entry in dis._parse_exception_table(code):
+        if entry.start <= offset < entry.end:
+            return True
+    return False
+
+
+def _arg_names(code) -> list[str]:
+    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    return list(code.co_varnames[:n])
+
+
+def _make_binder(fn: types.FunctionType, argnames: list[str]) -> Callable:
+    """A function with fn's signature that returns its arguments as a tuple, in co_varnames order."""
+    sig = inspect.signature(fn, follow_wrapped=False)
+    ns: dict[str, Any] = {}
+    parts, seen_star = [], False
+    for i, p in enumerate(sig.parameters.values()):
+        default = ""
+        if p.default is not inspect.Parameter.empty:
+            ns[f"___d{i}"] = p.default
+            default = f"=___d{i}"
+        if p.kind == p.POSITIONAL_ONLY:
+            parts.append(p.name + default)
+            if i + 1 == len(sig.parameters) or list(sig.parameters.values())[i + 1].kind != p.POSITIONAL_ONLY:
+                parts.append("/")
+        elif p.kind == p.VAR_POSITIONAL:
+            parts.append("*" + p.name)
+            seen_star = True
+        elif p.kind == p.KEYWORD_ONLY:
+            if not seen_star:
+                parts.append("*")
+                seen_star = True
+            parts.append(p.name + default)
+        elif p.kind == p.VAR_KEYWORD:
+            parts.append("**" + p.name)
+        else:
+            parts.append(p.name + default)
+    body = "(" + "".join(n + ", " for n in argnames) + ")"
+    src = f"def ___bind({', '.join(parts)}):\n    return {body}\n"
+    exec(compile(src, f"<ember binder of {fn.__qualname__}>", "exec"), ns)
+    return ns["___bind"]
+
+
+def _trampoline(f: Callable) -> types.FunctionType:
+    def call(*args, **kwargs):
+        return f(*args, **kwargs)
+    call.__qualname__ = getattr(f, "__qualname__", type(f).__name__)
+    return call
+
+
+_INPLACE_OPERATORS = {operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul,
+                      operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul,
+                      operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+_RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "cauchy",
+                 "geometric", "poisson", "log_normal", "random")
+
+
+def _has_effect(node: torch.fx.Node) -> bool:
+    """Mutations, global state and random draws (which advance the generator) stay even when unused."""
+    t = node.target
+    name = t if isinstance(t, str) else getattr(t, "__name__", "")
+    if name.endswith("_") and not name.endswith("__") or t in _INPLACE_OPERATORS:
+        return True
+    if t is torch._C._set_grad_enabled or "out" in node.kwargs:
+        return True
+    return any(w in name for w in _RANDOM_WORDS)
+
+
+def _eliminate_dead_code(graph: torch.fx.Graph) -> None:
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("call_function", "call_method") and not node.users and not _has_effect(node):
+            graph.erase_node(node)
+
+
+def _code_where(code) -> str:
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+def _break_message(reason: str, where_: str) -> str:
+    filename, _, line = where_.rpartition(":")
+    src = linecache.getline(filename, int(line)).strip() if line.isdigit() else ""
+    return (f"graph break with fullgraph=True: {reason}\n  at {where_}\n    {src}\n"
+            f"Remove fullgraph=True to let ember split the graph here, or change this line.")
+
+
+def reset_caches() -> None:
+    for fc in list(FrameCompiler._all):
+        fc.entries.clear()
+        fc.resumes.clear()
+        fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
+        fc.warned = False
+    FrameCompiler._by_function = weakref.WeakKeyDictionary()
