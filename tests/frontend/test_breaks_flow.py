@@ -459,3 +459,23 @@ def test_torch_error_after_break_is_runtime_error():
     if not BASELINE:  # torch.compile raises its own TorchRuntimeError subclass with a longer message
         assert type(comp.value) is type(eager.value)
         assert str(eager.value) in str(comp.value)
+
+
+def test_logging_enabled_after_compile_is_seen(caplog):
+    """A logger that is off when the function is captured and switched on later: the record appears (whether the
+    logging call was a break or was inlined, the logger's level must not be baked into a cached graph)."""
+    import logging
+    name = "tests.frontend.late_logger"
+
+    def f(x):
+        y = x * 2
+        logging.getLogger(name).info("rows %d", y.shape[0])
+        return y + 1
+    cf = compile(f, Recorder())
+    caplog.set_level(logging.WARNING, logger=name)
+    x = rand(3)
+    assert_same(f(x), cf(x))
+    assert [r for r in caplog.records if r.name == name] == []
+    caplog.set_level(logging.INFO, logger=name)
+    assert_same(x * 2 + 1, cf(x))
+    assert [r.getMessage() for r in caplog.records if r.name == name] == ["rows 3"]
