@@ -51,6 +51,7 @@ def m_floordiv_mod(x): return x // 0.5, x % 0.7
 def m_unary_ops(x): return ~(x > 0), -x, +x, abs(x)
 def m_matmul_vec(x, v): return x @ v
 def m_type_as(x, y): return x.type_as(y) + y
+def m_identity_arith_promotes(i, b): return i + 0.0, b + 0, i * 1, b * 1.0, i - 0  # new tensors, promoted dtypes
 
 
 # --- in-place ops (on intermediates and on inputs: the caller sees the latter)
@@ -142,6 +143,7 @@ CASES = [
     case(m_clone_detach, X, 3), case(m_new_ops, X, 4), case(m_rsub_rdiv, X, 6), case(m_floordiv_mod, X, 2),
     case(m_unary_ops, X, 5), case(m_matmul_vec, lambda: (rand(3, 4), rand(4)), 1),
     case(m_type_as, lambda: (rand(3, dtype=torch.float64), rand(3)), 2),
+    case(m_identity_arith_promotes, lambda: (rand(3, dtype=torch.int64), rand(3, dtype=torch.bool)), 5),
     case(i_add_mul, X, 3), case(i_on_input, X, 2), case(i_on_input_no_return, X, 2), case(i_iadd_operator, X, 3),
     case(i_relu_, X, 2), case(i_zero_fill, X, 4), case(i_inplace_view, X, 3), case(i_clamp_, X, 1),
     case(i_copy_, XY, 2), case(i_out_of_two, XY, 3),
@@ -208,3 +210,13 @@ def test_inplace_on_input_alias_seen_by_caller():
     torch.testing.assert_close(cf(x_comp, x_comp[1:3]), f(x_eager, x_eager[1:3]))
     torch.testing.assert_close(x_comp, x_eager)
     assert rec.graphs == 1
+
+
+def test_arith_with_identity_returns_a_new_tensor():
+    """x + 0 is a new tensor in eager: the compiled result must not alias the input."""
+    from tests.frontend.harness import compile, Recorder
+    x = rand(3)
+    out = compile(lambda t: t + 0, Recorder())(x)
+    assert out is not x
+    out.add_(1)
+    assert not torch.equal(out, x)
