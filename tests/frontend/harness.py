@@ -62,6 +62,11 @@ class Recorder:
         self.gms.clear()
         self.example_inputs.clear()
 
+    def describe(self) -> str:
+        """Each graph's op targets, for failure messages."""
+        names = lambda ts: [t if isinstance(t, str) else getattr(t, "__name__", str(t)) for t in ts]  # noqa: E731
+        return "; ".join(f"graph {i}: {names(self.targets(i))}" for i in range(self.graphs)) or "no graphs"
+
     def __repr__(self):
         return f"Recorder(graphs={self.graphs}, ops={self.ops})"
 
@@ -312,8 +317,8 @@ def case(fn: Callable, args: Callable[[], tuple], ops: int | list[int] | None, g
 
 def run_case(fn, args, ops, graphs, **check_kw) -> Recorder:
     r = check(fn, *args(), **check_kw)
-    assert r.graphs == graphs, f"expected {graphs} graph(s), got {r}"
+    assert r.graphs == graphs, f"expected {graphs} graph(s), got {r}: {r.describe()}"
     if ops is not None:
         want = ([ops] if graphs else []) if isinstance(ops, int) else list(ops)
-        assert r.ops == want, f"expected ops {want}, got {r}"
+        assert r.ops == want, f"expected ops {want}, got {r}: {r.describe()}"
     return r

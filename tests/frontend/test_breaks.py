@@ -3,7 +3,9 @@
 A program is a template (where the break sits) filled with a snippet (what breaks).  Expected (graphs, ops)
 are torch.compile's own counts for the same program (EMBER_TEST_BASELINE=torch); where torch.compile does
 something else on purpose the row says so and asserts a bound instead:
-  - numpy:  torch.compile traces numpy code into its graph (no break); ember breaks, so only a bound.
+  - numpy, scipy: torch.compile traces numpy interop (x.numpy(), from_numpy, even numpy code) into its graphs;
+    ember runs it in Python, so its counts are those of a break with no tensor op of its own (like print):
+    under the torch baseline numpy only gets a bound and scipy torch's own counts.
   - loop, try: torch.compile gives up on the whole frame when a break sits inside a loop or a try block
     (0 graphs, the frame runs in Python); ember resumes there, so only a bound (at most BOUND graphs).
   - no_grad: torch.compile records the grad-mode switches as graph ops, so the op count is not asserted.
@@ -73,11 +75,11 @@ _break_then = {  # torch.compile's counts: (graphs, ops per graph) for start, mi
 }
 EXPECTED = {
     "if_sum": _break_then["cond2"], "tolist": _break_then["cond2"], "bool": _break_then["cond2"],
-    "item": _break_then["item"], "scipy": _break_then["item"],
+    "item": _break_then["item"], "scipy": _break_then["item"] if BASELINE else _break_then["noop"],
     "print": _break_then["noop"], "logging": _break_then["noop"], "opaque_object": _break_then["noop"],
     "disabled": _break_then["noop"],
     "builtin": _break_then["op_after"], "opaque_call": _break_then["op_after"],
-    "numpy": {},
+    "numpy": {} if BASELINE else _break_then["noop"],
 }
 
 
@@ -100,13 +102,15 @@ def test_break(kind, place):
     r = check(f, x)
     want = EXPECTED[kind].get(place)
     if want is None:
-        # numpy everywhere; loop and try for every kind (see the module docstring)
+        # numpy everywhere; loop and try for every kind (see the module docstring).  Every program has ops
+        # after its break, so a compiler that resumes there captures at least one graph.
         assert r.graphs <= BOUND, r
+        assert r.graphs >= (1 if not BASELINE or kind == "numpy" else 0), r
     elif isinstance(want, int):
         assert r.graphs == want, r
     else:
         graphs, ops = want
-        assert r.graphs == graphs and r.ops == ops, f"expected {graphs} graphs {ops}, got {r}"
+        assert r.graphs == graphs and r.ops == ops, f"expected {graphs} graphs {ops}, got {r}: {r.describe()}"
 
 
 @pytest.mark.parametrize("kind", ["if_sum", "bool", "item", "tolist"])
@@ -118,7 +122,7 @@ def test_data_dependent_both_directions(kind, place):
     r = check_many(f, [(x,), (-x,), (x,), (-x,), (x.abs(),), (-x.abs(),)])
     # the graph(s) before the break and one resume graph per direction; in a callee, the caller's graphs too
     # (torch.compile: 6 for callee-item, its resume function is specialized on the int n once more)
-    assert r.graphs <= (6 if place == "callee" else BOUND), r
+    assert 2 <= r.graphs <= (6 if place == "callee" else BOUND), r
 
 
 def loop_print_dead_counter(x, n):
@@ -165,6 +169,7 @@ def test_break_in_loop_compiles_bounded(fn, bound):
     """20 iterations, 3 calls: the graph count must not grow with the iterations."""
     r = check(fn, rand(6), 20, _calls=3, _recompiles=True)
     assert r.graphs <= bound, r
+    assert r.graphs >= (0 if BASELINE else 1), r  # torch.compile runs frames with a break in a loop in Python
     n = r.graphs
     check_many(fn, [(rand(6), 20) for _ in range(3)])
     assert n <= bound

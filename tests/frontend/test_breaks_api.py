@@ -172,15 +172,16 @@ def test_explain_counts_reasons_ops_guards(fn, args, graphs, breaks, markers, ca
     assert len(ex.break_reasons) == breaks
     for reason, marker in zip(ex.break_reasons, markers):
         assert where(line_of(fn, marker)) in reason_text(reason), reason_text(reason)
-    assert len(ex.ops_per_graph) == graphs
+    op_counts = [n if isinstance(n, int) else len(n) for n in ex.ops_per_graph]  # counts, or lists of ops
+    assert len(op_counts) == graphs
     assert len(ex.guards) >= 1
     # consistent with what a backend is actually given for the same call
     rec = Recorder()
     compile(fn, rec)(*a)
     assert rec.graphs == ex.graph_count
     if not BASELINE:  # torch's ops_per_graph lists call_function nodes only; ember's lists every op node
-        assert [len(ops) for ops in ex.ops_per_graph] == rec.ops
-        assert all(len(ops) >= 1 for ops in ex.ops_per_graph)
+        assert op_counts == rec.ops
+        assert all(n >= 1 for n in op_counts)
     print(ex)
     out = capsys.readouterr().out
     assert str(graphs) in out and len(out.splitlines()) >= 2
@@ -211,7 +212,7 @@ def test_explain_reason_says_why():
 
 @pytest.mark.skipif(BASELINE, reason="the `ember` logger and EMBER_LOGS are ember's (torch uses TORCH_LOGS)")
 def test_graph_break_logged_under_ember_logger(caplog):
-    caplog.set_level(logging.DEBUG, logger="ember")
+    caplog.set_level(logging.DEBUG, logger="ember.graph_breaks")  # what EMBER_LOGS=graph_breaks switches on
     compile(fg_print, Recorder())(rand(3))
     records = [r for r in caplog.records if r.name.startswith("ember.graph_breaks")]
     assert records, [r.name for r in caplog.records]

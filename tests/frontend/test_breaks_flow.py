@@ -2,14 +2,17 @@
 effects across breaks, and exceptions raised after a break.  check() compares stdout, mutated inputs and
 raised exceptions (type and message) with eager.
 
-Counts: torch.compile runs a frame entirely in Python when a break sits inside a try block or a loop (0 graphs);
-there only bounds are asserted, with the reason at the test."""
+Counts: torch.compile runs a frame entirely in Python (0 graphs) when a break sits inside a try block, a loop, a
+generator or a user context manager; ember resumes there (issue 3), so it must capture at least one graph:
+`AT_LEAST_ONE` is 1 under ember and 0 under the torch baseline."""
 import contextlib
 
 import pytest
 import torch
 
 from tests.frontend.harness import BASELINE, Recorder, assert_same, check, compile, rand
+
+AT_LEAST_ONE = 0 if BASELINE else 1
 
 
 class Obj:
@@ -109,7 +112,7 @@ def test_set_grad_enabled_with_data_dependent_break():
 
 def test_user_context_manager_across_break():
     r = check(w_user_context_manager, rand(3), [])
-    assert r.graphs <= 3, r   # torch.compile: user context managers run in Python around their graphs
+    assert AT_LEAST_ONE <= r.graphs <= 3, r   # torch.compile: user context managers run in Python around their graphs
 
 
 def test_suppress_exception_after_break():
@@ -118,7 +121,7 @@ def test_suppress_exception_after_break():
 
 def test_nested_with_and_data_dependent_break():
     r = check(w_nested_with_and_break, rand(3, requires_grad=True), [])
-    assert r.graphs <= 4, r
+    assert AT_LEAST_ONE <= r.graphs <= 4, r
 
 
 # ------------------------------------------------------------------ try / except / finally
@@ -220,6 +223,7 @@ def test_try_program(fn):
     args = (rand(3),) if fn.__code__.co_argcount == 1 else (rand(3), [])
     r = check(fn, *args)
     assert r.graphs <= 4, r  # torch.compile runs frames with a break in a try block in Python (0 graphs)
+    assert r.graphs >= AT_LEAST_ONE, r  # each program has tensor ops around its break
 
 
 # ------------------------------------------------------------------ generators
@@ -269,7 +273,7 @@ GEN_PROGRAMS = [g_consume_printing_generator, g_list_of_generator_with_break, g_
 @pytest.mark.parametrize("fn", GEN_PROGRAMS, ids=lambda f: f.__name__)
 def test_generator_program(fn):
     r = check(fn, rand(4, 3))
-    assert r.graphs <= 8, r
+    assert AT_LEAST_ONE <= r.graphs <= 8, r
 
 
 # ------------------------------------------------------------------ side effects in order across breaks
@@ -345,7 +349,8 @@ def se_print_order_with_nested_prints(x):
     (se_print_order_with_nested_prints, lambda: (rand(3),)),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_side_effect_order_across_breaks(fn, args):
-    check(fn, *args())
+    r = check(fn, *args())
+    assert AT_LEAST_ONE <= r.graphs <= 6, r
 
 
 def test_prints_interleaved_with_mutations_capsys(capsys):
@@ -429,7 +434,9 @@ EXC_PROGRAMS = [ex_value_error, ex_data_dependent_raise, ex_assert_after_break, 
 
 @pytest.mark.parametrize("fn", EXC_PROGRAMS, ids=lambda f: f.__name__)
 def test_exception_after_break(fn):
-    check(fn, rand(3))   # same exception type and message as eager (or the same result)
+    r = check(fn, rand(3))   # same exception type and message as eager (or the same result)
+    # programs whose exception comes before any tensor op may have no graph at all
+    assert r.graphs >= (0 if fn in (ex_key_error_from_dict, ex_zero_division_python) else AT_LEAST_ONE), r
 
 
 def test_custom_exception_type_after_break():
@@ -452,3 +459,23 @@ def test_torch_error_after_break_is_runtime_error():
     if not BASELINE:  # torch.compile raises its own TorchRuntimeError subclass with a longer message
         assert type(comp.value) is type(eager.value)
         assert str(eager.value) in str(comp.value)
+
+
+def test_logging_enabled_after_compile_is_seen(caplog):
+    """A logger that is off when the function is captured and switched on later: the record appears (whether the
+    logging call was a break or was inlined, the logger's level must not be baked into a cached graph)."""
+    import logging
+    name = "tests.frontend.late_logger"
+
+    def f(x):
+        y = x * 2
+        logging.getLogger(name).info("rows %d", y.shape[0])
+        return y + 1
+    cf = compile(f, Recorder())
+    caplog.set_level(logging.WARNING, logger=name)
+    x = rand(3)
+    assert_same(f(x), cf(x))
+    assert [r for r in caplog.records if r.name == name] == []
+    caplog.set_level(logging.INFO, logger=name)
+    assert_same(x * 2 + 1, cf(x))
+    assert [r.getMessage() for r in caplog.records if r.name == name] == ["rows 3"]

@@ -393,7 +393,42 @@ def test_guard_fuzz_no_stale_results():
             except AssertionError as e:
                 stale.append((p, str(e)[:200]))
         compiles += rec.graphs
-        assert rec.graphs <= len(profiles)
+        assert 2 <= rec.graphs <= len(profiles), rec  # each profile differs from the base in a guarded property
     assert not stale, f"{len(stale)} stale results of {calls}, e.g. {stale[:3]}"
     assert calls == rounds * per_round
     assert compiles <= rounds * 8, "each of the 8 profiles of a round compiles at most once"
+
+
+MOD = nn.Linear(3, 3)
+
+
+def test_global_module_rebound_to_another_instance():
+    global MOD
+
+    def f(x): return MOD(x).relu()
+    rec = Recorder()
+    cf = compile(f, rec, **STATIC)
+    x = rand(2, 3)
+    old = MOD
+    try:
+        assert_same(MOD(x).relu(), cf(x))
+        MOD = nn.Linear(3, 3)
+        assert_same(MOD(x).relu(), cf(x))       # the new module's weights, not the old ones
+        MOD = nn.Linear(3, 3, bias=False)
+        assert_same(MOD(x).relu(), cf(x))
+        assert 2 <= rec.graphs <= 3, rec          # same structure may reuse the graph (weights are inputs)
+    finally:
+        MOD = old
+
+
+def test_meta_device_change_recompiles():
+    """Device is guarded: the same program on cpu and on the meta device (shapes only)."""
+    def f(x): return x * 2 + 1
+    rec = Recorder()
+    cf = compile(f, rec, **STATIC)
+    x = rand(3)
+    assert_same(x * 2 + 1, cf(x))
+    m = cf(torch.empty(3, device="meta"))
+    assert m.device.type == "meta" and m.shape == (3,)
+    assert_same(x * 2 + 1, cf(x))
+    assert rec.graphs == 2

@@ -381,4 +381,5 @@ def test_module_created_inside_function_uses_fresh_params():
     def f(x):
         lin = nn.Linear(4, 2)
         return lin(x)
-    check(f, rand(3, 4))  # equality with eager (same seed, same init) is the contract; graphs may vary
+    r = check(f, rand(3, 4))  # equality with eager (same seed, same init) is the contract
+    assert r.graphs >= 1, r

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.frontend.harness import case, check, rand, run_case
+from tests.frontend.harness import BASELINE, case, check, rand, run_case
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -272,3 +272,33 @@ def test_kwargs_call_of_compiled_function():
         return x * scale + offset
     r = check(f, rand(3), scale=2.0, offset=1.0)
     assert r.graphs == 1 and r.ops == [2]
+
+
+@pytest.mark.xfail(BASELINE, strict=True, reason="torch.compile 2.14 raises InternalTorchDynamoError (RecursionError) "
+                                                 "here; ember must fall back instead of raising")
+def test_deep_recursion_beyond_inline_limit_is_correct():
+    """Recursion deeper than any sensible inline limit: still eager's result (graphs split or fall back)."""
+    r = check(recursive_pow, rand(3), 120)
+    assert r.graphs >= 1, r
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="autocast on GPU needs a CUDA device"))])
+def test_autocast_inside_graph(device):
+    """issue 2 asks autocast inside the graph on GPU: there one graph; on CPU only eager's results are required."""
+    dt = torch.bfloat16 if device == "cpu" else torch.float16
+
+    def f(x, w):
+        with torch.autocast(device, dtype=dt):
+            y = x @ w
+        return y, y.dtype, (x @ w).dtype
+    r = check(f, rand(4, 4).to(device), rand(4, 4).to(device))
+    assert r.result[1] == dt and r.result[2] == torch.float32
+    if device == "cuda":
+        assert r.graphs == 1, r
+
+
+def test_user_class_instances_compared_by_value_not_identity():
+    """A fresh (deep-copied) user object with the same attributes on every call: no recompile (check asserts)."""
+    r = check(p_user_object_arg, rand(3), Scaler(2.0), _calls=3)
+    assert r.graphs == 1

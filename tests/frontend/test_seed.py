@@ -52,6 +52,11 @@ def bar(a, b):
     return x * b
 
 
+def needs_tabulate():
+    pytest.importorskip("tabulate", reason="the tutorial's custom_backend calls gm.graph.print_tabular(), which needs "
+                                           "the `tabulate` package (a dependency the tutorial lists): pip install tabulate")
+
+
 def custom_backend(gm: torch.fx.GraphModule, example_inputs: List[torch.Tensor]):
     print("custom backend called with FX graph:")
     gm.graph.print_tabular()
@@ -134,6 +139,7 @@ def test_f2_with_python_int():
 
 
 def test_custom_backend_prints_tabular(capsys):
+    needs_tabulate()
     opt_foo = compile(foo, backend=custom_backend)
     x, y = torch.randn(10, 10), torch.randn(10, 10)
     assert_same(foo(x, y), opt_foo(x, y))

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.frontend.harness import Recorder, assert_same, case, check, compile, rand, run_case
+from tests.frontend.harness import BASELINE, Recorder, assert_same, case, check, compile, rand, run_case
 
 Out = collections.namedtuple("Out", "value aux")
 
@@ -99,16 +99,20 @@ def test_same_tensor_returned_twice_keeps_identity():
     def f(x):
         y = x * 2
         return y, [y], {"y": y}
-    out = compile(f, Recorder())(rand(3))
+    rec = Recorder()
+    out = compile(f, rec)(rand(3))
     assert out[0] is out[1][0] is out[2]["y"]
+    assert rec.graphs == 1 and rec.ops == [1]
 
 
 def test_new_object_returned_is_fresh_each_call():
     def f(x):
         return Box(x * 2)
-    cf = compile(f, Recorder())
+    rec = Recorder()
+    cf = compile(f, rec)
     a, b = cf(rand(3)), cf(rand(3))
     assert a is not b and a.log is not b.log
+    assert rec.graphs == 1
 
 
 COUNTER = 0
@@ -141,11 +145,14 @@ def test_global_rebinding_to_new_tensor():
         global LAST
         LAST = x * 2
         return LAST + 1
-    cf = compile(f, Recorder())
+    rec = Recorder()
+    cf = compile(f, rec)
     x = rand(3)
     out = cf(x)
     assert_same(x * 2, globals()["LAST"])
     assert_same(x * 2 + 1, out)
+    if not BASELINE:  # torch.compile runs this frame in Python (0 graphs)
+        assert rec.graphs == 1 and rec.ops == [2]
 
 
 def test_closure_cell_mutation_by_compiled_inner_function():
@@ -178,11 +185,13 @@ def test_mutable_default_argument_shared_across_calls():
             return len(acc)
         return f
     f_eager, f = make(), make()
-    cf = compile(f, Recorder())
+    rec = Recorder()
+    cf = compile(f, rec)
     for _ in range(3):
         x = rand(3)
         assert f_eager(x) == cf(x)
     assert len(f.__defaults__[0]) == 3
+    assert 1 <= rec.graphs <= 3   # len(acc) differs per call: specializing on the list length may recompile
 
 
 def test_attribute_mutation_on_module_inside_function():
@@ -192,10 +201,12 @@ def test_attribute_mutation_on_module_inside_function():
         lin.last_input_norm = x.norm()
         lin.calls = getattr(lin, "calls", 0) + 1
         return lin(x)
-    cf = compile(f, Recorder())
+    rec = Recorder()
+    cf = compile(f, rec)
     x = rand(2, 3)
     out = cf(x)
     assert_same(lin(x), out)
+    assert rec.graphs == 1 and rec.ops == [2]
     assert lin.calls == 1
     assert_same(x.norm(), lin.last_input_norm)
 
@@ -207,7 +218,9 @@ def test_inplace_on_input_and_output_alias():
         return x[0]
     x_e, x_c = rand(3, 2), None
     x_c = x_e.clone()
-    out_e, out_c = f(x_e), compile(f, Recorder())(x_c)
+    rec = Recorder()
+    out_e, out_c = f(x_e), compile(f, rec)(x_c)
+    assert rec.graphs == 1
     assert_same(x_e, x_c)
     assert_same(out_e, out_c)
     out_c.fill_(9)   # out_c must be a view of x_c, as in eager

@@ -51,6 +51,7 @@ def m_floordiv_mod(x): return x // 0.5, x % 0.7
 def m_unary_ops(x): return ~(x > 0), -x, +x, abs(x)
 def m_matmul_vec(x, v): return x @ v
 def m_type_as(x, y): return x.type_as(y) + y
+def m_identity_arith_promotes(i, b): return i + 0.0, b + 0, i * 1, b * 1.0, i - 0  # new tensors, promoted dtypes
 
 
 # --- in-place ops (on intermediates and on inputs: the caller sees the latter)
@@ -109,7 +110,7 @@ def c_zeros_ones(x): return torch.zeros(3, 4) + torch.ones(3, 4, dtype=torch.flo
 def c_arange(x): return torch.arange(12).reshape(3, 4) * x
 def c_arange_float(x): return torch.arange(0.0, 1.0, 0.25) + x
 def c_tensor_literal(x): return x + torch.tensor([1.0, 2.0, 3.0, 4.0])
-def c_like(x): return torch.zeros_like(x), torch.ones_like(x) * 2, torch.full_like(x, 7.0), torch.empty_like(x).shape
+def c_like(x): return torch.zeros_like(x), torch.ones_like(x) * 2, torch.full_like(x, 7.0), torch.empty_like(x).fill_(2.0)
 def c_full_eye_linspace(x): return torch.full((4,), 2.5) * x, torch.eye(3) @ x, torch.linspace(0, 1, 4) + x
 def c_from_shape(x): return torch.zeros(x.shape[0], 2, dtype=x.dtype)
 
@@ -142,6 +143,7 @@ CASES = [
     case(m_clone_detach, X, 3), case(m_new_ops, X, 4), case(m_rsub_rdiv, X, 6), case(m_floordiv_mod, X, 2),
     case(m_unary_ops, X, 5), case(m_matmul_vec, lambda: (rand(3, 4), rand(4)), 1),
     case(m_type_as, lambda: (rand(3, dtype=torch.float64), rand(3)), 2),
+    case(m_identity_arith_promotes, lambda: (rand(3, dtype=torch.int64), rand(3, dtype=torch.bool)), 5),
     case(i_add_mul, X, 3), case(i_on_input, X, 2), case(i_on_input_no_return, X, 2), case(i_iadd_operator, X, 3),
     case(i_relu_, X, 2), case(i_zero_fill, X, 4), case(i_inplace_view, X, 3), case(i_clamp_, X, 1),
     case(i_copy_, XY, 2), case(i_out_of_two, XY, 3),
@@ -160,7 +162,7 @@ CASES = [
     case(a_device, X, 3), case(a_requires_grad, X, 1), case(a_numel_len, X, 1), case(a_is_floating, X, 0, graphs=0),
     case(a_shape_tuple_out, X, 1),
     case(c_zeros_ones, X, 4), case(c_arange, X, 3), case(c_arange_float, X, 2), case(c_tensor_literal, X, 2),
-    case(c_like, X, 5), case(c_full_eye_linspace, X, 6), case(c_from_shape, X, 1),
+    case(c_like, X, 6), case(c_full_eye_linspace, X, 6), case(c_from_shape, X, 1),
     case(r_rand_randn, X, 3), case(r_like, X, 3), case(r_randint_perm, X, 3), case(r_dropout_train, X, 1),
     case(r_bernoulli_normal, X, 4), case(r_multinomial, X, 2),
 ]
@@ -208,3 +210,13 @@ def test_inplace_on_input_alias_seen_by_caller():
     torch.testing.assert_close(cf(x_comp, x_comp[1:3]), f(x_eager, x_eager[1:3]))
     torch.testing.assert_close(x_comp, x_eager)
     assert rec.graphs == 1
+
+
+def test_arith_with_identity_returns_a_new_tensor():
+    """x + 0 is a new tensor in eager: the compiled result must not alias the input."""
+    from tests.frontend.harness import compile, Recorder
+    x = rand(3)
+    out = compile(lambda t: t + 0, Recorder())(x)
+    assert out is not x
+    out.add_(1)
+    assert not torch.equal(out, x)
