@@ -134,7 +134,7 @@ def median_ms(fn: Callable, runs: int, device: str) -> float:
 
 def _why(e: BaseException) -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first}"[:70]
+    return f"{type(e).__name__}: {first}"[:160]
 
 
 @dataclasses.dataclass
@@ -183,8 +183,8 @@ def _cases(device: str, size: int, batch: int, slow_cpu: bool) -> list[Case]:
     a, b = r(10), r(10)
     cases.append(fn_case("bar (custom_backend)", bar, [(a, b), (a, -b)], backend=custom_backend))
 
-    skip = ("inductor compiles densenet121 for minutes on a small CPU; `python -m ember demo --full` times it"
-            if slow_cpu else "")
+    skip = ("torch.compile not timed: inductor compiles densenet121 for minutes on a CPU with few cores; "
+            "`python -m ember demo --full` times it" if slow_cpu else "")
     data = generate_data(batch, device, size)
     torch.manual_seed(0)
     net = init_model(device).eval()
@@ -197,7 +197,7 @@ def _cases(device: str, size: int, batch: int, slow_cpu: bool) -> list[Case]:
                 return m(x)
         return call
     cases.append(Case(f"densenet121 eval b{batch} {size}px", device, infer, [(data[0],)],
-                      lambda: _no_grad(ember.explain(net), data[0]), runs=5 if device == "cpu" else 10,
+                      lambda: _no_grad(ember.explain(net), data[0]), runs=3 if device == "cpu" else 10,
                       torch_compile_skip=skip))
 
     def train_case(compile):
@@ -216,7 +216,7 @@ def _cases(device: str, size: int, batch: int, slow_cpu: bool) -> list[Case]:
         model = init_model(device)
         return ember.explain(make_train(torch.optim.Adam(model.parameters())))(model, data)
     cases.append(Case(f"densenet121 train step b{batch} {size}px", device, train_case, [data],
-                      explain_train, runs=5 if device == "cpu" else 10, torch_compile_skip=skip))
+                      explain_train, runs=3 if device == "cpu" else 10, torch_compile_skip=skip))
     return cases
 
 
@@ -280,10 +280,24 @@ def run_case(case: Case, baseline) -> list[str]:
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
-    cells = [header] + rows
+    """Plain-text table; a cell with a long explanation ("n/a (why)", "no (error)") shows "n/a [k]" and its
+    text goes into footnote k below the table, so that the columns stay narrow."""
+    notes: list[str] = []
+
+    def short(c: str) -> str:
+        if len(c) <= 24 or " (" not in c:
+            return c
+        head, why = c.split(" (", 1)
+        why = why[:-1] if why.endswith(")") else why
+        if why not in notes:
+            notes.append(why)
+        return f"{head} [{notes.index(why) + 1}]"
+
+    cells = [header] + [[short(c) for c in r] for r in rows]
     w = [max(len(r[i]) for r in cells) for i in range(len(header))]
     fmt = lambda r: "  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip()  # noqa: E731
-    return "\n".join([fmt(header), "-" * (sum(w) + 2 * len(w) - 2)] + [fmt(r) for r in rows])
+    lines = [fmt(cells[0]), "-" * (sum(w) + 2 * len(w) - 2)] + [fmt(r) for r in cells[1:]]
+    return "\n".join(lines + [f"[{i + 1}] {n}" for i, n in enumerate(notes)])
 
 
 def machine(device: str) -> str:
