@@ -32,19 +32,26 @@ Prologue layout (everything up to the original RESUME is kept, minus MAKE_CELL o
     JUMP_FORWARD target               into the untouched original body
 
 3.11 vs 3.12 differences handled:
-  - 3.11 calls need PRECALL before CALL (in our prologue); 3.11 has POP_JUMP_FORWARD/BACKWARD_IF_*,
-    3.12 only forward conditional jumps; both are left to the bytecode library's labels.
+  - 3.11 calls need PRECALL before CALL (in our prologue); dis.stack_effect charges a call's arguments
+    to PRECALL although CALL pops them, so depths at a CALL are corrected.  3.11 has
+    POP_JUMP_FORWARD/BACKWARD_IF_*, 3.12 only forward conditional jumps: the bytecode library's labels
+    take care of both.
   - 3.12 emits unchecked LOAD_FAST for locals the compiler proved bound from the function start; in the
     resume function only its parameters are bound at entry, so every other LOAD_FAST becomes
     LOAD_FAST_CHECK (UnboundLocalError instead of a crash if a caller forgets a live local).
   - 3.12 inlines comprehensions: LOAD_FAST_AND_CLEAR saves the outer value of the loop variable on the
     stack (NULL if it was unbound) and the exception table restores it; nothing special beyond NULLs.
   - 3.12 FOR_ITER on exhaustion skips END_FOR; dis.stack_effect models it as jumping *to* END_FOR with
-    one extra value, so the depth reported at END_FOR itself is the compiler's model (others are exact).
+    one extra value, which gives the right depth after END_FOR.  END_FOR itself never runs and is not
+    offered as a resume offset.
   - KW_NAMES (3.11 and 3.12) keeps call keywords in interpreter state, not on the stack: the prologue
     re-emits it when the resume offset is between KW_NAMES and its CALL.
   - Offsets are ``dis`` offsets (CACHE entries skipped); an instruction may also be named by the
     offset of its first EXTENDED_ARG prefix.
+
+Zero-argument ``super()`` finds the instance in local slot 0 (3.11 and 3.12's unspecialized
+LOAD_SUPER_ATTR), i.e. the resume code's first parameter: functions that use it must pass their first
+argument as a live local, and when a stack parameter comes first the prologue copies it there.
 
 Known limits: generators/coroutines are refused (their frames cannot be rebuilt by a call); in cleanup
 handlers that keep ``lasti`` on the stack, a later RERAISE sets the resume frame's f_lasti to the
@@ -60,7 +67,7 @@ import types
 from dataclasses import dataclass
 from typing import Iterable
 
-from bytecode import Bytecode, CompilerFlags, Instr, Label, TryBegin, TryEnd
+from bytecode import Bytecode, CellVar, CompilerFlags, Instr, Label, TryBegin, TryEnd
 
 PY312 = sys.version_info >= (3, 12)
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
@@ -81,6 +88,14 @@ class ResumeCode:
     cells: tuple[str, ...]        # live locals that are cell variables (value or types.CellType)
 
 
+def _stack_effect(ins: dis.Instruction, jump: bool) -> int:
+    if ins.opname == "PRECALL":  # 3.11: dis charges the arguments to PRECALL, but CALL pops them
+        return 0
+    if ins.opname == "CALL" and not PY312:
+        return -ins.arg - 1
+    return dis.stack_effect(ins.opcode, ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None, jump=jump)
+
+
 def _where(code: types.CodeType) -> str:
     return f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
 
@@ -91,8 +106,8 @@ def resume_offsets(code: types.CodeType) -> dict[int, int]:
 
     A dataflow over ``dis`` instructions from the entry: fallthrough and jump edges use
     ``dis.stack_effect``; an instruction covered by an exception-table entry also flows into its handler
-    with the entry's depth plus the exception (plus lasti).  Prologue and unreachable offsets are left
-    out.  Raises AssertionError if two paths disagree on a depth (i.e. this analysis is wrong)."""
+    with the entry's depth plus the exception (plus lasti).  Prologue, unreachable and (3.12) END_FOR
+    offsets are left out.  Raises AssertionError if two paths disagree on a depth (i.e. this analysis is wrong)."""
     if code.co_flags & _UNRESUMABLE:
         raise ValueError(f"{_where(code)}: generators and coroutines cannot be resumed by a call")
     instrs = list(dis.get_instructions(code))
@@ -108,13 +123,13 @@ def resume_offsets(code: types.CodeType) -> dict[int, int]:
             continue
         depth[ins.offset] = d
         todo += [(index[e.target], e.depth + 1 + e.lasti) for e in handlers if e.start <= ins.offset < e.end]
-        arg = ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None
         if ins.opcode in _JUMPS:
-            todo.append((index[ins.argval], d + dis.stack_effect(ins.opcode, arg, jump=True)))
+            todo.append((index[ins.argval], d + _stack_effect(ins, jump=True)))
         if ins.opname not in _NO_FALLTHROUGH:
-            todo.append((k + 1, d + dis.stack_effect(ins.opcode, arg, jump=False)))
+            todo.append((k + 1, d + _stack_effect(ins, jump=False)))
     body = next(k for k, ins in enumerate(instrs) if ins.opname == "RESUME") + 1
-    return {ins.offset: depth[ins.offset] for ins in instrs[body:] if ins.offset in depth}
+    # 3.12's END_FOR never runs (FOR_ITER jumps past it), so no state exists there to resume from
+    return {ins.offset: depth[ins.offset] for ins in instrs[body:] if ins.offset in depth and ins.opname != "END_FOR"}
 
 
 def stack_depth_at(code: types.CodeType, offset: int) -> int:
@@ -131,7 +146,14 @@ def make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_l
     """Code that continues ``code`` at ``offset`` from the given operand stack and live locals.
 
     See the module docstring for the parameters of the result.  Cached per arguments."""
-    return _make_resume_code(code, offset, stack_depth, tuple(live_locals), tuple(sorted(set(null_positions))))
+    # code objects compare equal across files (co_filename is not compared): keep tracebacks right
+    return _make_resume_code(code, code.co_filename, code.co_qualname, offset, stack_depth, tuple(live_locals),
+                             tuple(sorted(set(null_positions))))
+
+
+def clear_caches() -> None:
+    resume_offsets.cache_clear()
+    _make_resume_code.cache_clear()
 
 
 def _as_cell(value: object) -> types.CellType:
@@ -160,7 +182,7 @@ def _locate(code: types.CodeType, bc: Bytecode, offset: int) -> tuple[Instr, Ins
 
 
 @functools.lru_cache(maxsize=None)
-def _make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_locals: tuple[str, ...],
+def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offset: int, stack_depth: int, live_locals: tuple[str, ...],
                       nulls: tuple[int, ...]) -> ResumeCode:
     expected = stack_depth_at(code, offset)
     if stack_depth != expected:
@@ -174,8 +196,15 @@ def _make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_
     stack_names = [f"___stack{k}" for k in range(stack_depth)]
     argnames = tuple(n for k, n in enumerate(stack_names) if k not in nulls) + live_locals
     cells = tuple(n for n in live_locals if n in code.co_cellvars)
+    # Zero-argument super() reads the class from __class__ and the instance from local slot 0, which in
+    # the resume code is its first parameter: that slot must hold the original's first argument.
+    self_name = code.co_varnames[0] if code.co_argcount else None
+    fix_slot0 = "__class__" in code.co_freevars and "super" in code.co_names and argnames[:1] != (self_name,)
+    if fix_slot0 and (self_name not in live_locals or not argnames[0].startswith("___stack")):
+        raise ValueError(f"{_where(code)} uses super(): pass its first argument {self_name!r} as a live local, "
+                         f"first among them when the stack is empty")
 
-    bc = Bytecode.from_code(code)
+    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     target, kw_names = _locate(code, bc, offset)
     label = Label()
     loc = target.location  # the prologue reports the user's line where execution resumes
@@ -190,6 +219,9 @@ def _make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_
         prologue += [instr("STORE_FAST", c)]
     for k, name in enumerate(stack_names):
         prologue += [instr("PUSH_NULL")] if k in nulls else [instr("LOAD_FAST", name), instr("DELETE_FAST", name)]
+    if fix_slot0:  # the stack parameter in slot 0 was cleared above: it becomes a second `self`
+        prologue += [instr("LOAD_DEREF", CellVar(self_name)) if self_name in cells else
+                     instr("LOAD_FAST", self_name), instr("STORE_FAST", argnames[0])]
     if kw_names is not None:
         prologue.append(instr("KW_NAMES", kw_names.arg))
     prologue.append(instr("JUMP_FORWARD", label))
