@@ -152,6 +152,8 @@ class Case:
     runs: int = 20
     backend: Callable | None = None  # the backend ember uses (the tutorial's custom backend for bar)
     torch_compile_skip: str = ""  # why torch.compile is not timed on this machine, if it is not
+    # compare(expected, actual) -> the "equals eager" cell, raising AssertionError when they differ.
+    compare: Callable[[Any, Any], str] = lambda expected, actual: assert_close(actual, expected) or "yes"
 
 
 def _cases(device: str, size: int, batch: int, slow_cpu: bool) -> list[Case]:
@@ -185,6 +187,7 @@ def _cases(device: str, size: int, batch: int, slow_cpu: bool) -> list[Case]:
 
     skip = ("torch.compile not timed: inductor compiles densenet121 for minutes on a CPU with few cores; "
             "`python -m ember demo --full` times it" if slow_cpu else "")
+    torch.manual_seed(0)
     data = generate_data(batch, device, size)
     torch.manual_seed(0)
     net = init_model(device).eval()
@@ -200,23 +203,46 @@ def _cases(device: str, size: int, batch: int, slow_cpu: bool) -> list[Case]:
                       lambda: _no_grad(ember.explain(net), data[0]), runs=3 if device == "cpu" else 10,
                       torch_compile_skip=skip))
 
-    def train_case(compile):
+    def train_case(compile, dtype=torch.float32):
         torch.manual_seed(0)  # every copy starts from the same weights
-        model = init_model(device)
+        model = init_model(device).to(dtype)
         opt = torch.optim.Adam(model.parameters())
         step = compile(make_train(opt), mode="reduce-overhead")
 
         def call(x, target):
-            step(model, (x, target))
-            return [p.detach().clone() for p in model.parameters()]  # weights after the step
+            step(model, (x.to(dtype), target))
+            return [p.grad.detach().clone() for p in model.parameters()]  # this step's gradients (kept after it)
         return call
+
+    reference = train_case(lambda f, **kw: f, torch.float64)(*data)  # the same step in float64, eagerly
+
+    def grads_as_accurate_as_eager(eager_grads: list, grads: list) -> str:
+        """Whether ember's gradients are about as close to the float64 ones as eager float32's are.
+
+        assert_close against eager float32 cannot decide it here: through 120 BatchNorms in train mode over few
+        values (batch 2, 2x2 pixels at the end), eager float32's own gradients are off from float64 by up to
+        tens of percent (relative to each parameter's largest gradient), and any reordering of float sums moves
+        them by as much. (The weights after Adam's first step differ by 2*lr wherever a near-zero gradient
+        flips sign, so comparing them decides nothing either.) Fails if any parameter's gradient is much
+        further from float64 under ember (> 30x and > 1e-3 relative) than under eager float32.
+        """
+        def errors(gs):
+            return [((g.double() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+                    for g, r in zip(gs, reference)]
+        e, m = errors(eager_grads), errors(grads)
+        worse = [i for i in range(len(e)) if m[i] > 1e-3 and m[i] > 30 * e[i]]
+        summary = (f"gradients vs float64, largest relative error over {len(e)} parameters: ember {max(m):.1e}, "
+                   f"eager float32 {max(e):.1e}")
+        assert not worse, f"{len(worse)} parameters' gradients much less accurate than eager's: {summary}"
+        return f"yes ({summary})"
 
     def explain_train():
         torch.manual_seed(0)
         model = init_model(device)
         return ember.explain(make_train(torch.optim.Adam(model.parameters())))(model, data)
     cases.append(Case(f"densenet121 train step b{batch} {size}px", device, train_case, [data],
-                      explain_train, runs=3 if device == "cpu" else 10, torch_compile_skip=skip))
+                      explain_train, runs=3 if device == "cpu" else 10, torch_compile_skip=skip,
+                      compare=grads_as_accurate_as_eager))
     return cases
 
 
@@ -242,14 +268,13 @@ def run_case(case: Case, baseline) -> list[str]:
 
     ember.reset()
     rec = Recorder(case.backend or lookup_backend("ember"))
-    equal = "yes"
     try:
         compiled = case.build(lambda f, **kw: ember.compile(f, backend=rec, **kw))
         for args in case.calls:
             torch.manual_seed(1)
             expected = eager(*args)
             torch.manual_seed(1)
-            assert_close(compiled(*args), expected)
+            equal = case.compare(expected, compiled(*args))
     except Exception as e:
         equal, compiled = f"no ({_why(e)})", None
     graphs, ops = len(rec.graphs), rec.ops
@@ -340,4 +365,4 @@ def main(argv: list[str]) -> int:
           "custom_backend for bar), over all checking calls; breaks: ember.explain on the first call.\n"
           "times: median of a few calls after the first (compilation excluded); torch.compile with its default "
           "backend and the tutorial's mode.")
-    return 0 if all(r[2] == "yes" for r in rows) else 1
+    return 0 if all(r[2].startswith("yes") for r in rows) else 1
