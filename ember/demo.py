@@ -134,7 +134,7 @@ def median_ms(fn: Callable, runs: int, device: str) -> float:
 
 def _why(e: BaseException) -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first}"[:160]
+    return f"{type(e).__name__}: {first}"[:300]
 
 
 @dataclasses.dataclass
@@ -328,9 +328,8 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def machine(device: str) -> str:
     gpu = f", {torch.cuda.get_device_name()}" if device == "cuda" else ""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    busy = (f"\nnote: load average {load:.1f} on {os.cpu_count()} CPUs: other processes share them, CPU timings "
-            f"are noisy (torch's {torch.get_num_threads()} OpenMP threads wait for each other)"
-            if device == "cpu" and load > 0.75 * (os.cpu_count() or 1) else "")
+    busy = (f"\nnote: load average {load:.1f} on {os.cpu_count()} CPUs: other processes share them, so CPU "
+            f"timings are noisy" if device == "cpu" and load > 0.75 * (os.cpu_count() or 1) else "")
     return (f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs{gpu}, torch threads "
             f"{torch.get_num_threads()}, load {load:.1f}), Python {platform.python_version()}, torch "
             f"{torch.__version__}, {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}{busy}")
@@ -345,11 +344,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--full", action="store_true", help="also time torch.compile on densenet121 on a CPU")
     p.add_argument("--size", type=int, default=None, help="densenet121 image size (default: 64 on CPU, 128 on GPU)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (default: 1 on a CPU with at most 4 cores, where OpenMP threads that "
+                        "wait for each other on a shared machine make small ops take milliseconds; else torch's)")
     p.add_argument("--batch", type=int, default=None, help="densenet121 batch (default: 2 on CPU, 16 on GPU)")
     a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    cpu = a.device == "cpu"
+    threads = a.threads or (1 if cpu and (os.cpu_count() or 1) <= 4 else None)
+    if threads:
+        torch.set_num_threads(threads)
     cpu = a.device == "cpu"
     size, batch = a.size or (64 if cpu else 128), a.batch or (2 if cpu else 16)
     print(f"ember demo: the torch.compile tutorial's examples on {a.device}\n{machine(a.device)}\n", flush=True)

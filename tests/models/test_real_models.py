@@ -100,8 +100,10 @@ def test_assert_same_catches_differences():
 
 
 @pytest.mark.slow
-def test_densenet121_train_gradients_with_the_ember_backend():
-    """The tutorial's training model through the whole pipeline (autograd, decompositions, codegen).
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_densenet121_train_gradients(backend: str):
+    """The tutorial's training model through autograd ("aot_eager") and the whole pipeline ("ember": autograd,
+    decompositions, codegen).
 
     assert_close against eager float32 cannot decide this one: through 120 BatchNorms in train mode over few values
     (batch 2, 2x2 pixels at the end) eager float32's own gradients are off from float64 by up to tens of percent
@@ -122,7 +124,7 @@ def test_densenet121_train_gradients_with_the_ember_backend():
     m32.load_state_dict(m64.state_dict())
     m_ember.load_state_dict(m64.state_dict())
     ember.reset()
-    compiled = ember.compile(step, backend="ember")
+    compiled = ember.compile(step, backend=backend)
     names = [n for n, _ in m64.named_parameters()]
     worse = {}
     for seed in range(100, 104):
