@@ -268,14 +268,18 @@ def run_case(case: Case, baseline) -> list[str]:
 
     ember.reset()
     rec = Recorder(case.backend or lookup_backend("ember"))
+    compiled = None
     try:
         compiled = case.build(lambda f, **kw: ember.compile(f, backend=rec, **kw))
         for args in case.calls:
             torch.manual_seed(1)
             expected = eager(*args)
             torch.manual_seed(1)
-            equal = case.compare(expected, compiled(*args))
-    except Exception as e:
+            actual = compiled(*args)
+            equal = case.compare(expected, actual)
+    except AssertionError as e:  # ran, but differs: still timed (the table says it is wrong)
+        equal = f"no ({_why(e)})"
+    except Exception as e:  # did not run: nothing to time
         equal, compiled = f"no ({_why(e)})", None
     graphs, ops = len(rec.graphs), rec.ops
     try:
