@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.testing import assert_close
 
 import ember
 from ember.backends import lookup_backend
@@ -25,9 +26,9 @@ TORCH_COMPILE = {
     ("gpt2", "eval"): (1, 0, 105), ("gpt2", "train"): (1, 0, 105),
     ("t5", "eval"): (1, 0, 351), ("t5", "train"): (1, 0, 351),
 }
-SLOW = {"densenet121"}  # ~7 s a mode under torch.compile alone; run by `make test-full`
+SLOW = {("densenet121", "train")}  # 10-20 s on 2 shared cores; train-mode BatchNorm is covered by resnet18 and mobilenet
 
-CASES = [pytest.param(name, mode, marks=[pytest.mark.slow] if name in SLOW else [], id=f"{name}-{mode}")
+CASES = [pytest.param(name, mode, marks=[pytest.mark.slow] if (name, mode) in SLOW else [], id=f"{name}-{mode}")
          for name, mode in TORCH_COMPILE]
 
 
@@ -96,3 +97,49 @@ def test_assert_same_catches_differences():
         assert_same({"a": torch.ones(2)}, {"a": torch.ones(2, dtype=torch.float64)})
     with pytest.raises(AssertionError):
         assert_same({"a": torch.ones(2)}, {"b": torch.ones(2)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_densenet121_train_gradients(backend: str):
+    """The tutorial's training model through autograd ("aot_eager") and the whole pipeline ("ember": autograd,
+    decompositions, codegen).
+
+    assert_close against eager float32 cannot decide this one: through 120 BatchNorms in train mode over few values
+    (batch 2, 2x2 pixels at the end) eager float32's own gradients are off from float64 by up to tens of percent
+    relative to a parameter's largest gradient. So both are compared with a float64 run: no parameter's gradient
+    may be much further from float64 under ember (>30x, and >1e-3 relative) than under eager float32.
+    """
+    from model_zoo import densenet121
+
+    def step(model, x, target):
+        loss = torch.nn.functional.cross_entropy(model(x), target)
+        loss.backward()
+        return loss
+
+    torch.manual_seed(0)
+    m64, _ = densenet121()
+    m32, m_ember = (densenet121()[0] for _ in range(2))
+    m64.double()
+    m32.load_state_dict(m64.state_dict())
+    m_ember.load_state_dict(m64.state_dict())
+    ember.reset()
+    compiled = ember.compile(step, backend=backend)
+    names = [n for n, _ in m64.named_parameters()]
+    worse = {}
+    for seed in range(100, 104):
+        torch.manual_seed(seed)
+        x, target = torch.randn(2, 3, 64, 64), torch.randint(1000, (2,))
+        for m in (m64, m32, m_ember):
+            m.zero_grad(set_to_none=True)
+        l64 = step(m64, x.double(), target)
+        step(m32, x, target)
+        loss = compiled(m_ember, x, target)
+        assert_close(loss, l64.float(), rtol=1e-4, atol=1e-5)
+        for n, p64, p32, pe in zip(names, m64.parameters(), m32.parameters(), m_ember.parameters()):
+            scale = p64.grad.abs().max()
+            err32 = ((p32.grad.double() - p64.grad).abs().max() / scale).item()
+            err_ember = ((pe.grad.double() - p64.grad).abs().max() / scale).item()
+            if err_ember > 1e-3 and err_ember > 30 * err32:
+                worse.setdefault(seed, []).append(f"{n}: {err_ember:.1e} vs eager {err32:.1e}")
+    assert not worse, {s: (len(v), v[-2:]) for s, v in worse.items()}  # the last listed is nearest the output
