@@ -101,14 +101,17 @@ class CUDAGraphed:
 
     The first call with a new signature runs `fn` eagerly `warmup` times on a side stream (cuBLAS handles,
     cuDNN algorithm choice, Triton compilation happen there, not inside the capture), records it, then
-    replays. `num_user_outputs`: when given, the outputs after the first `num_user_outputs` are tensors saved
+    replays. `static_input_indices`: inputs read in place (parameters; default: those that are
+    nn.Parameters). `num_user_outputs`: when given, the outputs after the first `num_user_outputs` are tensors saved
     for a backward; they are returned uncopied, in one `Saved` holder, as the last element of the result.
     """
 
-    def __init__(self, fn: Callable, static_input_indices: Sequence[int] = (), *, pool: GraphPool | None = None,
-                 num_user_outputs: int | None = None, clone_outputs: bool = True, warmup: int = 1):
+    def __init__(self, fn: Callable, static_input_indices: Sequence[int] | None = None, *,
+                 pool: GraphPool | None = None, num_user_outputs: int | None = None, clone_outputs: bool = True,
+                 warmup: int = 1):
         self.fn = fn
-        self.static = frozenset(static_input_indices)
+        # None: the inputs that are nn.Parameters on the first call (what a backend sees of a module's weights)
+        self.static = None if static_input_indices is None else frozenset(static_input_indices)
         self.pool = pool or GraphPool()
         self.num_user_outputs = num_user_outputs
         self.clone_outputs = clone_outputs
@@ -118,6 +121,8 @@ class CUDAGraphed:
 
     def __call__(self, *inputs: torch.Tensor, consuming: Saved | None = None) -> tuple:
         rec = self._last
+        if self.static is None:
+            self.static = frozenset(i for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter))
         if rec is None or not rec.matches(inputs):
             key = _signature(inputs, self.static)
             rec = self.recordings.get(key)
@@ -131,7 +136,8 @@ class CUDAGraphed:
                 buf.copy_(x)
         rec.graph.replay()
         n_user = len(rec.outputs) if self.num_user_outputs is None else self.num_user_outputs
-        user = tuple(o.clone() if self.clone_outputs else o for o in rec.outputs[:n_user])
+        user = tuple(o.clone() if self.clone_outputs and isinstance(o, torch.Tensor) else o
+                     for o in rec.outputs[:n_user])
         if self.num_user_outputs is None:
             return user
         return user + (Saved(list(rec.outputs[n_user:]), self.pool),)
@@ -166,7 +172,7 @@ class CUDAGraphed:
             outputs = tuple(self.fn(*buffers))
         static_storages = {inputs[i].untyped_storage().data_ptr() for i in self.static}
         for o in outputs:   # outputs that alias a static input are the caller's memory, not graph memory
-            if o.untyped_storage().data_ptr() not in static_storages:
+            if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in static_storages:
                 self.pool.graph_storages.add(o.untyped_storage().data_ptr())
         static_idx = sorted(self.static)
         return _Recording(graph, buffers, copy_in, outputs, [inputs[i].data_ptr() for i in static_idx], static_idx,
