@@ -200,11 +200,12 @@ def index_code(e, names: dict) -> str:
 class Body:
     """Straight-line Triton for Exprs, one statement per DAG node (Exprs are interned: CSE by identity)."""
 
-    def __init__(self, scalars: dict, mask: str, indent: str, names: dict, i64: bool):
-        self.scalars, self.mask, self.indent, self.index_names = scalars, mask, indent, names
+    def __init__(self, scalars: dict, mask: str, indent: str, ranges: dict, extents: dict):
+        self.scalars, self.mask, self.indent = scalars, mask, indent
+        self.ranges, self.extents = ranges, extents   # loop symbol -> size; buffer -> elements addressable
+        self.index_names: dict = {}
         self.lines: list[str] = []
         self.names: dict = {}
-        self.i64 = i64
 
     def emit(self, e: Expr) -> str:
         for x in e.walk():
@@ -221,8 +222,9 @@ class Body:
         return self._value(x)
 
     def rounded(self, e: Expr) -> str:
-        """The value of e as eager would have materialized it: 16-bit results computed here in float32
-        are rounded where they leave the fused chain (a cast, a reduction's input, a store)."""
+        """The value of e as eager would have materialized it: 16-bit results computed here in float32 are
+        rounded where they are cast (and stored). Reductions take the float32 values, as eager's fused
+        kernels (softmax, norms) do internally."""
         v = self.names[id(e)]
         if e.dtype in LOW_PRECISION and e.op not in ("load", "const"):
             v = f"({v}).to({TL[e.dtype]}).to(tl.float32)"
@@ -240,10 +242,18 @@ class Body:
             name, off = x.args
             if name in self.scalars:
                 return self.scalars[name]
+            code = self.offset(off)
             if not off.free_symbols:  # one element for the whole program (a seed, a scalar tensor)
-                v = f"tl.load({name} + {self.offset(off)})"
+                v = f"tl.load({name} + {code})"
             else:
-                v = f"tl.load({name} + {self.offset(off)}, {self.mask}, other=0)"
+                # Both sides of a `where` are evaluated here (C++ evaluates one): a load that may fall outside
+                # its buffer (cat, pad, gather) is masked to it. Provably in-range loads keep the plain mask,
+                # so contiguous ones stay vectorized.
+                b = ir.bounds(off, self.ranges) if not off.atoms(IndirectSymbol) else None
+                mask = self.mask
+                if b is None or b[0] < 0 or b[1] >= self.extents[name]:
+                    mask = f"{mask} & ({code} >= 0) & ({code} < {self.extents[name]})"
+                v = f"tl.load({name} + {code}, {mask}, other=0)"
             if x.dtype in LOW_PRECISION:
                 v += ".to(tl.float32)"
             return self.var(v)
@@ -367,13 +377,26 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, l
     largest = max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
                                    for a in args if sched.buffers[a].size])
     i64 = largest >= 2 ** 31 - 1
+    extents = {a: _extent(sched.buffers[a]) for a in args}
     if shape == FLAT:
-        src = _flat_kernel(group, name, args, rows, rmax, i64)
+        src = _flat_kernel(group, name, args, rows, rmax, i64, extents)
         grid = math.ceil(rows * rmax / cfg["BLOCK"])
     else:
-        src = _rows_kernel(group, name, args, rows, cfg, i64)
+        src = _rows_kernel(group, name, args, rows, cfg, i64, extents)
         grid = math.ceil(rows / cfg["XBLOCK"])
     return src, args, cfg, grid
+
+
+def _extent(buf) -> int:
+    """Elements of a buffer's storage its own layout can address (what a load may touch)."""
+    if any(int(s) == 0 for s in buf.size):
+        return 0
+    return int(buf.offset or 0) + sum((int(n) - 1) * int(st) for n, st in zip(buf.size, buf.stride)) + 1
+
+
+def is_empty(group: FusedGroup) -> bool:
+    """Nothing to compute: no rows, or only pointwise members over empty inner ranges."""
+    return int(group.numel) == 0 or all(not m.is_reduction and _rsize(m) == 0 for m in group.members)
 
 
 def _header(group, name, args, consts) -> list[str]:
@@ -395,7 +418,7 @@ def _store(m: Member, value: str, offset: str, mask: str, shape: str) -> str:
     return f"tl.store({m.buf.name} + {offset}, ({value}).to({t}), {mask})"
 
 
-def _flat_kernel(group, name, args, rows, rsize, i64) -> list[str]:
+def _flat_kernel(group, name, args, rows, rsize, i64, extents) -> list[str]:
     total = rows * rsize
     L = _header(group, name, args, ["BLOCK"])
     ind = "    "
@@ -409,10 +432,8 @@ def _flat_kernel(group, name, args, rows, rsize, i64) -> list[str]:
         subst.update(_inner_index(m, ModIndex(i, rsize) if rows > 1 else i))
         body = _substitute(m.body, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
-        b = Body({}, "xmask", ind, {}, i64)
+        b = Body({}, "xmask", ind, ranges, extents)
         v = b.emit(body)
-        if m.is_reduction:
-            v = b.rounded(body)
         L += b.lines
         L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
     return L
@@ -455,7 +476,7 @@ def _identity(kind: str, dtype: torch.dtype) -> str:
     return str(info.max if big else info.min)
 
 
-def _rows_kernel(group, name, args, rows, cfg, i64) -> list[str]:
+def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
     L = _header(group, name, args, ["XBLOCK", "RBLOCK"])
     ind = "    "
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
@@ -470,18 +491,28 @@ def _rows_kernel(group, name, args, rows, cfg, i64) -> list[str]:
         if m.reads & stored_here:
             L.append(f"{ind}tl.debug_barrier()  # {m.buf.name} reads values this program just stored")
         R = _rsize(m)
+        if R == 0:  # an empty inner range: a reduction gives its identity, a pointwise member writes nothing
+            if m.is_reduction:
+                ident = "0" if m.buf.kind.startswith("arg") else _identity(m.buf.kind, m.body.dtype)
+                L.append(f"{ind}{m.buf.name}_v = tl.full([XBLOCK, 1], {ident}, {compute_type(m.buf.dtype)})")
+                scalars[m.buf.name] = f"{m.buf.name}_v"
+                if not m.local:
+                    L.append(ind + _store(m, f"{m.buf.name}_v", index_code(sympy.sympify(m.store), {}), "xmask",
+                                          "[XBLOCK, 1]"))
+                    stored_here.add(m.buf.name)
+            continue
         rflat = sympy.Symbol("rflat", integer=True, nonnegative=True)
         ranges = {X0: rows, rflat: max(R, 1)}
         subst = _inner_index(m, rflat) if m.inner else {}
         body = _substitute(m.body, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
         if R <= 1 and not m.inner:
-            b = Body(scalars, "xmask", ind, {}, i64)
+            b = Body(scalars, "xmask", ind, ranges, extents)
             v = b.emit(body)
-            if m.is_reduction:
-                v = b.rounded(body)
             L += b.lines
-            if m.is_reduction:  # reduction over nothing: the value itself
+            if m.is_reduction:  # reduction over nothing: the value itself (its index, for argmax/argmin)
+                if m.buf.kind.startswith("arg"):
+                    v = "tl.zeros([XBLOCK, 1], tl.int64)"
                 L.append(f"{ind}{m.buf.name}_v = {v}")
                 v = f"{m.buf.name}_v"
                 scalars[m.buf.name] = v
@@ -492,10 +523,8 @@ def _rows_kernel(group, name, args, rows, cfg, i64) -> list[str]:
         if persistent:
             L.append(f"{ind}rflat = rbase")
             L.append(f"{ind}mask = xmask & (rflat < {R})")
-            b = Body(scalars, "mask", ind, {}, i64)
+            b = Body(scalars, "mask", ind, ranges, extents)
             v = b.emit(body)
-            if m.is_reduction:
-                v = b.rounded(body)
             L += b.lines
             if m.is_reduction:
                 L += _reduce_tile(m, v, ind, "mask", "rflat", R)
@@ -505,7 +534,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64) -> list[str]:
             else:
                 L.append(ind + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
         else:
-            L += _looped_member(m, body, store, scalars, ind, i64, R)
+            L += _looped_member(m, body, store, scalars, ind, R, ranges, extents)
             if m.is_reduction:
                 scalars[m.buf.name] = f"{m.buf.name}_v"
         if not m.local:
@@ -547,7 +576,7 @@ def _reduce_tile(m: Member, v: str, ind: str, mask: str, rflat: str, R: int) -> 
     return L
 
 
-def _looped_member(m: Member, body: Expr, store, scalars, ind, i64, R) -> list[str]:
+def _looped_member(m: Member, body: Expr, store, scalars, ind, R, ranges, extents) -> list[str]:
     n = m.buf.name
     L = []
     if m.is_reduction:
@@ -560,10 +589,8 @@ def _looped_member(m: Member, body: Expr, store, scalars, ind, i64, R) -> list[s
     ii = ind + "    "
     L.append(f"{ii}rflat = roff + tl.arange(0, RBLOCK)[None, :]")
     L.append(f"{ii}mask = xmask & (rflat < {R})")
-    b = Body(scalars, "mask", ii, {}, i64)
+    b = Body(scalars, "mask", ii, ranges, extents)
     v = b.emit(body)
-    if m.is_reduction:
-        v = b.rounded(body)
     L += b.lines
     if not m.is_reduction:
         L.append(ii + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
@@ -605,7 +632,7 @@ def generate(sched: Schedule) -> tuple[str, list]:
     """The Python module of a schedule's kernels, and per group (kernel name, args, config, grid)."""
     parts, kernels = [PRELUDE], []
     for k, it in enumerate(sched.items):
-        if isinstance(it, FusedGroup):
+        if isinstance(it, FusedGroup) and not is_empty(it):
             name = f"k{k}_" + "_".join(m.buf.name for m in it.members[:3])
             src, args, cfg, grid = kernel_source(it, sched, name)
             parts.append("\n".join(src))
@@ -690,6 +717,8 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) 
     globs = {name: getattr(mod, name) for _, name, *_ in kernels}
 
     def kernel_call(group: FusedGroup) -> str:
+        if group.name not in launch:
+            return "pass  # empty"
         name, args, grid, meta = launch[group.name]
         kw = ", ".join(f"{k}={v}" for k, v in meta.items())
         return f"{name}[({grid},)]({', '.join(args)}, {kw})"
@@ -719,6 +748,10 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         call = compile_schedule(sched, lambda args: gm(*args), device)
     except (lower.Unsupported, NotImplementedError) as e:
         fallback_log.warning("graph runs eagerly (Triton backend): %s: %s", type(e).__name__, e)
+        return gm.forward
+    except Exception as e:  # a bug in lowering/scheduling/printing: never wrong, so run this graph eagerly
+        fallback_log.warning("graph runs eagerly: the Triton backend failed to compile it (an ember bug): %s: %s",
+                             type(e).__name__, e, exc_info=True)
         return gm.forward
     code_log.debug("graph %s lowered and printed in %.3fs", type(gm).__name__, time.perf_counter() - t0)
 
