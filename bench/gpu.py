@@ -226,6 +226,9 @@ def steady_ms(step: Callable, iters: int, warmup: int = 3) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in times)
 
 
+PROFILE: list[str] = []
+
+
 def measure(w: Workload, column: str, compiler) -> dict:
     torch.manual_seed(0)
     t0 = time.perf_counter()
@@ -240,7 +243,27 @@ def measure(w: Workload, column: str, compiler) -> dict:
     ms = steady_ms(step, w.iters)
     cold_s = max(0.0, cold_s - first * ms / 1e3)
     out = step()
+    if any(k in w.name.lower() for k in PROFILE):
+        profile(step, f"{w.name} [{column}]")
     return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out}
+
+
+def profile(step: Callable, label: str, steps: int = 5, top: int = 12) -> None:
+    """Print the kernels one step runs, heaviest first (where the GPU time of a column goes)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+    step()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    evs = [e for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in evs) / steps
+    launches = sum(e.count for e in evs) / steps
+    print(f"  profile {label}: {total / 1e3:.3f} ms GPU time, {launches:.0f} kernels per step", flush=True)
+    for e in sorted(evs, key=lambda e: -e.self_device_time_total)[:top]:
+        print(f"    {e.self_device_time_total / steps / 1e3:8.3f} ms {e.count // steps:5d}x  {e.key[:90]}")
 
 
 def check(out, ref) -> str:
@@ -258,7 +281,9 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--columns", default="eager,inductor,ember")
     ap.add_argument("--json", default="")
+    ap.add_argument("--profile", default="", help="workloads (substrings) whose columns get a kernel profile")
     args = ap.parse_args()
+    PROFILE.extend(k for k in args.profile.lower().split(",") if k)
     cols = [c for c in args.columns.split(",") if c]
     wanted = [w for w in WORKLOADS if not args.only or any(s in w.name.lower() for s in args.only.lower().split(","))]
     dev = torch.cuda.get_device_name()

@@ -27,6 +27,7 @@ import hashlib
 import importlib.util
 import math
 import os
+import re
 import sys
 import time
 from typing import Callable
@@ -630,14 +631,25 @@ def _looped_member(m: Member, body: Expr, store, scalars, ind, R, ranges, extent
 # ------------------------------------------------------------------------------------------------- modules
 def generate(sched: Schedule) -> tuple[str, list]:
     """The Python module of a schedule's kernels, and per group (kernel name, args, config, grid)."""
-    parts, kernels = [PRELUDE], []
-    for k, it in enumerate(sched.items):
+    parts, kernels, seen = [PRELUDE], [], set()
+    for it in sched.items:
         if isinstance(it, FusedGroup) and not is_empty(it):
-            name = f"k{k}_" + "_".join(m.buf.name for m in it.members[:3])
-            src, args, cfg, grid = kernel_source(it, sched, name)
-            parts.append("\n".join(src))
+            src, args, cfg, grid = kernel_source(it, sched, "KERNEL")
+            name, text = _canonical(src, args + [m.buf.name for m in it.members])
+            if name not in seen:   # identical kernels (repeated layers) are compiled once
+                seen.add(name)
+                parts.append(text)
             kernels.append((it, name, args, cfg, grid))
     return "\n\n\n".join(parts) + "\n", kernels
+
+
+def _canonical(src: list[str], buffers: list[str]) -> tuple[str, str]:
+    """Kernel text with buffers renamed p0, p1... in argument order, named by the hash of that text."""
+    comment, body = src[0], "\n".join(src[1:])
+    for j, n in enumerate(dict.fromkeys(buffers)):
+        body = re.sub(rf"\b{n}(?=\b|_)", f"p{j}", body)
+    name = "k_" + hashlib.sha256(body.encode()).hexdigest()[:16]
+    return name, comment + "\n" + body.replace("def KERNEL(", f"def {name}(")
 
 
 class _InterpretedLibdevice:
@@ -705,6 +717,26 @@ def load_module(source: str):
 _COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ember-triton")
 
 
+def _precompile(mod, kernels: list, sched: Schedule) -> None:
+    """Compile every kernel now, concurrently (Triton's PTX assembly runs outside the GIL), instead of one by
+    one at first launch. Argument dtypes stand in for tensors (Triton's warmup takes them)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    t0 = time.perf_counter()
+    jobs = {}
+    for _, name, args, cfg, _grid in kernels:
+        if name not in jobs:
+            meta = {k: v for k, v in cfg.items() if k != "persistent"}
+            dtypes = [sched.buffers[a].dtype for a in args]
+            jobs[name] = _COMPILE_POOL.submit(getattr(mod, name).warmup, *dtypes, grid=(1,), **meta)
+    for name, job in jobs.items():
+        try:
+            job.result()
+        except Exception as e:  # compiled again (and any error raised) at the first launch
+            code_log.debug("precompiling %s failed: %s: %s", name, type(e).__name__, e)
+    code_log.debug("compiled %d Triton kernels in %.2fs", len(jobs), time.perf_counter() - t0)
+
+
 def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) -> Callable:
     """The host program for a schedule on `device`: `call(list of inputs) -> list of outputs`."""
     from ember.codegen import wrapper
@@ -715,6 +747,7 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) 
         meta = {k: v for k, v in cfg.items() if k != "persistent"}
         launch[group.name] = (name, args, grid, meta)
     globs = {name: getattr(mod, name) for _, name, *_ in kernels}
+    _precompile(mod, kernels, sched)
 
     def kernel_call(group: FusedGroup) -> str:
         if group.name not in launch:
