@@ -262,6 +262,10 @@ class _Recorder(TorchDispatchMode):
         args, kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t if isinstance(t, FakeTensor) else self.constant(t), (args, kwargs))
         schema = func._schema
+        if func is aten.native_batch_norm_backward.default and args[7]:
+            # training: the running stats are not read; passing them would make the partitioner save the
+            # updated stats (fresh tensors) where eager saves the buffers themselves
+            args = (*args[:3], None, None, *args[5:])
         if func in _INPLACE_VIEWS:
             return self._inplace_view(func, args, kwargs)
         written = [a.name for a in schema.arguments if _is_write(a)]
@@ -542,8 +546,8 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.Gra
     tangents = []
     with fake_mode:
         for k in diff:
-            tangent = torch.empty_strided(fw_fakes[k].shape, fw_fakes[k].stride(), dtype=fw_fakes[k].dtype,
-                                          device=fw_fakes[k].device)
+            # contiguous: the runtime passes grads made contiguous (CompiledGraphFunction.backward)
+            tangent = torch.empty(fw_fakes[k].shape, dtype=fw_fakes[k].dtype, device=fw_fakes[k].device)
             with rec.graph.inserting_before(first_op):
                 node = rec.graph.placeholder(f"tangent_{len(tangents)}")
             rec._new(tangent, node)

@@ -26,16 +26,9 @@ PRELUDE = r"""
 #include <cstdint>
 #include <limits>
 #include <algorithm>
-// vector variants of libm functions (glibc libmvec), so loops calling them still vectorize
-#define EMBER_SIMD __attribute__((simd("notinbranch"), const, nothrow))
-extern "C" { EMBER_SIMD float expf(float); EMBER_SIMD double exp(double); EMBER_SIMD float logf(float);
-  EMBER_SIMD double log(double); EMBER_SIMD float sinf(float); EMBER_SIMD float cosf(float);
-  EMBER_SIMD double sin(double); EMBER_SIMD double cos(double); EMBER_SIMD float tanhf(float);
-  EMBER_SIMD float erff(float); EMBER_SIMD float powf(float, float); EMBER_SIMD float log1pf(float);
-  EMBER_SIMD float expm1f(float); }
+//@MVEC@
 template <typename T> static inline T ember_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> static inline T ember_min(T a, T b) { return (a != a || a < b) ? a : b; }
-template <typename T> static inline T ember_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 template <typename T> static inline T ember_floordiv(T a, T b) {  // as at::native div_floor_floating
   if (b == T(0)) return a / b;
   T mod = std::fmod(a, b), div = (a - mod) / b;
@@ -65,12 +58,31 @@ template <typename T> static inline T ember_rand(int64_t seed, int64_t i) {
 }
 """
 
+# libm functions with vector variants in glibc's libmvec: called through ember_<name>[f] aliases declared
+# `simd`, so loops calling them vectorize (and g++ does not merge sin+cos into sincos, which has none)
+MVEC_UNARY = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "erfc", "exp", "exp2", "expm1",
+              "log", "log10", "log1p", "log2", "sin", "sinh", "tan", "tanh")
+MVEC_BINARY = ("atan2", "hypot", "pow")
+
+
+def _mvec_decls() -> str:
+    out = ['#define EMBER_SIMD __attribute__((simd("notinbranch"), const, nothrow))', 'extern "C" {']
+    for n in MVEC_UNARY:
+        out.append(f'EMBER_SIMD float ember_{n}f(float) __asm__("{n}f"); EMBER_SIMD double ember_{n}(double) __asm__("{n}");')
+    for n in MVEC_BINARY:
+        out.append(f'EMBER_SIMD float ember_{n}f(float, float) __asm__("{n}f"); '
+                   f'EMBER_SIMD double ember_{n}(double, double) __asm__("{n}");')
+    out.append("}")
+    return "\n".join(out)
+
+
+PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls())
 UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log({})", "log2": "std::log2({})",
                "log10": "std::log10({})", "sqrt": "std::sqrt({})", "rsqrt": "({t}(1) / std::sqrt({}))",
                "sin": "std::sin({})", "cos": "std::cos({})", "tan": "std::tan({})", "asin": "std::asin({})",
                "acos": "std::acos({})", "atan": "std::atan({})", "sinh": "std::sinh({})", "cosh": "std::cosh({})",
                "tanh": "std::tanh({})", "asinh": "std::asinh({})", "acosh": "std::acosh({})",
-               "atanh": "std::atanh({})", "sigmoid": "ember_sigmoid({})", "erf": "std::erf({})",
+               "atanh": "std::atanh({})", "sigmoid": "({t}(1) / ({t}(1) + ember_exp{sfx}(-{})))", "erf": "std::erf({})",
                "erfc": "std::erfc({})", "log1p": "std::log1p({})", "expm1": "std::expm1({})",
                "floor": "std::floor({})", "ceil": "std::ceil({})", "round": "std::nearbyint({})",
                "trunc": "std::trunc({})", "reciprocal": "({t}(1) / {})", "lgamma": "std::lgamma({})",
@@ -183,11 +195,15 @@ class Body:
                 f = UNARY_ANY[x.op]
             elif arg_dtype == torch.bool and x.op == "bitwise_not":
                 f = "(!{})"
+            elif x.op in MVEC_UNARY:
+                f = f"ember_{x.op}{{sfx}}({{}})"
             else:
                 f = UNARY_FLOAT[x.op]
-            return self.var(f.format(a[0], t=at), x.dtype)
+            return self.var(f.format(a[0], t=at, sfx="f" if arg_dtype == torch.float32 else ""), x.dtype)
         if arg_dtype == torch.bool and x.op in ("add", "mul", "maximum", "minimum"):
             f = {"add": "({} || {})", "mul": "({} && {})", "maximum": "({} || {})", "minimum": "({} && {})"}[x.op]
+        elif x.op in MVEC_BINARY and arg_dtype.is_floating_point:
+            f = f"ember_{x.op}{'f' if arg_dtype == torch.float32 else ''}({{}}, {{}})"
         else:
             f = BINARY[x.op]
         return self.var(f.format(*a), x.dtype)
@@ -245,8 +261,9 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
 
 def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
     t = CTYPE[m.buf.dtype]
+    inner = m.inner or (sympy.Integer(1),)  # a loop of one keeps each member's temporaries in its own scope
     if not m.is_reduction:
-        head, bind, close = _loops(m.inner, ind, parallel_inner)
+        head, bind, close = _loops(inner, ind, parallel_inner)
         b = Body(ptrs, scalars, bind)
         v = b.emit(m.body)
         store = f"{bind}{m.buf.name}[{index_code(m.store, {})}] = {v};"
@@ -271,7 +288,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
     clause = ""
     if simple:
         clause = f" reduction({OMP_REDUCTION[kind]}:{acc})" + (f" reduction(||:{acc}_nan)" if kind in ("max", "min") else "")
-    head, bind, close = _loops(m.inner, ind, parallel_inner and simple, clause, simd=simple)
+    head, bind, close = _loops(inner, ind, parallel_inner and simple, clause, simd=simple)
     b = Body(ptrs, scalars, bind)
     v = b.emit(m.body)
     fl = m.body.dtype.is_floating_point
@@ -288,17 +305,13 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
         upd = f"{acc} = ({v} {cmp} {acc}) ? {v} : {acc};" + (f" {acc}_nan = {acc}_nan || ({v} != {v});" if fl else "")
     else:
         cmp = ">" if kind == "argmax" else "<"
-        flat = index_code(sum((r * s for r, s in zip(rvars(len(m.inner)), ir.contiguous_strides(m.inner))),
+        flat = index_code(sum((r * s for r, s in zip(rvars(len(inner)), ir.contiguous_strides(inner))),
                               sympy.Integer(0)), {})
         nan = f" || ({v} != {v} && !{acc}_nan)" if fl else ""
         upd = f"if (({v} {cmp} {acc} && !{acc}_nan){nan}) {{ {acc} = {v}; {acc}_i = {flat}; {acc}_nan = ({v} != {v}); }}"
         if not fl:
             upd = f"if ({v} {cmp} {acc}) {{ {acc} = {v}; {acc}_i = {flat}; }}"
     lines += head + b.lines + [bind + upd] + close
-    if not m.inner:  # reduction over nothing: the value itself
-        lines = lines[:1] + [f"{ind}{vt} {acc};"] + b.lines + [f"{ind}{acc} = {v};"]
-        if kind.startswith("arg"):
-            lines.append(f"{ind}int64_t {acc}_i = 0;")
     if kind in ("max", "min") and fl:
         lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{vt}>::quiet_NaN();")
     result = f"{acc}_i" if kind.startswith("arg") else acc
@@ -312,7 +325,7 @@ def generate(sched: Schedule) -> tuple[str, list]:
     """The C++ file of a schedule, and per group (function name, argument buffer names, checks indices)."""
     parts, kernels = [PRELUDE], []
     for it in sched.items:
-        if isinstance(it, FusedGroup):
+        if isinstance(it, FusedGroup) and it.numel > 0:
             src, args = kernel_source(it, sched)
             parts.append(src)
             kernels.append((it.name, args, "ember_index(" in src))

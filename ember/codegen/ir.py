@@ -258,6 +258,7 @@ class ExternBuffer(Buffer):
     fallback: bool = False
     origins: tuple = ()
     aliases_input: bool = False
+    side_effect: bool = False  # returns nothing, runs for its checks (never dead code)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,6 +98,8 @@ class Graph:
             self.by_name[b.name] = b
             outs.append(TensorBox.of_buffer(b))
         call.outputs = [o.strided[0] if o is not None else None for o in outs]
+        if val is None:
+            return call
         return pytree.tree_unflatten(outs, spec)
 
 
@@ -131,6 +133,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                     continue
                 if not isinstance(node.target, torch._ops.OpOverload):
                     raise Unsupported(f"{node.target} is not an ATen op (ember compiles ATen-level graphs)")
+                if g.val is None and not node.target._schema.returns:  # run for its effect (error checks)
+                    g.origins = (node.name,)
+                    g.extern(node.target, args, kwargs, fallback=False).side_effect = True
+                    env[node] = None
+                    continue
                 if g.val is None:
                     raise Unsupported(f"node {node.name} has no meta['val']")
                 if node.target._schema.is_mutable:

@@ -78,6 +78,8 @@ def _outer_index(size, x0) -> list:
 
 def make_member(buf, numel: int) -> Member | None:
     """buf as a member of a group of `numel` rows, or None when its iteration space does not split so."""
+    if ir.prod(buf.size) == 0:  # nothing to compute: allocated only, in a group of no rows
+        return Member(buf, (), None, 0, set()) if numel == 0 else None
     if isinstance(buf, Reduction):
         if ir.prod(buf.size) != numel:
             return None
@@ -140,6 +142,8 @@ def _row_local(m: Member, producer: Member, numel: int) -> bool:
 
 
 def _default_rows(buf) -> int:
+    if ir.prod(buf.size) == 0:
+        return 0
     if isinstance(buf, Reduction):
         return ir.prod(buf.size)
     return ir.prod(buf.size[:-1]) if len(buf.size) > 1 else 1
@@ -158,7 +162,7 @@ def schedule(lowered) -> Schedule:
     bodies = {}
     for b in reversed(lowered.buffers):
         outs = [b.name] + [o.name for o in (getattr(b, "outputs", None) or []) if o is not None]
-        if not any(n in needed for n in outs):
+        if not any(n in needed for n in outs) and not getattr(b, "side_effect", False):
             continue
         if isinstance(b, ExternBuffer):
             needed |= set(b.inputs)
@@ -166,8 +170,8 @@ def schedule(lowered) -> Schedule:
             m = make_member(b, _default_rows(b))
             bodies[b.name] = m
             needed |= m.reads
-    live = [b for b in lowered.buffers if b.name in bodies or
-            (isinstance(b, ExternBuffer) and any(o is not None and o.name in needed for o in b.outputs))]
+    live = [b for b in lowered.buffers if b.name in bodies or (isinstance(b, ExternBuffer) and (
+        b.side_effect or any(o is not None and o.name in needed for o in b.outputs)))]
 
     items: list = []
     where: dict[str, int] = {}  # buffer name -> index of the item computing it

@@ -88,7 +88,8 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
                 else:
                     L.append(f"    {b.name} = _empty({key[0]}, {key[1]}, dtype={w.const(b.dtype)})")
                 ours.add(b.name)
-            L.append(f"    {kernel_call(it)}")
+            if it.numel > 0:
+                L.append(f"    {kernel_call(it)}")
         else:
             args = ", ".join([w.arg(a) for a in it.args] + [f"{k}={w.arg(v)}" for k, v in it.kwargs.items()])
             fn = w.const(it.target)

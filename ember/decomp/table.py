@@ -65,6 +65,8 @@ def promote(*xs) -> torch.dtype:
 
 
 def dims_of(x: TensorBox, dim) -> list[int]:
+    if x.ndim == 0:
+        return []
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return list(range(x.ndim))
     return [d % max(x.ndim, 1) for d in ([dim] if isinstance(dim, int) else dim)]
@@ -391,6 +393,12 @@ def _arange(*args, **kwargs):
     return NotImplemented  # float aranges accumulate rounding exactly as eager's kernel does: keep it
 
 
+@reg(aten.eye.default, aten.eye.m)
+def _eye(n, m=None, **kwargs):
+    size = tuple(out().shape)
+    return P.cast(P.pointwise("eq", P.iota(size, 0), P.iota(size, 1)), odt())
+
+
 @reg(aten.tril.default, aten.triu.default)
 def _tril(x, diagonal=0):
     r, c = P.iota(x.size, x.ndim - 2), P.iota(x.size, x.ndim - 1)
@@ -703,6 +711,16 @@ def _bn_train(x, w, b, rm, rv, training, momentum, eps):
     new_rm = P.add(P.mul(rm, 1 - momentum), P.mul(mean, momentum))
     new_rv = P.add(P.mul(rv, 1 - momentum), P.mul(var, momentum * n / max(n - 1, 1)))
     return y, mean, invstd, new_rm, new_rv
+
+
+@reg(aten.native_batch_norm.default)
+def _native_bn(x, w, b, rm, rv, training, momentum, eps):
+    if not training:
+        y, _, _ = _bn_eval(x, w, b, rm, rv, momentum, eps)
+        return y, P.const(0, x.dtype, [0]), P.const(0, x.dtype, [0])
+    if rm is not None or rv is not None:
+        return NotImplemented  # updates running stats in place: only the functional form is compiled
+    return _bn_train(x, w, b, P.const(0, x.dtype, [x.size[1]]), P.const(0, x.dtype, [x.size[1]]), True, 0.0, eps)[:3]
 
 
 @reg(aten.native_group_norm.default)

@@ -18,9 +18,12 @@ instruction of the root frame, so the state there is exact.
 """
 from __future__ import annotations
 
+import dataclasses
 import dis
+import functools
 import inspect
 import linecache
+import operator
 import sys
 import types
 import warnings
@@ -35,8 +38,9 @@ from ember.frontend.guards import check_tensor
 from ember.frontend.interpreter import (
     PY312, Capture, ConstTable, Frame, StopCapture, instructions, is_namedtuple_cls, is_structseq_cls, where,
 )
+from ember.frontend.values import GradExit as _GradExit
 from ember.frontend.values import (
-    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NullV, ObjV, SetV,
+    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NullV, ObjV, PartialV, SetV,
     SuperV, TensorV, TupleV, V,
 )
 from ember.tools.logs import enabled, get_logger
@@ -225,7 +229,7 @@ class FrameCompiler:
         key = (offset, stack_depth, names, nulls, compiled)
         if key not in self.resumes:
             from ember.frontend.bytecode_gen import make_resume_code
-            rc = make_resume_code(self.code, offset, stack_depth, list(names), null_positions=list(nulls))
+            rc = make_resume_code(self.code, offset, stack_depth, list(names), tuple(nulls))
             fn = types.FunctionType(rc.code, self.fn.__globals__, rc.code.co_name, None, self.fn.__closure__)
             if compiled:
                 self.resumes[key] = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})")
@@ -303,6 +307,9 @@ class EntryCodegen:
         for i, v in enumerate(needed):
             self.outputs[id(v)] = i
         cap.graph.output(tuple(v.node for v in needed))
+        _eliminate_dead_code(cap.graph)
+        real_ops = [n for n in cap.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+                    and n.target is not torch._C._set_grad_enabled]
         root = torch.nn.Module()
         for n in cap.graph.nodes:
             if n.op == "get_attr":
@@ -368,7 +375,9 @@ class EntryCodegen:
             if v.source is not None:
                 return v.source
             body = "{" + ", ".join(f"{self.key(k)}: {self.expr(x)}" for k, x in v.items.items()) + "}"
-            return body if v.cls is dict else f"{c(v.cls)}({body})"
+            if v.cls is dict:
+                return body
+            return f"{c(v.cls)}(**{body})" if dataclasses.is_dataclass(v.cls) else f"{c(v.cls)}({body})"
         if isinstance(v, SetV):
             if v.source is not None:
                 return v.source
@@ -409,6 +418,9 @@ class EntryCodegen:
             return f"super({c(v.cls)}, {self.expr(v.obj)})"
         if isinstance(v, NullV):
             return "___NULL"
+        if isinstance(v, PartialV):
+            kw = "".join(f", {k}={self.expr(x)}" for k, x in v.kwargs.items())
+            return f"{c(functools.partial)}({self.expr(v.func)}{''.join(', ' + self.expr(x) for x in v.args)}{kw})"
         raise Unsupported(f"cannot rebuild a {type(v).__name__} in Python")
 
     def key(self, k) -> str:
@@ -424,7 +436,7 @@ class EntryCodegen:
                     writes.append((f"setattr({v.source}, {name!r}, {{}})", self.expr(x)))
                 for name in v.deleted:
                     if name not in v.writes:
-                        writes.append((f"delattr({v.source}, {name!r}){{}}", "''"))
+                        writes.append((f"delattr({v.source}, {name!r})", "None"))
             elif isinstance(v, ListV) and v.mutated:
                 writes.append((f"{v.source}[:] = {{}}", "[" + ", ".join(self.expr(x) for x in v.items) + "]"))
             elif isinstance(v, DictV) and v.mutated:
@@ -459,7 +471,11 @@ class EntryCodegen:
         self.side_effects()
         insts, index = instructions(frame.code)
         in_loop = any(isinstance(v, IterV) for v in frame.stack)
-        in_try = _in_exception_range(frame.code, inst.offset)
+        covering = [e for e in dis._parse_exception_table(frame.code) if e.start <= inst.offset < e.end]
+        grad_withs = [frame.stack[e.depth - 1] for e in covering
+                      if 0 < e.depth <= len(frame.stack) and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
+        in_try = len(grad_withs) != len(covering)  # only grad-mode `with` blocks are handled across a break
+        restore = f"___torch._C._set_grad_enabled({grad_withs[0].prev})" if grad_withs else None
         nulls = tuple(i for i, v in enumerate(frame.stack) if isinstance(v, NullV))
         args_of = lambda st: ", ".join(st + local_exprs)  # noqa: E731
 
@@ -478,7 +494,11 @@ class EntryCodegen:
                                 "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
                                 "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE"):
             # Run the rest of the function as Python from this instruction (its handlers included).
-            self.lines.append(go(inst.offset, stack, compiled=False))
+            at = inst.offset
+            i = index[at]
+            while i > 0 and insts[i - 1].opname in ("PRECALL", "KW_NAMES") and op == "CALL":
+                i -= 1  # 3.11: resume at PRECALL/KW_NAMES, which set up the CALL
+            self.lines.append(go(insts[i].offset, stack, compiled=False))
             return
         nxt = insts[index[inst.offset] + 1].offset
         if op == "CALL":
@@ -492,9 +512,10 @@ class EntryCodegen:
                 fn, pos = a, [b] + args
             npos = len(pos) - len(kw)
             call_args = pos[:npos] + [f"{k}={e}" for k, e in zip(kw, pos[npos:])]
-            self.lines.append(f"___r = ___call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
-                              f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg)")
+            call = (f"___r = ___call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
+                    f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg)")
             del call_args
+            self.guarded_call(call, restore)
             self.lines.append(go(nxt, stack[:base] + ["___r"]))
         elif op == "CALL_FUNCTION_EX":
             has_kw = inst.arg & 1
@@ -504,15 +525,25 @@ class EntryCodegen:
             base = len(stack) - 2 - has_kw
             if base > 0 and stack[base - 1] == "___NULL":
                 base -= 1
-            self.lines.append(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg)")
+            self.guarded_call(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg)", restore)
             self.lines.append(go(nxt, stack[:base] + ["___r"]))
         else:
             when = op.endswith("TRUE")
             cond = stack[-1]
             rest = stack[:-1]
+            if restore:
+                self.guarded_call(f"___c = bool({cond})", restore)
+                cond = "___c"
             self.lines.append(f"if bool({cond}) is {when}:")
             self.lines.append("    " + go(inst.argval, rest))
             self.lines.append(go(nxt, rest))
+
+    def guarded_call(self, line: str, restore: str | None) -> None:
+        """The break's instruction; inside `with torch.no_grad()` an exception leaves the grad mode restored."""
+        if restore is None:
+            self.lines.append(line)
+            return
+        self.lines += ["try:", "    " + line, "except BaseException:", "    " + restore, "    raise"]
 
     # -- the function -----------------------------------------------------------------------------------
     def finish(self, description: str) -> Entry:
@@ -565,17 +596,6 @@ def _make_function(code, f_globals, defaults, kwdefaults, closure):
     fn.__kwdefaults__ = kwdefaults or None
     fn.__qualname__ = code.co_qualname
     return fn
-
-
-class _GradExit:
-    """The __exit__ of a grad-mode context that was entered inside a graph."""
-
-    def __init__(self, prev: bool):
-        self.prev = prev
-
-    def __call__(self, *exc):
-        torch._C._set_grad_enabled(self.prev)
-        return False
 
 
 _USER_SKIP = ("torch", "ember", "numpy", "scipy", "functools", "builtins", "logging", "typing")
@@ -652,6 +672,30 @@ def _trampoline(f: Callable) -> types.FunctionType:
         return f(*args, **kwargs)
     call.__qualname__ = getattr(f, "__qualname__", type(f).__name__)
     return call
+
+
+_INPLACE_OPERATORS = {operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul,
+                      operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul,
+                      operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+_RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "cauchy",
+                 "geometric", "poisson", "log_normal", "random")
+
+
+def _has_effect(node: torch.fx.Node) -> bool:
+    """Mutations, global state and random draws (which advance the generator) stay even when unused."""
+    t = node.target
+    name = t if isinstance(t, str) else getattr(t, "__name__", "")
+    if name.endswith("_") and not name.endswith("__") or t in _INPLACE_OPERATORS:
+        return True
+    if t is torch._C._set_grad_enabled or "out" in node.kwargs:
+        return True
+    return any(w in name for w in _RANDOM_WORDS)
+
+
+def _eliminate_dead_code(graph: torch.fx.Graph) -> None:
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("call_function", "call_method") and not node.users and not _has_effect(node):
+            graph.erase_node(node)
 
 
 def _code_where(code) -> str:

@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ember.errors import Unsupported
 from ember.frontend.guards import Guards
 from ember.frontend.values import (
-    NULL, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
+    NULL, GradExit, PartialV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
     NullV, ObjV, SetV, SuperV, TensorV, TupleV, V,
 )
 
@@ -90,6 +90,13 @@ TORCH_OP_OBJS = {id(v): v for ns in TORCH_NAMESPACES for _, v in _namespace_item
 TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "functools", "itertools", "collections", "builtins",
                            "numbers", "typing", "enum", "dataclasses", "warnings", "inspect", "abc", "copy")
 PURE_BUILTIN_FUNCS = {abs, round, divmod, pow, hash, chr, ord, hex, oct, bin, repr, ascii, format, callable, id}
+COMPILING_PROBES = {getattr(torch.compiler, n) for n in ("is_compiling", "is_dynamo_compiling", "is_exporting")
+                    if hasattr(torch.compiler, n)} - {getattr(torch.compiler, "is_exporting", None)}
+STATE_PROBES = {getattr(torch._C, n) for n in ("_is_tracing", "_get_tracing_state", "_get_cudnn_enabled",
+                                               "_get_mkldnn_enabled", "is_grad_enabled", "_is_torch_function_enabled",
+                                               "_is_functional_tensor") if hasattr(torch._C, n)}
+MODULE_TRAVERSALS = {"children", "named_children", "parameters", "named_parameters", "buffers", "named_buffers",
+                     "modules", "named_modules"}
 PURE_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "count", "index",
                 "__eq__", "__ne__", "__hash__", "startswith", "endswith", "copy"}
 MATH_FUNCS = {id(v) for v in vars(math).values() if callable(v)}
@@ -248,6 +255,10 @@ class Capture:
             v.contents = self.wrap(contents, f"{source}.cell_contents" if source else None)
             self._track(value, v)
             return v
+        if type(value) is GradExit:
+            if source is not None:
+                g.add(f"type({source}) is {self.consts.ref(GradExit)} and {source}.prev is {value.prev}", 0)
+            return GradModeExitV(value.prev, source)
         # Objects used by identity: functions, classes, modules, nn.Modules, user objects.
         if id(value) in self.by_id:
             return self.by_id[id(value)]
@@ -339,8 +350,10 @@ def _is_key(k) -> bool:
 
 
 def _guard_by_identity(value) -> bool:
+    # nn.Modules are guarded by type, and each attribute read has its own guard: a module built anew on every
+    # call (or passed to a resume function) then reuses the graph, and its parameters stay graph inputs.
     return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-                              types.ModuleType, torch.nn.Module, functools.partial, types.MethodWrapperType,
+                              types.ModuleType, functools.partial, types.MethodWrapperType,
                               types.WrapperDescriptorType, types.MethodDescriptorType))
 
 
@@ -425,6 +438,15 @@ class ConstTable:
 # ---------------------------------------------------------------------------------------------------------
 # Control-flow signals inside the interpreter.
 
+class PyError(Unsupported):
+    """A Python exception the captured code raises. Handlers in the code (try/except, with) may catch it;
+    one that escapes the root frame becomes a graph break, so Python raises it for real."""
+
+    def __init__(self, exc: BaseException, where_: str = ""):
+        super().__init__(f"{type(exc).__name__}: {exc}", where_)
+        self.exc = exc
+
+
 class _Return(Exception):
     def __init__(self, value: V):
         self.value = value
@@ -440,6 +462,13 @@ class StopCapture(Exception):
 # ---------------------------------------------------------------------------------------------------------
 
 _INSTRUCTIONS: dict[types.CodeType, tuple[list, dict]] = {}
+_EXCEPTION_TABLES: dict[types.CodeType, list] = {}
+
+
+def exception_table(code: types.CodeType) -> list:
+    if code not in _EXCEPTION_TABLES:
+        _EXCEPTION_TABLES[code] = list(dis._parse_exception_table(code))
+    return _EXCEPTION_TABLES[code]
 
 
 def instructions(code: types.CodeType):
@@ -467,6 +496,7 @@ class Frame:
         self.stop_at = stop_at or {}
         self.globals_source = globals_source if globals_source is not None else cap.consts.ref(f_globals)
         self.yields: list[V] | None = [] if code.co_flags & CO_GENERATOR else None
+        self.exc_info: list[V] = []
         self.current: dis.Instruction | None = None
 
     def where(self) -> str:
@@ -484,9 +514,51 @@ class Frame:
                 handler = getattr(self, inst.opname, None)
                 if handler is None:
                     raise Unsupported(f"bytecode {inst.opname} is not supported", self.where())
-                handler(inst)
+                try:
+                    handler(inst)
+                except PyError as e:
+                    if not self.catch(inst, e):
+                        raise
         except _Return as r:
             return r.value
+
+    def catch(self, inst, e: PyError) -> bool:
+        """Jump to the handler the exception table names for this instruction, as CPython does."""
+        for entry in exception_table(self.code):
+            if entry.start <= inst.offset < entry.end:
+                del self.stack[entry.depth:]
+                if entry.lasti:
+                    self.push(ConstV(inst.offset))
+                self.push(ObjV(e.exc))
+                self.ip = self.index[entry.target]
+                return True
+        return False
+
+    def PUSH_EXC_INFO(self, inst):
+        exc = self.pop()
+        self.push(self.exc_info[-1] if self.exc_info else ConstV(None))
+        self.exc_info.append(exc)
+        self.push(exc)
+
+    def POP_EXCEPT(self, inst):
+        self.pop()
+        if self.exc_info:
+            self.exc_info.pop()
+
+    def CHECK_EXC_MATCH(self, inst):
+        typ = self.pop()
+        exc = self.stack[-1]
+        self.push(ConstV(isinstance(exc.value, _classes(typ))))
+
+    def RERAISE(self, inst):
+        exc = self.pop()
+        raise PyError(exc.value, self.where())
+
+    def WITH_EXCEPT_START(self, inst):
+        exc = self.stack[-1]
+        exit_fn = self.stack[-4]
+        e = exc.value
+        self.push(self.call(exit_fn, [ObjV(type(e)), exc, ConstV(None)], {}))
 
     def push(self, v: V):
         self.stack.append(v)
@@ -906,12 +978,51 @@ class Frame:
         self.yields.append(self.pop())
         self.push(ConstV(None))  # the value sent in by next()
 
+    def SEND(self, inst):
+        self.pop()  # the value sent in: always None for generators consumed by iteration
+        it = self.stack[-1]
+        if not isinstance(it, IterV):
+            raise Unsupported("yield from a non-iterable", self.where())
+        if it.pos < len(it.items):
+            self.push(it.items[it.pos])
+            it.pos += 1
+            return
+        if not PY312:
+            self.pop()
+        self.push(ConstV(None))
+        self.jump(inst)
+
+    def END_SEND(self, inst):
+        v = self.pop()
+        self.pop()
+        self.push(v)
+
     def GET_YIELD_FROM_ITER(self, inst):
         v = self.pop()
         self.push(v if isinstance(v, IterV) else IterV(self.iterate(v)))
 
     def RAISE_VARARGS(self, inst):
-        raise Unsupported("raise statement", self.where())
+        if inst.arg == 0:
+            if not self.exc_info:
+                raise Unsupported("bare raise outside an except block", self.where())
+            raise PyError(self.exc_info[-1].value, self.where())
+        if inst.arg == 2:
+            self.pop()  # the cause: kept by Python when the exception escapes (it is re-raised for real)
+        v = self.pop()
+        raise PyError(self.real_exception(v), self.where())
+
+    def real_exception(self, v: V) -> BaseException:
+        if isinstance(v, ObjV) and isinstance(v.value, type) and issubclass(v.value, BaseException):
+            return v.value()
+        if isinstance(v, ObjV) and isinstance(v.value, BaseException):
+            return v.value
+        if isinstance(v, NewObjV) and issubclass(v.cls, BaseException):
+            args = v.attrs.get("args")
+            try:
+                return v.cls(*[self.const_value(a) for a in args.items]) if args else v.cls()
+            except Unsupported:
+                return v.cls("<value known at run time>")
+        raise Unsupported(f"raise of {self.type_name(v)}", self.where())
 
     # -- with blocks --------------------------------------------------------------------------------------
     def BEFORE_WITH(self, inst):
@@ -975,6 +1086,20 @@ class Frame:
         defaults = tuple(self.pop().items) if flags & 0x01 else ()
         self.push(ClosureV(code, self.f_globals, code.co_name, defaults, kwdefaults, closure, code.co_qualname))
 
+    def IMPORT_NAME(self, inst):
+        fromlist = self.const_value(self.pop())
+        level = self.const_value(self.pop())
+        name = inst.argval
+        package = self.f_globals.get("__package__") or self.f_globals.get("__name__")
+        full = name if level == 0 else _resolve_relative(name, package, level)
+        if full not in sys.modules:
+            raise Unsupported(f"import of {full}, not imported yet (importing runs its code)", self.where())
+        mod = __import__(name, self.f_globals, None, fromlist, level)
+        self.push(ObjV(mod))
+
+    def IMPORT_FROM(self, inst):
+        self.push(self.getattr(self.stack[-1], inst.argval))
+
     def LOAD_BUILD_CLASS(self, inst):
         raise Unsupported("class definition inside a compiled function", self.where())
 
@@ -986,6 +1111,8 @@ class Frame:
             return v.value
         if isinstance(v, TupleV) and all(isinstance(x, ConstV) for x in v.items):
             return tuple(x.value for x in v.items)
+        if isinstance(v, ListV) and all(isinstance(x, ConstV) for x in v.items):
+            return [x.value for x in v.items]
         if isinstance(v, TensorV):
             raise Unsupported("a tensor's value is needed by Python (formatting or conversion)", self.where())
         raise Unsupported(f"a {type(v).__name__} used where ember needs a constant", self.where())
@@ -1045,6 +1172,7 @@ class Frame:
                     for i in range(v.fake.shape[0])]
         if isinstance(v, ObjV):
             m = v.value
+            self.guard_structure(v)
             if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
                 return [self.getattr(v, k) for k in m._modules]
             if isinstance(m, torch.nn.ModuleDict):
@@ -1058,6 +1186,13 @@ class Frame:
             if isinstance(it, BoundV) and isinstance(it.func, types.FunctionType):
                 return self.iterate(self.call(it, [], {}))
         raise Unsupported(f"iteration over {self.type_name(v)}", self.where())
+
+    def guard_structure(self, v: V) -> None:
+        """Iterating or indexing a module container depends on which children it has."""
+        m = getattr(v, "value", None)
+        if isinstance(m, torch.nn.Module) and v.source is not None:
+            table = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
+            self.cap.guards.add(f"tuple({v.source}.{table}) == {self.cap.consts.ref(tuple(getattr(m, table)))}", 1)
 
     def type_name(self, v: V) -> str:
         if isinstance(v, ObjV):
@@ -1078,7 +1213,8 @@ class Frame:
             cls = type(obj)
             if isinstance(obj, torch.nn.Module):
                 if hasattr(cls, "__len__") and cls.__len__ is not torch.nn.Module.__dict__.get("__len__"):
-                    return len(obj) > 0  # containers; their contents are fixed by the identity guard
+                    self.guard_structure(v)
+                    return len(obj) > 0
                 return True
             if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
                 return True
@@ -1128,6 +1264,10 @@ class Frame:
             return self.const_value(item) in container.value
         if isinstance(container, ObjV) and isinstance(container.value, torch.nn.ModuleDict):
             return self.const_value(item) in container.value._modules
+        if isinstance(container, (ObjV, NewObjV)):
+            m = self.getattr(container, "__contains__")
+            if isinstance(m, BoundV):
+                return self.truth(self.call(m, [item], {}))
         raise Unsupported(f"`in` on {self.type_name(container)}", self.where())
 
     def unary(self, fn, v: V) -> V:
@@ -1250,12 +1390,15 @@ class Frame:
                 return ListV(obj.items[i]) if isinstance(obj, ListV) else TupleV(obj.items[i])
             try:
                 return obj.items[i]
-            except IndexError:
-                raise Unsupported("list index out of range", self.where())
+            except IndexError as e:
+                raise PyError(e, self.where())
+        if isinstance(obj, DictV) and obj.cls is not dict and dataclasses.is_dataclass(obj.cls) and \
+                isinstance(idx, ConstV) and isinstance(idx.value, (int, slice)):
+            return self.getitem(TupleV(list(obj.items.values())), idx)
         if isinstance(obj, DictV):
             k = self.key(idx)
             if k not in obj.items:
-                raise Unsupported(f"KeyError: {k!r}", self.where())
+                raise PyError(KeyError(k), self.where())
             return obj.items[k]
         if isinstance(obj, ConstV):
             return self.concrete(operator.getitem, [obj, idx], {})
@@ -1264,6 +1407,7 @@ class Frame:
             if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                               torch.nn.ParameterDict)):
                 i = self.const_value(idx)
+                self.guard_structure(obj)
                 if isinstance(m, torch.nn.ModuleDict):
                     return self.getattr(obj, i)
                 if isinstance(m, torch.nn.ParameterDict):
@@ -1343,7 +1487,7 @@ class Frame:
                 return ObjV(obj.cls)
             static = _lookup_static(obj.cls, name)
             if static is _MISSING:
-                raise Unsupported(f"{obj.cls.__name__} object has no attribute {name!r}", self.where())
+                raise self.no_attribute(obj, name, f"{obj.cls.__name__} object has no attribute {name!r}")
             return self.bind_descriptor(obj, static, name, None, obj.cls)
         if isinstance(obj, ObjV):
             value = obj.value
@@ -1363,10 +1507,12 @@ class Frame:
                 try:
                     attr = getattr(value, name)
                 except AttributeError:
-                    raise Unsupported(f"module {value.__name__} has no attribute {name!r}", self.where())
+                    raise self.no_attribute(obj, name, f"module {value.__name__} has no attribute {name!r}")
                 trusted = value.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
                 return cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))
             if isinstance(value, type):
+                if is_namedtuple_cls(value) and name == "_make":
+                    return BoundV(obj, "_make")
                 static = _lookup_static(value, name)
                 if isinstance(static, (classmethod,)):
                     return BoundV(obj, static.__func__)
@@ -1377,7 +1523,7 @@ class Frame:
                 try:
                     attr = getattr(value, name)
                 except AttributeError:
-                    raise Unsupported(f"type object {value.__name__!r} has no attribute {name!r}", self.where())
+                    raise self.no_attribute(obj, name, f"type object {value.__name__!r} has no attribute {name!r}")
                 trusted = value.__module__.split(".")[0] in TRUSTED_MODULE_PREFIXES
                 return cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))
             if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)):
@@ -1390,8 +1536,16 @@ class Frame:
                 try:
                     return cap.wrap(getattr(value, name), attr_source(obj.source, name))
                 except AttributeError:
-                    raise Unsupported(f"function has no attribute {name!r}", self.where())
+                    raise self.no_attribute(obj, name, f"function has no attribute {name!r}")
             # instances
+            if type(value).__getattribute__ is not object.__getattribute__ and obj.source is not None and \
+                    not isinstance(value, torch.nn.Module):
+                try:  # a class that computes attributes (transformers' configs): read it, guard what was read
+                    attr = getattr(value, name)
+                except AttributeError as e:
+                    raise self.no_attribute(obj, name, str(e))
+                if not callable(attr) or isinstance(attr, type):
+                    return cap.wrap(attr, attr_source(obj.source, name))
             inst_dict = getattr(value, "__dict__", None)
             static = _lookup_static(type(value), name)
             if isinstance(static, (property, types.FunctionType, staticmethod, classmethod)) or \
@@ -1403,7 +1557,7 @@ class Frame:
                 return self.bind_descriptor(obj, static, name, value, type(value))
             getattr_fn = _lookup_static(type(value), "__getattr__")
             if isinstance(value, torch.nn.Module) or getattr_fn is _MISSING:
-                raise Unsupported(f"{type(value).__name__!r} object has no attribute {name!r}", self.where())
+                raise self.no_attribute(obj, name, f"{type(value).__name__!r} object has no attribute {name!r}")
             if isinstance(getattr_fn, types.FunctionType):
                 return self.call(BoundV(obj, getattr_fn), [ConstV(name)], {})
             raise Unsupported(f"attribute {name!r} of {type(value).__name__}", self.where())
@@ -1414,12 +1568,19 @@ class Frame:
                     return obj.items[fields.index(name)]
             if name in ("count", "index"):
                 return BoundV(obj, name)
-            if is_namedtuple_cls(obj.cls) and name == "_asdict":
+            if is_namedtuple_cls(obj.cls) and name in ("_asdict", "_replace"):
                 return BoundV(obj, name)
+            if is_namedtuple_cls(obj.cls) and name == "_fields":
+                return self.const_v(obj.cls._fields)
             if is_namedtuple_cls(obj.cls):
                 static = _lookup_static(obj.cls, name)
                 if isinstance(static, (types.FunctionType, property)):
                     return self.bind_descriptor(obj, static, name, None, obj.cls)
+        if isinstance(obj, DictV) and obj.cls is not dict and dataclasses.is_dataclass(obj.cls):
+            if name in {f.name for f in dataclasses.fields(obj.cls)}:
+                return obj.items.get(name, ConstV(None))
+            if name == "to_tuple":
+                return BoundV(obj, name)
         if isinstance(obj, (ListV, DictV, SetV)):
             if name in _CONTAINER_METHODS[type(obj)]:
                 return BoundV(obj, name)
@@ -1427,7 +1588,7 @@ class Frame:
             try:
                 attr = getattr(obj.value, name)
             except AttributeError:
-                raise Unsupported(f"{type(obj.value).__name__!r} object has no attribute {name!r}", self.where())
+                raise self.no_attribute(obj, name, f"{type(obj.value).__name__!r} object has no attribute {name!r}")
             if isinstance(attr, CONST_TYPES) and not callable(attr):
                 return ConstV(attr)
             if isinstance(attr, types.BuiltinMethodType) or callable(attr):
@@ -1440,6 +1601,11 @@ class Frame:
         if isinstance(obj, IterV) and name == "__next__":
             return BoundV(obj, name)
         raise Unsupported(f"attribute {name!r} of {self.type_name(obj)}", self.where())
+
+    def no_attribute(self, obj: V, name: str, msg: str) -> PyError:
+        if obj.source is not None:
+            self.cap.guards.add(f"hasattr({obj.source}, {name!r}) is False", 1)
+        return PyError(AttributeError(msg), self.where())
 
     def python_object_type(self, v: V):
         return v.value if isinstance(v, ObjV) else v
@@ -1493,7 +1659,7 @@ class Frame:
             return BoundV(t, name)
         if hasattr(torch.Tensor, name):
             return BoundV(t, name)
-        raise Unsupported(f"tensor has no attribute {name!r}", self.where())
+        raise self.no_attribute(t, name, f"tensor has no attribute {name!r}")
 
     def setattr(self, obj: V, name: str, value: V):
         if isinstance(obj, NewObjV):
@@ -1541,9 +1707,14 @@ class Frame:
                 return self.call_method(fn.self_v, fn.func, args, kwargs)
             if isinstance(fn.func, (types.MethodDescriptorType, types.WrapperDescriptorType)):
                 return self.call_builtin_method(fn.self_v, fn.func, args, kwargs)
+            if isinstance(fn.self_v, ObjV) and isinstance(fn.self_v.value, torch.nn.Module) and \
+                    fn.func is getattr(torch.nn.Module, fn.func.__name__, None) and fn.func.__name__ in MODULE_TRAVERSALS:
+                return self.module_traversal(fn.self_v, fn.func.__name__, args, kwargs)
             return self.call(ObjV(fn.func), [fn.self_v] + args, kwargs)
         if isinstance(fn, ClosureV):
             return self.inline(fn.code, fn.globals, fn.defaults, fn.kwdefaults, fn.closure, args, kwargs, fn.name)
+        if isinstance(fn, PartialV):
+            return self.call(fn.func, fn.args + list(args), {**fn.kwargs, **kwargs})
         if isinstance(fn, GradModeExitV):
             self.set_grad(fn.prev)
             return ConstV(None)
@@ -1562,6 +1733,10 @@ class Frame:
         handler = BUILTIN_HANDLERS.get(f) if _hashable(f) else None
         if handler is not None:
             return handler(self, args, kwargs)
+        if f in COMPILING_PROBES:
+            return ConstV(True)  # libraries take their compile-friendly paths, as under torch.compile
+        if f in STATE_PROBES:
+            return self.concrete(f, args, kwargs)
         if f in (torch.no_grad, torch.enable_grad):
             return GradModeCtxV(f is torch.enable_grad, None)
         if f is torch.set_grad_enabled:
@@ -1594,6 +1769,9 @@ class Frame:
             return self.inline(f.__code__, f.__globals__, defaults, kwdefaults, closure, args, kwargs, f.__qualname__)
         if isinstance(f, type):
             return self.construct(fn_v, f, args, kwargs)
+        call = _lookup_static(type(f), "__call__")
+        if isinstance(call, types.FunctionType):
+            return self.call(BoundV(fn_v, call), args, kwargs)
         if id(f) in MATH_FUNCS or f in PURE_BUILTIN_FUNCS or id(f) in OPERATOR_FUNCS:
             if any(isinstance(a, TensorV) for a in args):
                 if id(f) in OPERATOR_FUNCS:
@@ -1605,6 +1783,46 @@ class Frame:
             return self.concrete(f, args, kwargs)
         raise Unsupported(f"call to {_callable_name(f)} (not a torch op and not Python ember can inline)",
                           self.where())
+
+    def module_traversal(self, mod_v: ObjV, name: str, args: list[V], kwargs: dict) -> V:
+        """nn.Module.children(), parameters(), named_modules()...: walked at capture time, each item with its
+        source, so the module structure is fixed by the identity guards and tensors stay graph inputs."""
+        table = {"children": "_modules", "named_children": "_modules", "parameters": "_parameters",
+                 "named_parameters": "_parameters", "buffers": "_buffers", "named_buffers": "_buffers",
+                 "modules": "_modules", "named_modules": "_modules"}[name]
+        named = name.startswith("named_")
+        kw = {k: self.const_value(v) for k, v in kwargs.items()}
+        posargs = [self.const_value(a) for a in args]
+        recurse = kw.get("recurse", posargs[0] if posargs and name in ("parameters", "buffers") else True)
+        prefix = kw.get("prefix", "")
+        out, seen = [], set()
+
+        def walk(m, src, path, include_self):
+            if src is not None:
+                for t in {"_modules", table}:
+                    self.cap.guards.add(f"tuple({src}.{t}) == {self.cap.consts.ref(tuple(getattr(m, t)))}", 1)
+            if name in ("modules", "named_modules"):
+                if include_self and id(m) not in seen:
+                    seen.add(id(m))
+                    out.append((path, m, src))
+                for k, child in m._modules.items():
+                    if child is not None:
+                        walk(child, f"{src}._modules[{k!r}]" if src else None, f"{path}.{k}" if path else k, True)
+                return
+            for k, x in getattr(m, table).items():
+                if x is not None and id(x) not in seen:
+                    seen.add(id(x))
+                    out.append((f"{path}.{k}" if path else k, x, f"{src}.{table}[{k!r}]" if src else None))
+            if recurse and table != "_modules":
+                for k, child in m._modules.items():
+                    if child is not None:
+                        walk(child, f"{src}._modules[{k!r}]" if src else None, f"{path}.{k}" if path else k, True)
+
+        walk(mod_v.value, mod_v.source, prefix, True)
+        items = [self.cap.wrap(x, s) for _, x, s in out]
+        if named:
+            items = [TupleV([ConstV(p), v]) for (p, _, _), v in zip(out, items)]
+        return IterV(items)
 
     def call_builtin_method(self, owner: V, descr, args: list[V], kwargs: dict) -> V:
         """A C method of a builtin base class (dict.get on a dict subclass...): read-only ones run at capture
@@ -1628,6 +1846,11 @@ class Frame:
             return self.cap.record("call_function", f, tuple(args), kwargs, self.where())
         if name in TORCH_PURE_CONST:
             return self.concrete(f, args, kwargs)
+        if isinstance(f, types.FunctionType):  # a Python helper of torch's own (torch._none_or_dtype...)
+            return self.inline(f.__code__, f.__globals__, tuple(ConstV(d) for d in f.__defaults__ or ()),
+                               {k: ConstV(d) for k, d in (f.__kwdefaults__ or {}).items()},
+                               tuple(CellV(self.cap.wrap(c.cell_contents, None)) for c in f.__closure__ or ()),
+                               args, kwargs, f.__qualname__)
         raise Unsupported(f"torch.{name} is not captured (no tensor argument)", self.where())
 
     def call_method(self, self_v: V, name: str, args: list[V], kwargs: dict) -> V:
@@ -1663,12 +1886,12 @@ class Frame:
                 if name == "count":
                     return ConstV(sum(matches))
                 if True not in matches:
-                    raise Unsupported("list.index: value not in list", self.where())
+                    raise PyError(ValueError("list.index(x): x not in list"), self.where())
                 return ConstV(matches.index(True))
             elif name == "remove":
                 matches = [self.truth(self.binary(operator.eq, x, args[0], False)) for x in items]
                 if True not in matches:
-                    raise Unsupported("list.remove: value not in list", self.where())
+                    raise PyError(ValueError("list.remove(x): x not in list"), self.where())
                 del self.list_mutate(self_v).items[matches.index(True)]
             elif name == "sort":
                 key = kwargs.get("key")
@@ -1695,7 +1918,7 @@ class Frame:
                     return self.dict_mutate(self_v).items.pop(k)
                 if len(args) > 1:
                     return args[1]
-                raise Unsupported(f"KeyError {k!r}", self.where())
+                raise PyError(KeyError(k), self.where())
             if name == "setdefault":
                 k = self.key(args[0])
                 if k not in d:
@@ -1714,6 +1937,16 @@ class Frame:
                 return ConstV(self.key(args[0]) in d)
             if name == "__getitem__":
                 return self.getitem(self_v, args[0])
+            if name == "to_tuple":
+                return TupleV(list(d.values()))
+            if name == "move_to_end":
+                k = self.key(args[0])
+                last = self.const_value(args[1] if len(args) > 1 else kwargs.get("last", ConstV(True)))
+                v = self.dict_mutate(self_v).items.pop(k)
+                d2 = {k: v, **d} if not last else {**d, k: v}
+                d.clear()
+                d.update(d2)
+                return ConstV(None)
             raise Unsupported(f"dict.{name}", self.where())
         if isinstance(self_v, SetV):
             if name == "add":
@@ -1741,6 +1974,12 @@ class Frame:
         if isinstance(self_v, TupleV):
             if name == "_asdict":
                 return DictV(dict(zip(self_v.cls._fields, self_v.items)))
+            if name == "_replace":
+                fields = list(self_v.cls._fields)
+                items = list(self_v.items)
+                for k, v in kwargs.items():
+                    items[fields.index(k)] = v
+                return TupleV(items, None, self_v.cls)
             target = args[0]
             matches = [self.truth(self.binary(operator.eq, x, target, False)) for x in self_v.items]
             return ConstV(sum(matches) if name == "count" else matches.index(True))
@@ -1750,6 +1989,8 @@ class Frame:
                 return ConstV(None)
             self.set_grad(not self_v.enabled)
             return ConstV(None)
+        if isinstance(self_v, ObjV) and name == "_make":
+            return TupleV(self.iterate(args[0]), None, self_v.value)
         if isinstance(self_v, IterV) and name == "__next__":
             return _next(self, [self_v], {})
         raise Unsupported(f"method {name} of {self.type_name(self_v)}", self.where())
@@ -1778,7 +2019,8 @@ class Frame:
         for hook_id, hook in list(mod._forward_pre_hooks.items()):
             if mod._forward_pre_hooks_with_kwargs.get(hook_id):
                 raise Unsupported("forward pre-hook with kwargs", self.where())
-            r = self.call(self.cap.wrap(hook, None), [mod_v, TupleV(list(args))], {})
+            hook_v = self.cap.wrap(hook, f"{src}._forward_pre_hooks[{hook_id}]" if src else None)
+            r = self.call(hook_v, [mod_v, TupleV(list(args))], {})
             if not self.is_none(r):
                 args = list(r.items) if isinstance(r, TupleV) else [r]
         forward = type(mod).forward
@@ -1789,7 +2031,8 @@ class Frame:
         for hook_id, hook in list(mod._forward_hooks.items()):
             if mod._forward_hooks_with_kwargs.get(hook_id):
                 raise Unsupported("forward hook with kwargs", self.where())
-            r = self.call(self.cap.wrap(hook, None), [mod_v, TupleV(list(args)), out], {})
+            hook_v = self.cap.wrap(hook, f"{src}._forward_hooks[{hook_id}]" if src else None)
+            r = self.call(hook_v, [mod_v, TupleV(list(args)), out], {})
             if not self.is_none(r):
                 out = r
         return out
@@ -1805,11 +2048,17 @@ class Frame:
             return TupleV(vals, None, cls)
         if issubclass(cls, BaseException):
             return NewObjV(cls, {"args": TupleV(list(args))})
+        if cls is types.CellType:
+            return CellV(args[0] if args else None)
+        if cls is functools.partial:
+            return PartialV(args[0], list(args[1:]), dict(kwargs))
         if cls.__module__.split(".")[0] in ("builtins",) or cls.__new__ is not object.__new__ or \
                 cls.__module__.split(".")[0] == "torch":
             if all(isinstance(a, ConstV) for a in [*args, *kwargs.values()]) and cls in (
-                    torch.device, torch.Size, torch.dtype, slice, range, complex):
+                    torch.device, torch.Size, torch.dtype, slice, range, complex, torch.finfo, torch.iinfo):
                 return self.concrete(cls, args, kwargs)
+            if dataclasses.is_dataclass(cls) and issubclass(cls, dict):
+                return self.construct_dict_dataclass(cls, args, kwargs)
             raise Unsupported(f"creating a {cls.__name__} inside a compiled function", self.where())
         if _lookup_static(cls, "__slots__") is not _MISSING and "__dict__" not in dir(cls):
             raise Unsupported(f"class {cls.__name__} with __slots__", self.where())
@@ -1822,6 +2071,20 @@ class Frame:
         if dataclasses.is_dataclass(cls) and getattr(cls, "__post_init__", None) is None:
             pass
         return obj
+
+    def construct_dict_dataclass(self, cls, args, kwargs) -> V:
+        """A dataclass that is also a dict of its non-None fields (transformers' ModelOutput): a DictV of cls."""
+        fields = [f.name for f in dataclasses.fields(cls)]
+        values = dict(zip(fields, args))
+        values.update(kwargs)
+        items = {}
+        for f in dataclasses.fields(cls):
+            v = values.get(f.name)
+            if v is None and f.default is not dataclasses.MISSING:
+                v = self.const_v(f.default)
+            if v is not None and not self.is_none(v):
+                items[f.name] = v
+        return DictV(items, cls=cls)
 
     def inline(self, code, f_globals, defaults, kwdefaults, closure, args, kwargs, name) -> V:
         if self.depth >= MAX_INLINE_DEPTH:
@@ -1857,6 +2120,11 @@ def _is_data_descriptor(x) -> bool:
     t = type(x)
     return x is not _MISSING and not isinstance(x, (types.FunctionType, property)) and (
         hasattr(t, "__set__") or hasattr(t, "__delete__")) and hasattr(t, "__get__")
+
+
+def _resolve_relative(name: str, package: str | None, level: int) -> str:
+    base = (package or "").rsplit(".", level - 1)[0]
+    return f"{base}.{name}" if name else base
 
 
 def _real_attr(cap: Capture, t: TensorV, name: str):
@@ -1910,7 +2178,7 @@ _DUNDERS = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__
 _CONTAINER_METHODS = {
     ListV: {"append", "extend", "insert", "pop", "clear", "reverse", "copy", "index", "count", "remove", "sort"},
     DictV: {"items", "keys", "values", "get", "pop", "setdefault", "update", "clear", "copy", "__contains__",
-            "__getitem__"},
+            "__getitem__", "move_to_end"},
     SetV: {"add", "update", "discard", "remove", "union", "intersection", "difference", "issubset", "issuperset",
            "copy"},
 }
@@ -1972,11 +2240,7 @@ def bind_arguments(code, defaults, kwdefaults, args, kwargs, name, where_) -> di
 
 def _isinstance(fr: Frame, args, kwargs):
     obj, cls_v = args
-    classes = fr.const_value(cls_v) if isinstance(cls_v, (TupleV, ConstV)) and not isinstance(cls_v, ObjV) else None
-    if isinstance(cls_v, TupleV):
-        classes = tuple(x.value for x in cls_v.items)
-    elif isinstance(cls_v, ObjV):
-        classes = cls_v.value
+    classes = _classes(cls_v)
     t = _static_type(fr, obj)
     if isinstance(obj, TensorV) and t is torch.Tensor:
         return ConstV(isinstance(obj.fake, classes) if not isinstance(classes, tuple) or torch.Tensor in classes
@@ -1984,6 +2248,12 @@ def _isinstance(fr: Frame, args, kwargs):
     if isinstance(obj, ObjV):
         return ConstV(isinstance(obj.value, classes))
     return ConstV(issubclass(t, classes))
+
+
+def _classes(v: V):
+    if isinstance(v, TupleV):
+        return tuple(_classes(x) for x in v.items)
+    return v.value
 
 
 def _static_type(fr: Frame, v: V) -> type:
@@ -2027,6 +2297,7 @@ def _len(fr: Frame, args, kwargs):
     if isinstance(v, IterV):
         raise Unsupported("len() of an iterator", fr.where())
     if isinstance(v, ObjV) and isinstance(v.value, torch.nn.Module):
+        fr.guard_structure(v)
         return ConstV(len(v.value))
     if isinstance(v, (ObjV, NewObjV)):
         return fr.call(fr.getattr(v, "__len__"), [], {})
@@ -2078,6 +2349,12 @@ def _dict(fr, args, kwargs):
                 d[fr.key(k)] = v
     d.update(kwargs)
     return DictV(d)
+
+
+def _ordered_dict(fr, args, kwargs):
+    d = _dict(fr, args, kwargs)
+    d.cls = collections.OrderedDict
+    return d
 
 
 def _set(fr, args, kwargs):
@@ -2181,7 +2458,7 @@ def _next(fr, args, kwargs):
     if it.pos >= len(it.items):
         if len(args) > 1:
             return args[1]
-        raise Unsupported("next() on an exhausted iterator (StopIteration)", fr.where())
+        raise PyError(StopIteration(), fr.where())
     it.pos += 1
     return it.items[it.pos - 1]
 
@@ -2232,8 +2509,7 @@ def _callable_builtin(fr, args, kwargs):
 
 def _issubclass(fr, args, kwargs):
     a, b = args
-    classes = tuple(x.value for x in b.items) if isinstance(b, TupleV) else b.value
-    return ConstV(issubclass(a.value, classes))
+    return ConstV(issubclass(a.value, _classes(b)))
 
 
 def _abs(fr, args, kwargs):
@@ -2295,6 +2571,35 @@ def _dataclass_fields(fr, args, kwargs):
     return TupleV([ObjV(f) for f in dataclasses.fields(cls)])
 
 
+def _signature(fr, args, kwargs):
+    v = args[0]
+    if isinstance(v, BoundV) and isinstance(v.func, types.FunctionType):
+        sig = inspect.signature(v.func)
+        return ObjV(sig.replace(parameters=list(sig.parameters.values())[1:]))
+    if isinstance(v, ClosureV):
+        return ObjV(inspect.signature(_make_function_value(v)))
+    if isinstance(v, ObjV) and callable(v.value):
+        return ObjV(inspect.signature(v.value))
+    raise Unsupported(f"inspect.signature of {fr.type_name(v)}", fr.where())
+
+
+def _make_function_value(v: ClosureV):
+    return types.FunctionType(v.code, v.globals, v.name)
+
+
+def _reduce(fr, args, kwargs):
+    fn, items = args[0], fr.iterate(args[1])
+    if len(args) > 2:
+        acc = args[2]
+    elif items:
+        acc, items = items[0], items[1:]
+    else:
+        raise PyError(TypeError("reduce() of empty iterable with no initial value"), fr.where())
+    for x in items:
+        acc = fr.call(fn, [acc, x], {})
+    return acc
+
+
 def _print(fr, args, kwargs):
     raise Unsupported("print() writes output: it runs in Python", fr.where())
 
@@ -2308,5 +2613,5 @@ BUILTIN_HANDLERS = {
     str: _str, super: _super, callable: _callable_builtin, issubclass: _issubclass, abs: _abs, pow: _pow_builtin,
     round: _round, id: _id, map: _map, filter: _filter, object.__new__: _object_new,
     object.__setattr__: _object_setattr, dataclasses.fields: _dataclass_fields, print: _print,
-    collections.OrderedDict: _dict,
+    collections.OrderedDict: _ordered_dict, functools.reduce: _reduce, inspect.signature: _signature,
 }

@@ -180,6 +180,15 @@ class GradModeCtxV(V):
 
 
 @dataclasses.dataclass(eq=False)
+class PartialV(V):
+    """functools.partial(func, *args, **kwargs) made during capture."""
+    func: V
+    args: list
+    kwargs: dict
+    source: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
 class NullV(V):
     """The NULL that CPython pushes before a callable (PUSH_NULL, LOAD_GLOBAL with the low bit)."""
     source: str | None = None
@@ -190,3 +199,14 @@ NULL = NullV()
 
 def is_const(v: V) -> bool:
     return isinstance(v, ConstV)
+
+
+class GradExit:
+    """At run time: the __exit__ of a grad-mode context entered inside a graph, handed to a resume function."""
+
+    def __init__(self, prev: bool):
+        self.prev = prev
+
+    def __call__(self, *exc):
+        torch._C._set_grad_enabled(self.prev)
+        return False

@@ -48,7 +48,7 @@ def _build(source: str, cpp: pathlib.Path, so: pathlib.Path) -> pathlib.Path:
     cpp.write_text(source)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=so.parent)
     os.close(fd)
-    cmd = [os.environ.get("CXX", "g++"), *CXXFLAGS, str(cpp), "-o", tmp, "-lm"]
+    cmd = [os.environ.get("CXX", "g++"), *CXXFLAGS, str(cpp), "-o", tmp, "-lmvec", "-lm"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         os.unlink(tmp)
