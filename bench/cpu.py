@@ -67,8 +67,28 @@ def adam():
     return step, ()
 
 
+def adam_by_hand():
+    """The same Adam step written out (ember's frontend cannot capture torch.optim's step() yet: it graph-breaks
+    on record_function), updating params and state in place exactly as torch.optim.Adam (foreach) does."""
+    layers = [torch.nn.Linear(512, 512) for _ in range(10)]
+    params = [l.weight.detach() for l in layers]
+    grads = [torch.randn_like(p) for p in params]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    lr, b1, b2, eps, t = 1e-3, 0.9, 0.999, 1e-8, 2
+
+    def step(params, grads, m, v):
+        bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+        for p, g, mi, vi in zip(params, grads, m, v):
+            mi.lerp_(g, 1 - b1)
+            vi.mul_(b2).addcmul_(g, g, value=1 - b2)
+            p.addcdiv_(mi, (vi.sqrt() / (bc2 ** 0.5)).add_(eps), value=-lr / bc1)
+    return step, (params, grads, m, v)
+
+
 WORKLOADS = {"pointwise": pointwise, "ln_gelu_softmax": ln_gelu_softmax, "mlp": mlp, "resnet18": resnet18,
              "bert": bert, "adam": adam}
+EMBER_VERSION = {"adam": adam_by_hand}  # where ember runs a hand-written equivalent (see its docstring)
 TRAINING = {"adam"}
 
 
@@ -79,6 +99,8 @@ def compiled(name, compiler):
     if compiler == "inductor":
         return torch.compile(fn), args
     import ember
+    if name in EMBER_VERSION:
+        fn, args = EMBER_VERSION[name]()
     return ember.compile(fn), args
 
 

@@ -148,8 +148,8 @@ def index_code(e, names: dict) -> str:
 class Body:
     """Straight-line C++ for Exprs, one statement per DAG node (CSE by identity, since Exprs are interned)."""
 
-    def __init__(self, ptrs: dict, scalars: dict, indent: str):
-        self.ptrs, self.scalars, self.indent = ptrs, scalars, indent
+    def __init__(self, ptrs: dict, scalars: dict, indent: str, rows: dict):
+        self.ptrs, self.scalars, self.indent, self.rows = ptrs, scalars, indent, rows
         self.lines: list[str] = []
         self.names: dict = {}
 
@@ -173,6 +173,8 @@ class Body:
             if name in self.scalars:
                 return self.scalars[name]
             ind = {s: self.names[id(s.value)] for s in off.atoms(IndirectSymbol)}
+            if name in self.rows:  # a row buffer holds this row only
+                return self.var(f"{name}[{index_code(ir.simplify_index(off - X0 * self.rows[name]), ind)}]", x.dtype)
             return self.var(f"{self.ptrs[name]}[{index_code(off, ind)}]", x.dtype)
         if x.op == "index":
             ind = {s: self.names[id(s.value)] for s in x.args[0].atoms(IndirectSymbol)}
@@ -241,7 +243,19 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     lines = [f"// fused fx nodes: {', '.join(group.origins())}",
              f"extern \"C\" void {group.name}({params}{', ' if params else ''}int64_t* __restrict__ err) {{"]
     ind = "  "
-    if group.numel > 1:
+    rows = {m.buf.name: ir.prod(m.inner) for m in group.members if m.local and not m.is_reduction}
+    if group.numel > 1 and rows:  # per-thread row buffers, declared inside the parallel region
+        if parallel:
+            lines.append(ind + "#pragma omp parallel")
+        lines.append(ind + "{")
+        for m in group.members:
+            if m.buf.name in rows:
+                lines.append(f"{ind}  alignas(64) {CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
+        if parallel:
+            lines.append(ind + "  #pragma omp for")
+        lines.append(f"{ind}  for (int64_t x0 = 0; x0 < {group.numel}; x0++) {{")
+        ind += "    "
+    elif group.numel > 1:
         if parallel:
             lines.append(ind + "#pragma omp parallel for")
         lines.append(f"{ind}for (int64_t x0 = 0; x0 < {group.numel}; x0++) {{")
@@ -251,22 +265,26 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
         ind += "  "
     scalars: dict = {}
     for m in group.members:
-        lines += _member(m, ptrs, scalars, ind, parallel and group.numel == 1, sched)
+        lines += _member(m, ptrs, scalars, ind, parallel and group.numel == 1, rows)
         if m.is_reduction:
             scalars[m.buf.name] = f"{m.buf.name}_v"
-    lines.append("  }")
+    if group.numel > 1 and rows:
+        lines += ["    }", "  }"]
+    else:
+        lines.append("  }")
     lines.append("}")
     return "\n".join(lines), args
 
 
-def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
+def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     t = CTYPE[m.buf.dtype]
     inner = m.inner or (sympy.Integer(1),)  # a loop of one keeps each member's temporaries in its own scope
     if not m.is_reduction:
         head, bind, close = _loops(inner, ind, parallel_inner)
-        b = Body(ptrs, scalars, bind)
+        b = Body(ptrs, scalars, bind, rows)
         v = b.emit(m.body)
-        store = f"{bind}{m.buf.name}[{index_code(m.store, {})}] = {v};"
+        off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
+        store = f"{bind}{m.buf.name}[{index_code(ir.simplify_index(off), {})}] = {v};"
         return [f"{ind}// {m.buf.name}: pointwise"] + head + b.lines + [store] + close
     kind, vt = m.buf.kind, CTYPE[m.body.dtype]
     acc = f"{m.buf.name}_acc"
@@ -289,7 +307,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
     if simple:
         clause = f" reduction({OMP_REDUCTION[kind]}:{acc})" + (f" reduction(||:{acc}_nan)" if kind in ("max", "min") else "")
     head, bind, close = _loops(inner, ind, parallel_inner and simple, clause, simd=simple)
-    b = Body(ptrs, scalars, bind)
+    b = Body(ptrs, scalars, bind, rows)
     v = b.emit(m.body)
     fl = m.body.dtype.is_floating_point
     if kind == "sum":

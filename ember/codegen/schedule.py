@@ -141,6 +141,14 @@ def _row_local(m: Member, producer: Member, numel: int) -> bool:
     return True
 
 
+SCRATCH_BYTES = 128 * 1024  # per-thread row buffers of one group live on the stack
+
+
+def _row_contiguous(m: Member) -> bool:
+    buf = m.buf
+    return tuple(buf.stride) == ir.contiguous_strides(buf.size) and buf.offset == 0
+
+
 def _default_rows(buf) -> int:
     if ir.prod(buf.size) == 0:
         return 0
@@ -217,7 +225,15 @@ def schedule(lowered) -> Schedule:
     outputs = {o.buffer for o in lowered.outputs if isinstance(o, TensorArg)}
     for j, it in enumerate(items):
         if isinstance(it, FusedGroup):
+            scratch = 0
             for m in it.members:
-                if m.is_reduction and m.buf.name not in outputs and readers.get(m.buf.name, set()) <= {j}:
+                if m.buf.name in outputs or not readers.get(m.buf.name, set()) <= {j} or m.body is None:
+                    continue
+                if m.is_reduction:
                     m.local = True
+                elif it.numel > 1 and _row_contiguous(m):
+                    # a row read only by later members of its group: a per-thread row buffer (stays in cache)
+                    size = ir.prod(m.inner) * ir.itemsize(m.buf.dtype)
+                    if scratch + size <= SCRATCH_BYTES:
+                        m.local, scratch = True, scratch + size
     return Schedule(items, lowered, buffers)
