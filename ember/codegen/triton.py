@@ -22,6 +22,7 @@ Triton caches its binaries; all kernels of a graph are compiled concurrently on 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -214,8 +215,10 @@ class Body:
                 self.names[id(x)] = self._node(x)
         return self.names[id(e)]
 
+    prefix = "t"
+
     def var(self, code: str) -> str:
-        n = f"t{len(self.lines)}"
+        n = f"{self.prefix}{len(self.lines)}"
         self.lines.append(f"{self.indent}{n} = {code}")
         return n
 
@@ -361,15 +364,53 @@ def triton_next_pow2(n: int) -> int:
 
 
 def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
-    local = {m.buf.name for m in group.members if m.local}
+    """Pointer arguments (buffers read, then written). A local reduction lives in registers; a local pointwise
+    member that could not be inlined is stored (to a scratch buffer, see `inline_locals`)."""
     reductions = {m.buf.name for m in group.members if m.is_reduction}
-    reads = sorted(set().union(*(m.reads for m in group.members)) - local - reductions)
-    writes = [m.buf.name for m in group.members if not m.local]
+    reads = sorted(set().union(*(m.reads for m in group.members)) - reductions)
+    writes = [m.buf.name for m in group.members if not (m.local and m.is_reduction)]
     return list(dict.fromkeys(reads + writes)), writes
+
+
+def inline_locals(group: FusedGroup) -> tuple[FusedGroup, list[str]]:
+    """Members that only later members of the group read (schedule's `local` rows): substituted into their
+    readers when every read is of the same element the member computes (a tile already holds it), else
+    kept as scratch buffers. Returns the group to print and the scratch buffer names."""
+    members, scratch = list(group.members), []
+    for k, m in enumerate(group.members):
+        if not m.local or m.is_reduction:
+            continue
+        readers = [j for j in range(k + 1, len(members)) if m.buf.name in members[j].reads]
+        same = all(members[j].inner == m.inner and
+                   all(x.args[1] == m.store for x in members[j].body.walk()
+                       if x.op == "load" and x.args[0] == m.buf.name) for j in readers)
+        if not same:
+            scratch.append(m.buf.name)
+            continue
+        for j in readers:
+            body = _replace_loads(members[j].body, m.buf.name, m.body)
+            members[j] = dataclasses.replace(members[j], body=body,
+                                             reads=(members[j].reads - {m.buf.name}) | m.reads)
+        members[k] = None
+    return FusedGroup(group.numel, [m for m in members if m is not None]), scratch
+
+
+def _replace_loads(e: Expr, name: str, value: Expr) -> Expr:
+    memo = {}
+
+    def go(x):
+        if not isinstance(x, Expr):
+            return x
+        if id(x) not in memo:
+            memo[id(x)] = value if x.op == "load" and x.args[0] == name else \
+                x if x.op in ("load", "const", "index") else Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
+        return memo[id(x)]
+    return go(e)
 
 
 def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, list[str], dict, int]:
     """(source of one @triton.jit kernel, argument buffer names, launch config, number of programs)."""
+    group, _ = inline_locals(group)
     args, writes = kernel_args(group)
     shape = group_shape(group)
     rows = max(int(group.numel), 1)
@@ -486,6 +527,8 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
     persistent = cfg["persistent"]
     if persistent:
         L.append(f"{ind}rbase = tl.arange(0, RBLOCK)[None, :]")
+        L.append(f"{ind}rflat = rbase")
+    bodies: dict[int, Body] = {}
     scalars: dict = {}
     stored_here: set = set()
     for m in group.members:
@@ -517,28 +560,32 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                 L.append(f"{ind}{m.buf.name}_v = {v}")
                 v = f"{m.buf.name}_v"
                 scalars[m.buf.name] = v
-            if not m.local:
+            if not (m.local and m.is_reduction):
                 L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[XBLOCK, 1]"))
                 stored_here.add(m.buf.name)
             continue
         if persistent:
-            L.append(f"{ind}rflat = rbase")
-            L.append(f"{ind}mask = xmask & (rflat < {R})")
-            b = Body(scalars, "mask", ind, ranges, extents)
+            # members over the same row length share one Body: a value (a load of the row) is computed once
+            if R not in bodies:
+                L.append(f"{ind}rmask{R} = xmask & (rbase < {R})")
+                bodies[R] = Body(scalars, f"rmask{R}", ind, ranges, extents)
+                bodies[R].prefix = f"r{R}_"
+            b = bodies[R]
+            done = len(b.lines)
             v = b.emit(body)
-            L += b.lines
+            L += b.lines[done:]
             if m.is_reduction:
-                L += _reduce_tile(m, v, ind, "mask", "rflat", R)
+                L += _reduce_tile(m, v, ind, f"rmask{R}", "rflat", R)
                 scalars[m.buf.name] = f"{m.buf.name}_v"
                 if not m.local:
                     L.append(ind + _store(m, f"{m.buf.name}_v", index_code(store, {}), "xmask", "[XBLOCK, 1]"))
             else:
-                L.append(ind + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
+                L.append(ind + _store(m, v, index_code(store, {}), f"rmask{R}", "[XBLOCK, RBLOCK]"))
         else:
             L += _looped_member(m, body, store, scalars, ind, R, ranges, extents)
             if m.is_reduction:
                 scalars[m.buf.name] = f"{m.buf.name}_v"
-        if not m.local:
+        if not (m.local and m.is_reduction):
             stored_here.add(m.buf.name)
     return L
 
@@ -747,6 +794,11 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) 
         meta = {k: v for k, v in cfg.items() if k != "persistent"}
         launch[group.name] = (name, args, grid, meta)
     globs = {name: getattr(mod, name) for _, name, *_ in kernels}
+    for group, *_ in kernels:   # rows the schedule keeps local but a Triton tile cannot: one buffer each
+        for b in inline_locals(group)[1]:
+            buf = sched.buffers[b]
+            globs[b] = torch.empty_strided(tuple(int(x) for x in buf.size), tuple(int(x) for x in buf.stride),
+                                           dtype=buf.dtype, device=device)
     _precompile(mod, kernels, sched)
 
     def kernel_call(group: FusedGroup) -> str:
