@@ -52,16 +52,11 @@ def ember_gpu_backend(mode: str | None):
     composes it here.)"""
     from ember.autograd import aot_module
     from ember.codegen.triton import compile_aten
-    from ember.runtime.cudagraphs import CUDAGraphed
-
-    def inner(gm, example_inputs):
-        f = compile_aten(gm, example_inputs)
-        if mode == "reduce-overhead":
-            return CUDAGraphed(lambda *a: tuple(f(*a)))
-        return f
+    from ember.runtime.cudagraphs import aot_compilers
 
     def ember_gpu(gm, example_inputs):
-        return aot_module(gm, example_inputs, fw_compiler=inner, bw_compiler=inner)
+        fw, bw = aot_compilers(compile_aten) if mode == "reduce-overhead" else (compile_aten, compile_aten)
+        return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
     return ember_gpu
 
 

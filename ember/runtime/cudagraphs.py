@@ -44,13 +44,24 @@ class GraphPool:
                                    torch.device(device).index or 0)
         self.handle = torch.cuda.graph_pool_handle()
         self.pending: "weakref.WeakSet[Saved]" = weakref.WeakSet()
+        # saved tensors handed out as plain aliases of graph memory (aot_module's Function keeps them with
+        # save_for_backward, so they cannot be moved): while one is alive, replays that could overwrite it
+        # run eagerly instead
+        self.aliases: list[weakref.ref] = []
         # Storages a replay writes: graphs' outputs and input buffers (by storage address, so views count).
         self.graph_storages: set[int] = set()
 
-    def before_replay(self, consuming: "Saved | None" = None) -> None:
+    def before_replay(self, consuming: "Saved | None" = None, inputs: Sequence = ()) -> bool:
+        """Make graph memory safe to overwrite; False when it cannot be (then run eagerly, not replay)."""
+        self.aliases = [r for r in self.aliases if r() is not None]
+        if self.aliases:
+            read = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+            if any(r().untyped_storage().data_ptr() not in read for r in self.aliases):
+                return False
         for saved in list(self.pending):
             if saved is not consuming:
                 saved.evacuate()
+        return True
 
     def owns(self, t: torch.Tensor) -> bool:
         return t.untyped_storage().data_ptr() in self.graph_storages
@@ -108,10 +119,15 @@ class CUDAGraphed:
 
     def __init__(self, fn: Callable, static_input_indices: Sequence[int] | None = None, *,
                  pool: GraphPool | None = None, num_user_outputs: int | None = None, clone_outputs: bool = True,
-                 warmup: int = 1):
+                 warmup: int = 1, saved_as_aliases: bool = False):
         self.fn = fn
-        # None: the inputs that are nn.Parameters on the first call (what a backend sees of a module's weights)
-        self.static = None if static_input_indices is None else frozenset(static_input_indices)
+        # None: found out from the calls: nn.Parameters, and inputs at the same address on the first two calls
+        # (module buffers, a reused input); one that later moves is copied from then on
+        self.auto = static_input_indices is None
+        self.static = None if self.auto else frozenset(static_input_indices)
+        self._first_ptrs: list[int] | None = None
+        self._demoted: set[int] = set()
+        self.saved_as_aliases = saved_as_aliases
         self.pool = pool or GraphPool()
         self.num_user_outputs = num_user_outputs
         self.clone_outputs = clone_outputs
@@ -122,14 +138,25 @@ class CUDAGraphed:
     def __call__(self, *inputs: torch.Tensor, consuming: Saved | None = None) -> tuple:
         rec = self._last
         if self.static is None:
-            self.static = frozenset(i for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter))
+            if self._first_ptrs is None:      # first call: run eagerly, note where the inputs live
+                self._first_ptrs = [t.data_ptr() if isinstance(t, torch.Tensor) else None for t in inputs]
+                return self._eager(inputs)
+            self.static = frozenset(i for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter) or
+                                    (isinstance(t, torch.Tensor) and t.data_ptr() == self._first_ptrs[i]))
         if rec is None or not rec.matches(inputs):
+            if self.auto:   # a promoted input that moved: copy it from now on
+                moved = {i for i in self.static if not isinstance(inputs[i], torch.nn.Parameter) and
+                         rec is not None and inputs[i].data_ptr() != rec.buffers[i].data_ptr()}
+                if moved:
+                    self._demoted |= moved
+                    self.static = self.static - moved
             key = _signature(inputs, self.static)
             rec = self.recordings.get(key)
             if rec is None:
                 rec = self.recordings[key] = self._record(inputs)
             self._last = rec
-        self.pool.before_replay(consuming)
+        if not self.pool.before_replay(consuming, inputs):
+            return self._eager(inputs)
         for i in rec.copy_in:
             buf, x = rec.buffers[i], inputs[i]
             if buf.data_ptr() != x.data_ptr():
@@ -140,7 +167,18 @@ class CUDAGraphed:
                      for o in rec.outputs[:n_user])
         if self.num_user_outputs is None:
             return user
+        if self.saved_as_aliases:
+            saved = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in rec.outputs[n_user:])
+            self.pool.aliases += [weakref.ref(t) for t in saved if isinstance(t, torch.Tensor)]
+            return user + saved
         return user + (Saved(list(rec.outputs[n_user:]), self.pool),)
+
+    def _eager(self, inputs) -> tuple:
+        """fn run as it is (fresh memory): the first call, and calls that must not overwrite graph memory."""
+        outs = tuple(self.fn(*inputs))
+        if self.num_user_outputs is None or self.saved_as_aliases:
+            return outs
+        return outs[:self.num_user_outputs] + (Saved(list(outs[self.num_user_outputs:]), self.pool),)
 
     def _record(self, inputs: Sequence[torch.Tensor]) -> _Recording:
         for i, t in enumerate(inputs):
@@ -235,3 +273,27 @@ def graphed_autograd_function(forward: Callable, backward: Callable, *, num_user
         return Graphed.apply(*inputs)
 
     return call
+
+
+def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
+    """(fw_compiler, bw_compiler) for ember.autograd.aot_module under mode="reduce-overhead": each graph that
+    `compile_graph(gm, example_inputs)` compiles is replayed as a CUDA graph, all in one pool.
+
+    The forward's saved tensors go to the backward uncopied (aliases of graph memory) when the forward graph
+    says how many of its outputs are the user's (gm.meta["num_user_outputs"], set by ember.autograd's
+    partitioner); otherwise every output is cloned, which is correct but moves every activation twice.
+    While a forward's saved tensors are alive (its backward has not run), graphs that could overwrite them
+    run eagerly instead of replaying.
+    """
+    pool = GraphPool()
+
+    def fw_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        f = compile_graph(gm, example_inputs)
+        n_user = gm.meta.get("num_user_outputs")
+        return CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, num_user_outputs=n_user, saved_as_aliases=True)
+
+    def bw_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        f = compile_graph(gm, example_inputs)
+        return CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool)
+
+    return fw_compiler, bw_compiler
