@@ -19,7 +19,7 @@ from ember.tools.logs import get_logger
 
 fallback_log = get_logger("fallbacks")
 code_log = get_logger("output_code")
-STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0}
+STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0, "internal_errors": 0}
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
@@ -101,13 +101,23 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     """Compile a functional ATen-level fx graph (node.meta['val'] set) into fused C++ kernels."""
     options = options or {}
     t0 = time.perf_counter()
+    bad = _dtypes(gm) - set(cpp.CTYPE)
+    if bad:
+        fallback_log.warning("graph runs eagerly: the C++ backend has no kernels for %s", sorted(map(str, bad)))
+        STATS["eager_graphs"] += 1
+        return gm.forward
     try:
         low, out_spec, _ = lower.lower(gm, example_inputs)
-        sched = schedule.schedule(low)
+        sched = schedule.schedule(low, row_buffers=True)
         source, kernels = cpp.generate(sched)
     except lower.Unsupported as e:
         fallback_log.warning("graph runs eagerly: %s", e)
         STATS["eager_graphs"] += 1
+        return gm.forward
+    except Exception as e:  # a bug in ember must not break the user's program: run eagerly, loudly
+        fallback_log.warning("graph runs eagerly: ember internal error %s: %s", type(e).__name__, e, exc_info=True)
+        STATS["eager_graphs"] += 1
+        STATS["internal_errors"] += 1
         return gm.forward
     STATS["graphs"] += 1
     STATS["kernels"] += len(kernels)
@@ -128,6 +138,12 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         return pytree.tree_unflatten(compiled(*args), out_spec)
     run.compiled = compiled
     return run
+
+
+def _dtypes(gm) -> set:
+    import torch.utils._pytree as pytree
+    return {v.dtype for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
+            if isinstance(v, torch.Tensor)}
 
 
 def _done(v):

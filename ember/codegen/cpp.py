@@ -90,6 +90,7 @@ UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log(
                "isfinite": "std::isfinite({})", "signbit": "std::signbit({})"}
 UNARY_ANY = {"neg": "(-{})", "abs": "({0} < {t}(0) ? -{0} : {0})", "sign": "ember_sign({})",
              "logical_not": "(!{})", "relu": "({0} < {t}(0) ? {t}(0) : {0})"}
+BINARY_INT = {"floordiv": "({} / {})", "remainder": "({} % {})"}  # only decompositions use these, on indices >= 0
 UNARY_INT = {"floor": "{}", "ceil": "{}", "round": "{}", "trunc": "{}", "isnan": "false", "isinf": "false",
              "isfinite": "true", "signbit": "({} < 0)", "bitwise_not": "(~{})", "abs": "({0} < 0 ? -{0} : {0})"}
 BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv": "({} / {})",
@@ -204,6 +205,8 @@ class Body:
             return self.var(f.format(a[0], t=at, sfx="f" if arg_dtype == torch.float32 else ""), x.dtype)
         if arg_dtype == torch.bool and x.op in ("add", "mul", "maximum", "minimum"):
             f = {"add": "({} || {})", "mul": "({} && {})", "maximum": "({} || {})", "minimum": "({} && {})"}[x.op]
+        elif x.op in BINARY_INT and not arg_dtype.is_floating_point:
+            f = BINARY_INT[x.op]
         elif x.op in MVEC_BINARY and arg_dtype.is_floating_point:
             f = f"ember_{x.op}{'f' if arg_dtype == torch.float32 else ''}({{}}, {{}})"
         else:

@@ -59,7 +59,8 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     L = w.lines
     L.append("def call(args):")
     names = [b.name for b in low.inputs]
-    L.append(f"    {', '.join(names)}{',' if names else ''} = args")
+    if names:
+        L.append(f"    {', '.join(names)}, = args")
     checks = [f"{b.name}.shape != {tuple(int(s) for s in b.size)} or {b.name}.stride() != "
               f"{tuple(int(s) for s in b.stride)} or {b.name}.dtype != {w.const(b.dtype)}" for b in low.inputs]
     if checks:

@@ -10,7 +10,8 @@
 
 A primitive takes and returns TensorBoxes (ember.codegen.ir); python numbers are allowed where a tensor is.
 Semantics of each pointwise op are C's/IEEE's on the operands' common dtype (callers cast first), except
-where PyTorch differs (floor division and remainder round toward -inf; comparisons return bool).
+where PyTorch differs (float floordiv and remainder round toward -inf as eager does; on integers they are C's
+and only used on non-negative indices; comparisons return bool).
 """
 from __future__ import annotations
 

@@ -387,8 +387,9 @@ def _fill(x, value):
 @reg(aten.arange.start_step, aten.arange.default, aten.arange.start)
 def _arange(*args, **kwargs):
     v = out()
-    if not floaty(v.dtype) and all(isinstance(a, int) for a in args):
-        start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    name = ir.GRAPH.op_name
+    start, step = (0, 1) if name.endswith(".default") else (args[0], args[2] if name.endswith("start_step") else 1)
+    if not floaty(v.dtype) and all(type(a) is int for a in (start, step)):
         return P.iota(v.shape, 0, v.dtype, start, step)
     return NotImplemented  # float aranges accumulate rounding exactly as eager's kernel does: keep it
 
@@ -754,3 +755,82 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
     total = P.reduce("sum", wt, [0])
     s = P.reduce("sum", loss, [0])
     return (P.div(s, total) if reduction == 1 else s), total
+
+
+@reg(aten.max_pool2d_with_indices.default)
+def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """A max reduction over each window (out-of-bounds taps are -inf); indices from the window's argmax."""
+    if not floaty(x.dtype):
+        return NotImplemented
+    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = pair(kernel), pair(stride or kernel), pair(padding), pair(dilation)
+    vals = out()[0]
+    oh, ow = vals.shape[-2:]
+    h, w = int(x.size[-2]), int(x.size[-1])
+    lead = list(x.size[:-2])
+    neg_inf = ir.Expr("const", (-math.inf,), x.dtype)
+
+    def loader(idx):
+        *b, i, j, a, c = idx
+        hi, wi = i * sh - ph + a * dh, j * sw - pw + c * dw
+        conds = []
+        for v, n in ((hi, h), (wi, w)):
+            iv = ir.Expr("index", (v,), torch.int64)
+            conds += [ir.Expr("ge", (iv, ir.Expr("const", (0,), torch.int64)), torch.bool),
+                      ir.Expr("lt", (iv, ir.Expr("const", (n,), torch.int64)), torch.bool)]
+        e = x.loader(list(b) + [sympy.Min(sympy.Max(hi, 0), h - 1), sympy.Min(sympy.Max(wi, 0), w - 1)])
+        for cnd in conds:
+            e = ir.Expr("where", (cnd, e, neg_inf), x.dtype)
+        return e
+    win = TensorBox(lead + [oh, ow, kh, kw], x.dtype, loader)
+    n = len(lead)
+    values = P.reduce("max", win, [n + 2, n + 3])
+    k = P.reduce("argmax", win, [n + 2, n + 3])
+    hi = P.add(P.sub(P.iota(values.size, n, torch.int64, 0, sh), ph), P.mul(P.div(k, kw), dh))
+    wi = P.add(P.sub(P.iota(values.size, n + 1, torch.int64, 0, sw), pw), P.mul(P.pointwise("remainder", k, kw), dw))
+    return values, P.add(P.mul(hi, w), wi)
+
+
+@reg(aten.native_batch_norm_backward.default)
+def _bn_backward(dy, x, w, rm, rv, save_mean, save_invstd, train, eps, mask):
+    dims = [0] + list(range(2, x.ndim))
+    n = ir.prod(x.size[d] for d in dims)
+    if train:
+        mean, invstd = save_mean, save_invstd
+    else:
+        mean, invstd = rm, P.unary("rsqrt", P.add(rv, eps))
+    mean_b, invstd_b = _bn_shape(mean, x), _bn_shape(invstd, x)
+    xhat = P.mul(P.sub(x, mean_b), invstd_b)
+    sum_dy = P.reduce("sum", dy, dims)
+    sum_dy_xhat = P.reduce("sum", P.mul(dy, xhat), dims)
+    scale = P.mul(invstd_b, _bn_shape(w, x)) if w is not None else invstd_b
+    dx = None
+    if mask[0]:
+        if train:
+            dx = P.mul(P.sub(P.sub(dy, P.div(_bn_shape(sum_dy, x), n)),
+                             P.mul(xhat, P.div(_bn_shape(sum_dy_xhat, x), n))), scale)
+        else:
+            dx = P.mul(dy, scale)
+    return dx, (sum_dy_xhat if mask[1] else None), (sum_dy if mask[2] else None)
+
+
+@reg(aten.nll_loss_backward.default)
+def _nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight):
+    """d loss / d x: -weight[t] * g (/ total_weight for mean) at column t of each row; a compare, no scatter."""
+    if x.ndim > 2:
+        return NotImplemented
+    xs_size = x.size if x.ndim == 2 else (sympy.Integer(1),) + x.size
+    t = target if target.ndim == 1 else P.unsqueeze(target, 0)
+    valid = P.pointwise("ne", t, ignore_index)
+    wt = P.where(valid, 1.0, 0.0, dtype=x.dtype)
+    if weight is not None:
+        wt = P.mul(wt, P.gather(weight, 0, P.where(valid, t, 0)))
+    gs = g if reduction == 0 else P.expand(P.reshape(g, [1]), [xs_size[0]])
+    if reduction == 0 and x.ndim == 1:
+        gs = P.reshape(g, [1])
+    val = P.mul(P.unary("neg", wt), gs)
+    if reduction == 1:
+        val = P.div(val, total_weight)
+    hit = P.pointwise("eq", P.iota(xs_size, 1), P.unsqueeze(t, 1))
+    out = P.where(hit, P.unsqueeze(val, 1), 0.0, dtype=x.dtype)
+    return out if x.ndim == 2 else P.squeeze(out, [0])

@@ -308,6 +308,10 @@ class EntryCodegen:
             self.outputs[id(v)] = i
         cap.graph.output(tuple(v.node for v in needed))
         _eliminate_dead_code(cap.graph)
+        for inp in list(cap.inputs):  # inputs the graph ended up not using (still guarded) are not passed
+            if not inp.node.users:
+                cap.graph.erase_node(inp.node)
+                cap.inputs.remove(inp)
         real_ops = [n for n in cap.graph.nodes if n.op in ("call_function", "call_method", "call_module")
                     and n.target is not torch._C._set_grad_enabled]
         root = torch.nn.Module()
@@ -382,6 +386,9 @@ class EntryCodegen:
             if v.source is not None:
                 return v.source
             return "{" + ", ".join(self.expr(x) for x in v.items) + "}" if v.items else "set()"
+        if isinstance(v, NewObjV) and issubclass(v.cls, BaseException):
+            args = v.attrs.get("args")
+            return f"{c(v.cls)}(*{self.expr(args) if args is not None else '()'})"
         if isinstance(v, NewObjV):
             t = self.tmp()
             self.memo[id(v)] = t
@@ -471,9 +478,9 @@ class EntryCodegen:
         self.side_effects()
         insts, index = instructions(frame.code)
         in_loop = any(isinstance(v, IterV) for v in frame.stack)
-        covering = [e for e in dis._parse_exception_table(frame.code) if e.start <= inst.offset < e.end]
-        grad_withs = [frame.stack[e.depth - 1] for e in covering
-                      if 0 < e.depth <= len(frame.stack) and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
+        covering = _enclosing_blocks(frame.code, inst.offset)
+        grad_withs = [frame.stack[e.depth - 1] for e, is_with in covering if is_with and 0 < e.depth <= len(frame.stack)
+                      and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
         in_try = len(grad_withs) != len(covering)  # only grad-mode `with` blocks are handled across a break
         restore = f"___torch._C._set_grad_enabled({grad_withs[0].prev})" if grad_withs else None
         nulls = tuple(i for i, v in enumerate(frame.stack) if isinstance(v, NullV))
@@ -623,11 +630,25 @@ def _is_library(fn: types.FunctionType) -> bool:
     return mod.split(".")[0] in _USER_SKIP
 
 
-def _in_exception_range(code, offset: int) -> bool:
-    for entry in dis._parse_exception_table(code):
-        if entry.start <= offset < entry.end:
-            return True
-    return False
+def _enclosing_blocks(code, offset: int) -> list:
+    """The try/with blocks around an offset, outermost first, as (exception-table entry, is a with block).
+
+    CPython's table maps each range to its innermost handler only, so an outer block's range is the hull of
+    all the pieces that name its handler."""
+    insts, index = instructions(code)
+    hulls: dict[int, list] = {}
+    for e in dis._parse_exception_table(code):
+        h = hulls.setdefault(e.target, [e.start, e.end, e])
+        h[0], h[1] = min(h[0], e.start), max(h[1], e.end)
+    out = []
+    for target, (start, end, e) in hulls.items():
+        if start <= offset < end:
+            i = index.get(target)
+            ops = [insts[j].opname for j in range(i, min(i + 2, len(insts)))] if i is not None else []
+            if ops[:1] != ["PUSH_EXC_INFO"]:
+                continue  # cleanup of a handler, not a block of user code
+            out.append((e, ops[1:2] == ["WITH_EXCEPT_START"]))
+    return sorted(out, key=lambda item: item[0].depth)
 
 
 def _arg_names(code) -> list[str]:
@@ -637,6 +658,8 @@ def _arg_names(code) -> list[str]:
 
 def _make_binder(fn: types.FunctionType, argnames: list[str]) -> Callable:
     """A function with fn's signature that returns its arguments as a tuple, in co_varnames order."""
+    if not all(n.isidentifier() for n in argnames):  # e.g. pytest's `@py_assert1` locals in resume functions
+        return lambda *args: args
     sig = inspect.signature(fn, follow_wrapped=False)
     ns: dict[str, Any] = {}
     parts, seen_star = [], False

@@ -95,6 +95,7 @@ COMPILING_PROBES = {getattr(torch.compiler, n) for n in ("is_compiling", "is_dyn
 STATE_PROBES = {getattr(torch._C, n) for n in ("_is_tracing", "_get_tracing_state", "_get_cudnn_enabled",
                                                "_get_mkldnn_enabled", "is_grad_enabled", "_is_torch_function_enabled",
                                                "_is_functional_tensor") if hasattr(torch._C, n)}
+OUTPUT_MODULES = {"logging", "warnings"}  # their calls may write output: graph breaks, as print
 MODULE_TRAVERSALS = {"children", "named_children", "parameters", "named_parameters", "buffers", "named_buffers",
                      "modules", "named_modules"}
 PURE_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "count", "index",
@@ -1756,6 +1757,8 @@ class Frame:
                    for k, a in f.keywords.items()}
             return self.call(inner, pargs + args, {**pkw, **kwargs})
         if isinstance(f, types.FunctionType):
+            if (f.__module__ or "").split(".")[0] in OUTPUT_MODULES:
+                raise Unsupported(f"{f.__module__}.{f.__qualname__} writes output: it runs in Python", self.where())
             if f.__code__.co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR):
                 raise Unsupported("async functions", self.where())
             closure = ()

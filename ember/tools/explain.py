@@ -24,7 +24,7 @@ class BreakReason:
 class ExplainOutput:
     graphs: list[torch.fx.GraphModule]
     break_reasons: list[BreakReason]
-    ops_per_graph: list[int]
+    ops_per_graph: list[list]  # each graph's op targets, in order
     guards: list[str]
     result: Any = None
 
@@ -38,11 +38,11 @@ class ExplainOutput:
 
     @property
     def op_count(self) -> int:
-        return sum(self.ops_per_graph)
+        return sum(len(ops) for ops in self.ops_per_graph)
 
     def __str__(self):
         lines = [f"Graph count: {self.graph_count}", f"Graph break count: {self.graph_break_count}",
-                 f"Op count: {self.op_count}", "Ops per graph: " + ", ".join(map(str, self.ops_per_graph))]
+                 f"Op count: {self.op_count}", "Ops per graph: " + ", ".join(str(len(ops)) for ops in self.ops_per_graph)]
         if self.break_reasons:
             lines.append("Break reasons:")
             lines += [f"  {i + 1}. {b}" for i, b in enumerate(self.break_reasons)]
@@ -66,7 +66,8 @@ def explain(fn: Callable, **compile_kwargs) -> Callable[..., ExplainOutput]:
         finally:
             convert.RECORDERS.remove(events)
         graphs = [info["gm"] for kind, info in events if kind == "graph"]
-        ops = [info["ops"] for kind, info in events if kind == "graph"]
+        ops = [[n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+               for gm in graphs]
         breaks = [BreakReason(info["reason"], info["where"]) for kind, info in events if kind == "break"]
         guards = [g for kind, info in events if kind == "entry" for g in info["guards"]]
         return ExplainOutput(graphs, breaks, ops, guards, result)

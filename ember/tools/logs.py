@@ -19,8 +19,8 @@ def _enabled_topics() -> set[str]:
 
 def _setup() -> None:
     topics = _enabled_topics()
-    for t in TOPICS:
-        logging.getLogger(f"ember.{t}").setLevel(logging.DEBUG if t in topics else logging.WARNING)
+    for t in topics & set(TOPICS):  # the others inherit the `ember` logger's level (so caplog can raise it)
+        logging.getLogger(f"ember.{t}").setLevel(logging.DEBUG)
     if topics and not _root.handlers:
         h = logging.StreamHandler()
         h.setFormatter(logging.Formatter("[ember.%(topic)s] %(message)s"))
