@@ -317,6 +317,14 @@ def main() -> None:
                 json.dump({"device": dev, "torch": torch.__version__, "when": when, "rows": rows}, f, indent=1,
                           default=str)
 
+    try:
+        from ember.codegen import lower
+        if lower.FALLBACK_COUNTS:
+            print("ember: ATen ops kept as library/ATen calls (fallbacks), all workloads:",
+                  dict(lower.FALLBACK_COUNTS.most_common(15)))
+    except ImportError:
+        pass
+
     def cell(r, base):
         if r is None:
             return "-"
