@@ -221,6 +221,31 @@ def steady_ms(step: Callable, iters: int, warmup: int = 3) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in times)
 
 
+def sweep_flat_blocks() -> None:
+    """Diagnostic: the pointwise chain's one Triton kernel under other flat block sizes (for launch_config)."""
+    from ember.autograd import trace_forward
+    from ember.codegen import triton as tr
+    x = torch.randn(N_POINTWISE, device=DEV)
+
+    def chain(x):
+        y = x * 1.5 + 0.5
+        y = torch.sin(y) * torch.cos(y)
+        y = torch.relu(y) + torch.sigmoid(x)
+        return (torch.tanh(y * y - x),)
+    gm = torch.fx.symbolic_trace(chain)
+    aten_gm, _ = trace_forward(gm, [x])
+    default = tr.launch_config
+    for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (8192, 16)):
+        tr.launch_config = lambda shape, rows, rmax, b=block, w=warps: (
+            {"BLOCK": b, "num_warps": w} if shape == tr.FLAT else default(shape, rows, rmax))
+        try:
+            f = tr.compile_aten(aten_gm, [x])
+            ms = steady_ms(lambda: f(x), 100)
+            print(f"  flat BLOCK={block:5d} num_warps={warps:2d}: {ms:.4f} ms, {2 * 4 * N_POINTWISE / ms / 1e6:.0f} GB/s")
+        finally:
+            tr.launch_config = default
+
+
 PROFILE: list[str] = []
 
 
@@ -277,6 +302,7 @@ def main() -> None:
     ap.add_argument("--columns", default="eager,inductor,ember")
     ap.add_argument("--json", default="")
     ap.add_argument("--profile", default="", help="workloads (substrings) whose columns get a kernel profile")
+    ap.add_argument("--sweep-blocks", action="store_true", help="time the pointwise chain under other BLOCKs")
     args = ap.parse_args()
     PROFILE.extend(k for k in args.profile.lower().split(",") if k)
     cols = [c for c in args.columns.split(",") if c]
@@ -285,6 +311,8 @@ def main() -> None:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# bench/gpu.py on {dev}, torch {torch.__version__}, Python {platform.python_version()}, {when}",
           flush=True)
+    if args.sweep_blocks:
+        sweep_flat_blocks()
     rows = []
     for w in wanted:
         row = {"workload": w.name}
