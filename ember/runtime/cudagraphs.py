@@ -129,6 +129,8 @@ class CUDAGraphed:
         self._demoted: set[int] = set()
         self.saved_as_aliases = saved_as_aliases
         self.first_outputs: list | None = None    # (address, shape) of the first call's outputs
+        self.replays = self.eager_runs = 0
+        self.name = getattr(fn, "__name__", type(fn).__name__)
         self.pool = pool or GraphPool()
         self.num_user_outputs = num_user_outputs
         self.clone_outputs = clone_outputs
@@ -157,7 +159,12 @@ class CUDAGraphed:
                 rec = self.recordings[key] = self._record(inputs)
             self._last = rec
         if not self.pool.before_replay(consuming, inputs):
+            self.eager_runs += 1
+            if self.eager_runs == 1:
+                log.warning("cudagraphs: %s ran eagerly: saved tensors of another graph in its memory pool are "
+                            "still alive (%s)", self.name, [tuple(r().shape) for r in self.pool.aliases][:6])
             return self._eager(inputs)
+        self.replays += 1
         for i in rec.copy_in:
             buf, x = rec.buffers[i], inputs[i]
             if buf.data_ptr() != x.data_ptr():
@@ -296,6 +303,7 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
         f = compile_graph(gm, example_inputs)
         n_user = gm.meta.get("num_user_outputs")
         fw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, num_user_outputs=n_user, saved_as_aliases=True)
+        fw.name = f"forward graph {len(forwards)}"
         forwards.append(fw)
         return fw
 
@@ -307,8 +315,11 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
                 n = _saved_start(fw.first_outputs, example_inputs)
                 if n is not None:
                     fw.num_user_outputs = n
+                log.debug("cudagraphs: %s: %s of %d outputs are the user's", fw.name, n, len(fw.first_outputs))
         f = compile_graph(gm, example_inputs)
-        return CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool)
+        bw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool)
+        bw.name = "backward graph"
+        return bw
 
     return fw_compiler, bw_compiler
 
