@@ -100,6 +100,7 @@ class _Recording:
     static_ptrs: list[int]             # addresses of the static inputs it was recorded with
     static_idx: list[int]
     layouts: list[tuple]               # (shape, stride, dtype) of the other inputs
+    owned: list[bool] = None           # per output: lives in graph memory (a replay rewrites it)
 
     def matches(self, inputs: Sequence[torch.Tensor]) -> bool:
         """The per-call check (the full signature costs ~0.35 us a tensor; this ~0.06 for parameters)."""
@@ -176,8 +177,10 @@ class CUDAGraphed:
         if self.num_user_outputs is None:
             return user
         if self.saved_as_aliases:
-            saved = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in rec.outputs[n_user:])
-            self.pool.aliases += [weakref.ref(t) for t in saved if isinstance(t, torch.Tensor)]
+            # only saved tensors in graph memory need watching; inputs saved as they are (parameters, the batch)
+            # are the caller's memory, which no replay writes
+            saved = tuple(o.detach() if owned else o for o, owned in zip(rec.outputs[n_user:], rec.owned[n_user:]))
+            self.pool.aliases += [weakref.ref(t) for t, owned in zip(saved, rec.owned[n_user:]) if owned]
             return user + saved
         return user + (Saved(list(rec.outputs[n_user:]), self.pool),)
 
@@ -224,7 +227,8 @@ class CUDAGraphed:
                 self.pool.graph_storages.add(o.untyped_storage().data_ptr())
         static_idx = sorted(self.static)
         return _Recording(graph, buffers, copy_in, outputs, [inputs[i].data_ptr() for i in static_idx], static_idx,
-                          [(inputs[i].shape, inputs[i].stride(), inputs[i].dtype) for i in copy_in])
+                          [(inputs[i].shape, inputs[i].stride(), inputs[i].dtype) for i in copy_in],
+                          [isinstance(o, torch.Tensor) and self.pool.owns(o) for o in outputs])
 
 
 def graphed_autograd_function(forward: Callable, backward: Callable, *, num_user_outputs: int,
