@@ -202,7 +202,9 @@ class CUDAGraphed:
         buffers, copy_in = [], []
         for i, t in enumerate(inputs):
             if i in self.static or self.pool.owns(t):
-                buffers.append(t)                 # read in place: parameters, or saved graph memory
+                # read in place: parameters, or saved graph memory. A new alias, so that the recording does not
+                # keep the caller's tensor object alive (the pool watches saved tensors by their lifetime)
+                buffers.append(t.detach())
             else:
                 buffers.append(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t))
                 self.pool.graph_storages.add(buffers[-1].untyped_storage().data_ptr())
