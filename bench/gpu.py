@@ -336,7 +336,7 @@ def main() -> None:
                 r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
                 traceback.print_exc(limit=3, file=sys.stdout)
             row[col] = r
-            print(f"  {w.name} [{col}] {r}", flush=True)
+            print(f"  {w.name} [{col}] {dict((k, v) for k, v in r.items() if k != 'out')}", flush=True)
             if col == "inductor":
                 torch._dynamo.reset()
             torch.cuda.empty_cache()
