@@ -266,14 +266,11 @@ class Body:
                             else f"({self.offset(x.args[0])}) != 0")
         a = [self.names[id(y)] if isinstance(y, Expr) else y for y in x.args]
         if x.op == "cast":
-            src = x.args[0].dtype
             a[0] = self.rounded(x.args[0])
             if x.dtype == torch.bool:
                 return self.var(f"({a[0]} != 0)")
             if x.dtype in LOW_PRECISION:  # round to the 16-bit type, keep computing in float32
                 return self.var(f"({a[0]}).to({TL[x.dtype]}).to(tl.float32)")
-            if src == torch.bool:
-                return self.var(f"({a[0]}).to({TL[x.dtype]})")
             return self.var(f"({a[0]}).to({TL[x.dtype]})")
         if x.op == "checked_index":  # negative indices wrap; out-of-range reads are masked to 0 (no error flag)
             return self.var(f"tl.where({a[0]} < 0, {a[0]} + {a[1]}, {a[0]})")
@@ -306,8 +303,6 @@ class Body:
             raise NotImplementedError("integer pow")
         else:
             f = BINARY[x.op]
-        if len(a) == 3:
-            return self.var(f.format(*a))
         return self.var(f.format(*a))
 
 
