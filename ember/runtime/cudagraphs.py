@@ -3,11 +3,13 @@
 A CUDA graph replays the kernels it recorded on the same addresses, so everything a recorded graph reads or
 writes must stay where it was. That gives three kinds of memory, and the rules below keep them apart:
 
-  static inputs   parameters and buffers (`static_input_indices`): read in place; if the caller passes a
-                  different tensor there (a replaced parameter), the graph is recorded again for it.
+  static inputs   read in place: `static_input_indices`, or by default nn.Parameters and the inputs found
+                  at the same address on the first two calls (module buffers, a reused batch). A different
+                  tensor there records the graph again; a default-static input that moves is copied from
+                  then on.
   input buffers   every other input gets a buffer made at record time; a call copies its argument in only
-                  when the argument is not already that buffer (a forward's saved tensor given back to the
-                  backward is). A saved tensor that already lives in graph memory is used as the buffer.
+                  when the argument is not already that buffer. A saved tensor that already lives in graph
+                  memory (a forward's, given back to its backward) is used as the buffer.
   graph memory    intermediates and outputs, allocated during capture from one private pool shared by every
                   graph of a compiled program (forward, backward, each shape), so they can share memory.
 
@@ -15,13 +17,15 @@ Because graphs share the pool, replaying one graph may overwrite the outputs of 
   * outputs handed to the caller are cloned (`clone_outputs=True`, the default): the caller may keep them
     across steps. With `clone_outputs=False` they are the graph's own memory and are valid only until the
     next call of any graph in the pool -- torch.compile's rule for mode="reduce-overhead".
-  * tensors a forward saves for its backward (`num_saved`) are not copied: they come back in a `Saved`
-    holder that stays "pending" until the backward takes it. Before any replay, every pending holder that
-    the replay does not consume is evacuated (its tensors cloned out of graph memory). In the usual
-    forward, backward, forward, backward order nothing is evacuated and nothing is copied.
+  * tensors a forward saves for its backward are not copied. Either they come back in a `Saved` holder
+    that is evacuated (cloned out of graph memory) before any replay that does not consume it, or
+    (`saved_as_aliases`, for ember.autograd's Function, which keeps them with save_for_backward) as plain
+    aliases: while one is alive, a replay that could overwrite it runs the compiled code eagerly instead.
+    In the usual forward, backward, forward, backward order nothing is evacuated, copied or run eagerly.
 
-Public entry points: `CUDAGraphed` (any callable: flat tensors -> tuple of tensors) and
-`graphed_autograd_function` (a compiled forward and backward pair made into one differentiable callable).
+Public entry points: `CUDAGraphed` (any callable: flat tensors -> tuple of tensors), `aot_compilers`
+(forward/backward compilers for ember.autograd.aot_module) and `graphed_autograd_function` (a compiled
+forward and backward pair made into one differentiable callable).
 """
 from __future__ import annotations
 
@@ -53,10 +57,11 @@ class GraphPool:
 
     def before_replay(self, consuming: "Saved | None" = None, inputs: Sequence = ()) -> bool:
         """Make graph memory safe to overwrite; False when it cannot be (then run eagerly, not replay)."""
-        self.aliases = [r for r in self.aliases if r() is not None]
-        if self.aliases:
+        alive = [t for t in (r() for r in self.aliases) if t is not None]
+        self.aliases = [weakref.ref(t) for t in alive]
+        if alive:
             read = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
-            if any(r().untyped_storage().data_ptr() not in read for r in self.aliases):
+            if any(t.untyped_storage().data_ptr() not in read for t in alive):
                 return False
         for saved in list(self.pending):
             if saved is not consuming:
