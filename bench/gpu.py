@@ -45,8 +45,27 @@ class Workload:
     iters: int = 50
 
 
+def ember_gpu_backend(mode: str | None):
+    """ember's pipeline on the GPU: ember.autograd (ATen forward/backward) -> loop IR -> Triton kernels, and for
+    mode="reduce-overhead" each compiled graph replayed as a CUDA graph. (Until ember_backend.compile_aten
+    routes CUDA graphs to ember.codegen.triton and the frontend passes the mode to backends, the bench
+    composes it here.)"""
+    from ember.autograd import aot_module
+    from ember.codegen.triton import compile_aten
+    from ember.runtime.cudagraphs import aot_compilers
+
+    def ember_gpu(gm, example_inputs):
+        fw, bw = aot_compilers(compile_aten) if mode == "reduce-overhead" else (compile_aten, compile_aten)
+        return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
+    return ember_gpu
+
+
+def ember_compile(fn, mode=None):
+    return ember.compile(fn, mode=mode, backend=ember_gpu_backend(mode))
+
+
 def compilers():
-    return {"eager": None, "inductor": torch.compile, "ember": ember.compile}
+    return {"eager": None, "inductor": torch.compile, "ember": ember_compile}
 
 
 # ---- workloads ---------------------------------------------------------------------------------------------
@@ -158,7 +177,7 @@ def densenet_cudagraphs_only(compiler, mode):
             with torch.no_grad():
                 return model(x)
         return step
-    if compiler is not ember.compile:
+    if compiler is not ember_compile:
         return None                      # ember-only row
     state = list(model.parameters()) + list(model.buffers())
 
@@ -202,6 +221,34 @@ def steady_ms(step: Callable, iters: int, warmup: int = 3) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in times)
 
 
+def sweep_flat_blocks() -> None:
+    """Diagnostic: the pointwise chain's one Triton kernel under other flat block sizes (for launch_config)."""
+    from ember.autograd import trace_forward
+    from ember.codegen import triton as tr
+    x = torch.randn(N_POINTWISE, device=DEV)
+
+    def chain(x):
+        y = x * 1.5 + 0.5
+        y = torch.sin(y) * torch.cos(y)
+        y = torch.relu(y) + torch.sigmoid(x)
+        return (torch.tanh(y * y - x),)
+    gm = torch.fx.symbolic_trace(chain)
+    aten_gm, _ = trace_forward(gm, [x])
+    default = tr.launch_config
+    for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (8192, 16)):
+        tr.launch_config = lambda shape, rows, rmax, b=block, w=warps: (
+            {"BLOCK": b, "num_warps": w} if shape == tr.FLAT else default(shape, rows, rmax))
+        try:
+            f = tr.compile_aten(aten_gm, [x])
+            ms = steady_ms(lambda: f(x), 100)
+            print(f"  flat BLOCK={block:5d} num_warps={warps:2d}: {ms:.4f} ms, {2 * 4 * N_POINTWISE / ms / 1e6:.0f} GB/s")
+        finally:
+            tr.launch_config = default
+
+
+PROFILE: list[str] = []
+
+
 def measure(w: Workload, column: str, compiler) -> dict:
     torch.manual_seed(0)
     t0 = time.perf_counter()
@@ -216,7 +263,33 @@ def measure(w: Workload, column: str, compiler) -> dict:
     ms = steady_ms(step, w.iters)
     cold_s = max(0.0, cold_s - first * ms / 1e3)
     out = step()
+    if any(k in w.name.lower() for k in PROFILE):
+        profile(step, f"{w.name} [{column}]")
+        if column == "ember":   # where the host time of a step goes
+            import cProfile
+            import pstats
+            pr = cProfile.Profile()
+            pr.runcall(lambda: [step() for _ in range(3)])
+            pstats.Stats(pr).sort_stats("tottime").print_stats(14)
     return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out}
+
+
+def profile(step: Callable, label: str, steps: int = 5, top: int = 12) -> None:
+    """Print the kernels one step runs, heaviest first (where the GPU time of a column goes)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+    step()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    evs = [e for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in evs) / steps
+    launches = sum(e.count for e in evs) / steps
+    print(f"  profile {label}: {total / 1e3:.3f} ms GPU time, {launches:.0f} kernels per step", flush=True)
+    for e in sorted(evs, key=lambda e: -e.self_device_time_total)[:top]:
+        print(f"    {e.self_device_time_total / steps / 1e3:8.3f} ms {e.count // steps:5d}x  {e.key[:90]}")
 
 
 def check(out, ref) -> str:
@@ -234,13 +307,18 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--columns", default="eager,inductor,ember")
     ap.add_argument("--json", default="")
+    ap.add_argument("--profile", default="", help="workloads (substrings) whose columns get a kernel profile")
+    ap.add_argument("--sweep-blocks", action="store_true", help="time the pointwise chain under other BLOCKs")
     args = ap.parse_args()
+    PROFILE.extend(k for k in args.profile.lower().split(",") if k)
     cols = [c for c in args.columns.split(",") if c]
     wanted = [w for w in WORKLOADS if not args.only or any(s in w.name.lower() for s in args.only.lower().split(","))]
     dev = torch.cuda.get_device_name()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# bench/gpu.py on {dev}, torch {torch.__version__}, Python {platform.python_version()}, {when}",
           flush=True)
+    if args.sweep_blocks:
+        sweep_flat_blocks()
     rows = []
     for w in wanted:
         row = {"workload": w.name}
@@ -258,7 +336,7 @@ def main() -> None:
                 r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
                 traceback.print_exc(limit=3, file=sys.stdout)
             row[col] = r
-            print(f"  {w.name} [{col}] {r}", flush=True)
+            print(f"  {w.name} [{col}] {dict((k, v) for k, v in r.items() if k != 'out')}", flush=True)
             if col == "inductor":
                 torch._dynamo.reset()
             torch.cuda.empty_cache()
@@ -272,6 +350,14 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump({"device": dev, "torch": torch.__version__, "when": when, "rows": rows}, f, indent=1,
                           default=str)
+
+    try:
+        from ember.codegen import lower
+        if lower.FALLBACK_COUNTS:
+            print("ember: ATen ops kept as library/ATen calls (fallbacks), all workloads:",
+                  dict(lower.FALLBACK_COUNTS.most_common(15)))
+    except ImportError:
+        pass
 
     def cell(r, base):
         if r is None:

@@ -22,11 +22,13 @@ Triton caches its binaries; all kernels of a graph are compiled concurrently on 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import hashlib
 import importlib.util
 import math
 import os
+import re
 import sys
 import time
 from typing import Callable
@@ -200,11 +202,12 @@ def index_code(e, names: dict) -> str:
 class Body:
     """Straight-line Triton for Exprs, one statement per DAG node (Exprs are interned: CSE by identity)."""
 
-    def __init__(self, scalars: dict, mask: str, indent: str, names: dict, i64: bool):
-        self.scalars, self.mask, self.indent, self.index_names = scalars, mask, indent, names
+    def __init__(self, scalars: dict, mask: str, indent: str, ranges: dict, extents: dict):
+        self.scalars, self.mask, self.indent = scalars, mask, indent
+        self.ranges, self.extents = ranges, extents   # loop symbol -> size; buffer -> elements addressable
+        self.index_names: dict = {}
         self.lines: list[str] = []
         self.names: dict = {}
-        self.i64 = i64
 
     def emit(self, e: Expr) -> str:
         for x in e.walk():
@@ -212,8 +215,10 @@ class Body:
                 self.names[id(x)] = self._node(x)
         return self.names[id(e)]
 
+    prefix = "t"
+
     def var(self, code: str) -> str:
-        n = f"t{len(self.lines)}"
+        n = f"{self.prefix}{len(self.lines)}"
         self.lines.append(f"{self.indent}{n} = {code}")
         return n
 
@@ -221,8 +226,9 @@ class Body:
         return self._value(x)
 
     def rounded(self, e: Expr) -> str:
-        """The value of e as eager would have materialized it: 16-bit results computed here in float32
-        are rounded where they leave the fused chain (a cast, a reduction's input, a store)."""
+        """The value of e as eager would have materialized it: 16-bit results computed here in float32 are
+        rounded where they are cast (and stored). Reductions take the float32 values, as eager's fused
+        kernels (softmax, norms) do internally."""
         v = self.names[id(e)]
         if e.dtype in LOW_PRECISION and e.op not in ("load", "const"):
             v = f"({v}).to({TL[e.dtype]}).to(tl.float32)"
@@ -240,10 +246,18 @@ class Body:
             name, off = x.args
             if name in self.scalars:
                 return self.scalars[name]
+            code = self.offset(off)
             if not off.free_symbols:  # one element for the whole program (a seed, a scalar tensor)
-                v = f"tl.load({name} + {self.offset(off)})"
+                v = f"tl.load({name} + {code})"
             else:
-                v = f"tl.load({name} + {self.offset(off)}, {self.mask}, other=0)"
+                # Both sides of a `where` are evaluated here (C++ evaluates one): a load that may fall outside
+                # its buffer (cat, pad, gather) is masked to it. Provably in-range loads keep the plain mask,
+                # so contiguous ones stay vectorized.
+                b = ir.bounds(off, self.ranges) if not off.atoms(IndirectSymbol) else None
+                mask = self.mask
+                if b is None or b[0] < 0 or b[1] >= self.extents[name]:
+                    mask = f"{mask} & ({code} >= 0) & ({code} < {self.extents[name]})"
+                v = f"tl.load({name} + {code}, {mask}, other=0)"
             if x.dtype in LOW_PRECISION:
                 v += ".to(tl.float32)"
             return self.var(v)
@@ -252,14 +266,11 @@ class Body:
                             else f"({self.offset(x.args[0])}) != 0")
         a = [self.names[id(y)] if isinstance(y, Expr) else y for y in x.args]
         if x.op == "cast":
-            src = x.args[0].dtype
             a[0] = self.rounded(x.args[0])
             if x.dtype == torch.bool:
                 return self.var(f"({a[0]} != 0)")
             if x.dtype in LOW_PRECISION:  # round to the 16-bit type, keep computing in float32
                 return self.var(f"({a[0]}).to({TL[x.dtype]}).to(tl.float32)")
-            if src == torch.bool:
-                return self.var(f"({a[0]}).to({TL[x.dtype]})")
             return self.var(f"({a[0]}).to({TL[x.dtype]})")
         if x.op == "checked_index":  # negative indices wrap; out-of-range reads are masked to 0 (no error flag)
             return self.var(f"tl.where({a[0]} < 0, {a[0]} + {a[1]}, {a[0]})")
@@ -292,8 +303,6 @@ class Body:
             raise NotImplementedError("integer pow")
         else:
             f = BINARY[x.op]
-        if len(a) == 3:
-            return self.var(f.format(*a))
         return self.var(f.format(*a))
 
 
@@ -350,15 +359,53 @@ def triton_next_pow2(n: int) -> int:
 
 
 def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
-    local = {m.buf.name for m in group.members if m.local}
+    """Pointer arguments (buffers read, then written). A local reduction lives in registers; a local pointwise
+    member that could not be inlined is stored (to a scratch buffer, see `inline_locals`)."""
     reductions = {m.buf.name for m in group.members if m.is_reduction}
-    reads = sorted(set().union(*(m.reads for m in group.members)) - local - reductions)
-    writes = [m.buf.name for m in group.members if not m.local]
+    reads = sorted(set().union(*(m.reads for m in group.members)) - reductions)
+    writes = [m.buf.name for m in group.members if not (m.local and m.is_reduction)]
     return list(dict.fromkeys(reads + writes)), writes
+
+
+def inline_locals(group: FusedGroup) -> tuple[FusedGroup, list[str]]:
+    """Members that only later members of the group read (schedule's `local` rows): substituted into their
+    readers when every read is of the same element the member computes (a tile already holds it), else
+    kept as scratch buffers. Returns the group to print and the scratch buffer names."""
+    members, scratch = list(group.members), []
+    for k, m in enumerate(group.members):
+        if not m.local or m.is_reduction:
+            continue
+        readers = [j for j in range(k + 1, len(members)) if m.buf.name in members[j].reads]
+        same = all(members[j].inner == m.inner and
+                   all(x.args[1] == m.store for x in members[j].body.walk()
+                       if x.op == "load" and x.args[0] == m.buf.name) for j in readers)
+        if not same:
+            scratch.append(m.buf.name)
+            continue
+        for j in readers:
+            body = _replace_loads(members[j].body, m.buf.name, m.body)
+            members[j] = dataclasses.replace(members[j], body=body,
+                                             reads=(members[j].reads - {m.buf.name}) | m.reads)
+        members[k] = None
+    return FusedGroup(group.numel, [m for m in members if m is not None]), scratch
+
+
+def _replace_loads(e: Expr, name: str, value: Expr) -> Expr:
+    memo = {}
+
+    def go(x):
+        if not isinstance(x, Expr):
+            return x
+        if id(x) not in memo:
+            memo[id(x)] = value if x.op == "load" and x.args[0] == name else \
+                x if x.op in ("load", "const", "index") else Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
+        return memo[id(x)]
+    return go(e)
 
 
 def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, list[str], dict, int]:
     """(source of one @triton.jit kernel, argument buffer names, launch config, number of programs)."""
+    group, _ = inline_locals(group)
     args, writes = kernel_args(group)
     shape = group_shape(group)
     rows = max(int(group.numel), 1)
@@ -367,13 +414,26 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, l
     largest = max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
                                    for a in args if sched.buffers[a].size])
     i64 = largest >= 2 ** 31 - 1
+    extents = {a: _extent(sched.buffers[a]) for a in args}
     if shape == FLAT:
-        src = _flat_kernel(group, name, args, rows, rmax, i64)
+        src = _flat_kernel(group, name, args, rows, rmax, i64, extents)
         grid = math.ceil(rows * rmax / cfg["BLOCK"])
     else:
-        src = _rows_kernel(group, name, args, rows, cfg, i64)
+        src = _rows_kernel(group, name, args, rows, cfg, i64, extents)
         grid = math.ceil(rows / cfg["XBLOCK"])
     return src, args, cfg, grid
+
+
+def _extent(buf) -> int:
+    """Elements of a buffer's storage its own layout can address (what a load may touch)."""
+    if any(int(s) == 0 for s in buf.size):
+        return 0
+    return int(buf.offset or 0) + sum((int(n) - 1) * int(st) for n, st in zip(buf.size, buf.stride)) + 1
+
+
+def is_empty(group: FusedGroup) -> bool:
+    """Nothing to compute: no rows, or only pointwise members over empty inner ranges."""
+    return int(group.numel) == 0 or all(not m.is_reduction and _rsize(m) == 0 for m in group.members)
 
 
 def _header(group, name, args, consts) -> list[str]:
@@ -395,7 +455,7 @@ def _store(m: Member, value: str, offset: str, mask: str, shape: str) -> str:
     return f"tl.store({m.buf.name} + {offset}, ({value}).to({t}), {mask})"
 
 
-def _flat_kernel(group, name, args, rows, rsize, i64) -> list[str]:
+def _flat_kernel(group, name, args, rows, rsize, i64, extents) -> list[str]:
     total = rows * rsize
     L = _header(group, name, args, ["BLOCK"])
     ind = "    "
@@ -409,10 +469,8 @@ def _flat_kernel(group, name, args, rows, rsize, i64) -> list[str]:
         subst.update(_inner_index(m, ModIndex(i, rsize) if rows > 1 else i))
         body = _substitute(m.body, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
-        b = Body({}, "xmask", ind, {}, i64)
+        b = Body({}, "xmask", ind, ranges, extents)
         v = b.emit(body)
-        if m.is_reduction:
-            v = b.rounded(body)
         L += b.lines
         L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
     return L
@@ -455,7 +513,7 @@ def _identity(kind: str, dtype: torch.dtype) -> str:
     return str(info.max if big else info.min)
 
 
-def _rows_kernel(group, name, args, rows, cfg, i64) -> list[str]:
+def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
     L = _header(group, name, args, ["XBLOCK", "RBLOCK"])
     ind = "    "
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
@@ -464,51 +522,65 @@ def _rows_kernel(group, name, args, rows, cfg, i64) -> list[str]:
     persistent = cfg["persistent"]
     if persistent:
         L.append(f"{ind}rbase = tl.arange(0, RBLOCK)[None, :]")
+        L.append(f"{ind}rflat = rbase")
+    bodies: dict[int, Body] = {}
     scalars: dict = {}
     stored_here: set = set()
     for m in group.members:
         if m.reads & stored_here:
             L.append(f"{ind}tl.debug_barrier()  # {m.buf.name} reads values this program just stored")
         R = _rsize(m)
+        if R == 0:  # an empty inner range: a reduction gives its identity, a pointwise member writes nothing
+            if m.is_reduction:
+                ident = "0" if m.buf.kind.startswith("arg") else _identity(m.buf.kind, m.body.dtype)
+                L.append(f"{ind}{m.buf.name}_v = tl.full([XBLOCK, 1], {ident}, {compute_type(m.buf.dtype)})")
+                scalars[m.buf.name] = f"{m.buf.name}_v"
+                if not m.local:
+                    L.append(ind + _store(m, f"{m.buf.name}_v", index_code(sympy.sympify(m.store), {}), "xmask",
+                                          "[XBLOCK, 1]"))
+                    stored_here.add(m.buf.name)
+            continue
         rflat = sympy.Symbol("rflat", integer=True, nonnegative=True)
         ranges = {X0: rows, rflat: max(R, 1)}
         subst = _inner_index(m, rflat) if m.inner else {}
         body = _substitute(m.body, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
         if R <= 1 and not m.inner:
-            b = Body(scalars, "xmask", ind, {}, i64)
+            b = Body(scalars, "xmask", ind, ranges, extents)
             v = b.emit(body)
-            if m.is_reduction:
-                v = b.rounded(body)
             L += b.lines
-            if m.is_reduction:  # reduction over nothing: the value itself
+            if m.is_reduction:  # reduction over nothing: the value itself (its index, for argmax/argmin)
+                if m.buf.kind.startswith("arg"):
+                    v = "tl.zeros([XBLOCK, 1], tl.int64)"
                 L.append(f"{ind}{m.buf.name}_v = {v}")
                 v = f"{m.buf.name}_v"
                 scalars[m.buf.name] = v
-            if not m.local:
+            if not (m.local and m.is_reduction):
                 L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[XBLOCK, 1]"))
                 stored_here.add(m.buf.name)
             continue
         if persistent:
-            L.append(f"{ind}rflat = rbase")
-            L.append(f"{ind}mask = xmask & (rflat < {R})")
-            b = Body(scalars, "mask", ind, {}, i64)
+            # members over the same row length share one Body: a value (a load of the row) is computed once
+            if R not in bodies:
+                L.append(f"{ind}rmask{R} = xmask & (rbase < {R})")
+                bodies[R] = Body(scalars, f"rmask{R}", ind, ranges, extents)
+                bodies[R].prefix = f"r{R}_"
+            b = bodies[R]
+            done = len(b.lines)
             v = b.emit(body)
+            L += b.lines[done:]
             if m.is_reduction:
-                v = b.rounded(body)
-            L += b.lines
-            if m.is_reduction:
-                L += _reduce_tile(m, v, ind, "mask", "rflat", R)
+                L += _reduce_tile(m, v, ind, f"rmask{R}", "rflat", R)
                 scalars[m.buf.name] = f"{m.buf.name}_v"
                 if not m.local:
                     L.append(ind + _store(m, f"{m.buf.name}_v", index_code(store, {}), "xmask", "[XBLOCK, 1]"))
             else:
-                L.append(ind + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
+                L.append(ind + _store(m, v, index_code(store, {}), f"rmask{R}", "[XBLOCK, RBLOCK]"))
         else:
-            L += _looped_member(m, body, store, scalars, ind, i64, R)
+            L += _looped_member(m, body, store, scalars, ind, R, ranges, extents)
             if m.is_reduction:
                 scalars[m.buf.name] = f"{m.buf.name}_v"
-        if not m.local:
+        if not (m.local and m.is_reduction):
             stored_here.add(m.buf.name)
     return L
 
@@ -547,7 +619,7 @@ def _reduce_tile(m: Member, v: str, ind: str, mask: str, rflat: str, R: int) -> 
     return L
 
 
-def _looped_member(m: Member, body: Expr, store, scalars, ind, i64, R) -> list[str]:
+def _looped_member(m: Member, body: Expr, store, scalars, ind, R, ranges, extents) -> list[str]:
     n = m.buf.name
     L = []
     if m.is_reduction:
@@ -560,10 +632,8 @@ def _looped_member(m: Member, body: Expr, store, scalars, ind, i64, R) -> list[s
     ii = ind + "    "
     L.append(f"{ii}rflat = roff + tl.arange(0, RBLOCK)[None, :]")
     L.append(f"{ii}mask = xmask & (rflat < {R})")
-    b = Body(scalars, "mask", ii, {}, i64)
+    b = Body(scalars, "mask", ii, ranges, extents)
     v = b.emit(body)
-    if m.is_reduction:
-        v = b.rounded(body)
     L += b.lines
     if not m.is_reduction:
         L.append(ii + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
@@ -603,14 +673,25 @@ def _looped_member(m: Member, body: Expr, store, scalars, ind, i64, R) -> list[s
 # ------------------------------------------------------------------------------------------------- modules
 def generate(sched: Schedule) -> tuple[str, list]:
     """The Python module of a schedule's kernels, and per group (kernel name, args, config, grid)."""
-    parts, kernels = [PRELUDE], []
-    for k, it in enumerate(sched.items):
-        if isinstance(it, FusedGroup):
-            name = f"k{k}_" + "_".join(m.buf.name for m in it.members[:3])
-            src, args, cfg, grid = kernel_source(it, sched, name)
-            parts.append("\n".join(src))
+    parts, kernels, seen = [PRELUDE], [], set()
+    for it in sched.items:
+        if isinstance(it, FusedGroup) and not is_empty(it):
+            src, args, cfg, grid = kernel_source(it, sched, "KERNEL")
+            name, text = _canonical(src, args + [m.buf.name for m in it.members])
+            if name not in seen:   # identical kernels (repeated layers) are compiled once
+                seen.add(name)
+                parts.append(text)
             kernels.append((it, name, args, cfg, grid))
     return "\n\n\n".join(parts) + "\n", kernels
+
+
+def _canonical(src: list[str], buffers: list[str]) -> tuple[str, str]:
+    """Kernel text with buffers renamed p0, p1... in argument order, named by the hash of that text."""
+    comment, body = src[0], "\n".join(src[1:])
+    for j, n in enumerate(dict.fromkeys(buffers)):
+        body = re.sub(rf"\b{n}(?=\b|_)", f"p{j}", body)
+    name = "k_" + hashlib.sha256(body.encode()).hexdigest()[:16]
+    return name, comment + "\n" + body.replace("def KERNEL(", f"def {name}(")
 
 
 class _InterpretedLibdevice:
@@ -678,6 +759,26 @@ def load_module(source: str):
 _COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ember-triton")
 
 
+def _precompile(mod, kernels: list, sched: Schedule) -> None:
+    """Compile every kernel now, concurrently (Triton's PTX assembly runs outside the GIL), instead of one by
+    one at first launch. Argument dtypes stand in for tensors (Triton's warmup takes them)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    t0 = time.perf_counter()
+    jobs = {}
+    for _, name, args, cfg, _grid in kernels:
+        if name not in jobs:
+            meta = {k: v for k, v in cfg.items() if k != "persistent"}
+            dtypes = [sched.buffers[a].dtype for a in args]
+            jobs[name] = _COMPILE_POOL.submit(getattr(mod, name).warmup, *dtypes, grid=(1,), **meta)
+    for name, job in jobs.items():
+        try:
+            job.result()
+        except Exception as e:  # compiled again (and any error raised) at the first launch
+            code_log.debug("precompiling %s failed: %s: %s", name, type(e).__name__, e)
+    code_log.debug("compiled %d Triton kernels in %.2fs", len(jobs), time.perf_counter() - t0)
+
+
 def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) -> Callable:
     """The host program for a schedule on `device`: `call(list of inputs) -> list of outputs`."""
     from ember.codegen import wrapper
@@ -688,8 +789,16 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) 
         meta = {k: v for k, v in cfg.items() if k != "persistent"}
         launch[group.name] = (name, args, grid, meta)
     globs = {name: getattr(mod, name) for _, name, *_ in kernels}
+    for group, *_ in kernels:   # rows the schedule keeps local but a Triton tile cannot: one buffer each
+        for b in inline_locals(group)[1]:
+            buf = sched.buffers[b]
+            globs[b] = torch.empty_strided(tuple(int(x) for x in buf.size), tuple(int(x) for x in buf.stride),
+                                           dtype=buf.dtype, device=device)
+    _precompile(mod, kernels, sched)
 
     def kernel_call(group: FusedGroup) -> str:
+        if group.name not in launch:
+            return "pass  # empty"
         name, args, grid, meta = launch[group.name]
         kw = ", ".join(f"{k}={v}" for k, v in meta.items())
         return f"{name}[({grid},)]({', '.join(args)}, {kw})"
@@ -719,6 +828,10 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         call = compile_schedule(sched, lambda args: gm(*args), device)
     except (lower.Unsupported, NotImplementedError) as e:
         fallback_log.warning("graph runs eagerly (Triton backend): %s: %s", type(e).__name__, e)
+        return gm.forward
+    except Exception as e:  # a bug in lowering/scheduling/printing: never wrong, so run this graph eagerly
+        fallback_log.warning("graph runs eagerly: the Triton backend failed to compile it (an ember bug): %s: %s",
+                             type(e).__name__, e, exc_info=True)
         return gm.forward
     code_log.debug("graph %s lowered and printed in %.3fs", type(gm).__name__, time.perf_counter() - t0)
 

@@ -3,11 +3,13 @@
 A CUDA graph replays the kernels it recorded on the same addresses, so everything a recorded graph reads or
 writes must stay where it was. That gives three kinds of memory, and the rules below keep them apart:
 
-  static inputs   parameters and buffers (`static_input_indices`): read in place; if the caller passes a
-                  different tensor there (a replaced parameter), the graph is recorded again for it.
+  static inputs   read in place: `static_input_indices`, or by default nn.Parameters and the inputs found
+                  at the same address on the first two calls (module buffers, a reused batch). A different
+                  tensor there records the graph again; a default-static input that moves is copied from
+                  then on.
   input buffers   every other input gets a buffer made at record time; a call copies its argument in only
-                  when the argument is not already that buffer (a forward's saved tensor given back to the
-                  backward is). A saved tensor that already lives in graph memory is used as the buffer.
+                  when the argument is not already that buffer. A saved tensor that already lives in graph
+                  memory (a forward's, given back to its backward) is used as the buffer.
   graph memory    intermediates and outputs, allocated during capture from one private pool shared by every
                   graph of a compiled program (forward, backward, each shape), so they can share memory.
 
@@ -15,13 +17,15 @@ Because graphs share the pool, replaying one graph may overwrite the outputs of 
   * outputs handed to the caller are cloned (`clone_outputs=True`, the default): the caller may keep them
     across steps. With `clone_outputs=False` they are the graph's own memory and are valid only until the
     next call of any graph in the pool -- torch.compile's rule for mode="reduce-overhead".
-  * tensors a forward saves for its backward (`num_saved`) are not copied: they come back in a `Saved`
-    holder that stays "pending" until the backward takes it. Before any replay, every pending holder that
-    the replay does not consume is evacuated (its tensors cloned out of graph memory). In the usual
-    forward, backward, forward, backward order nothing is evacuated and nothing is copied.
+  * tensors a forward saves for its backward are not copied. Either they come back in a `Saved` holder
+    that is evacuated (cloned out of graph memory) before any replay that does not consume it, or
+    (`saved_as_aliases`, for ember.autograd's Function, which keeps them with save_for_backward) as plain
+    aliases: while one is alive, a replay that could overwrite it runs the compiled code eagerly instead.
+    In the usual forward, backward, forward, backward order nothing is evacuated, copied or run eagerly.
 
-Public entry points: `CUDAGraphed` (any callable: flat tensors -> tuple of tensors) and
-`graphed_autograd_function` (a compiled forward and backward pair made into one differentiable callable).
+Public entry points: `CUDAGraphed` (any callable: flat tensors -> tuple of tensors), `aot_compilers`
+(forward/backward compilers for ember.autograd.aot_module) and `graphed_autograd_function` (a compiled
+forward and backward pair made into one differentiable callable).
 """
 from __future__ import annotations
 
@@ -44,13 +48,25 @@ class GraphPool:
                                    torch.device(device).index or 0)
         self.handle = torch.cuda.graph_pool_handle()
         self.pending: "weakref.WeakSet[Saved]" = weakref.WeakSet()
+        # saved tensors handed out as plain aliases of graph memory (aot_module's Function keeps them with
+        # save_for_backward, so they cannot be moved): while one is alive, replays that could overwrite it
+        # run eagerly instead
+        self.aliases: list[weakref.ref] = []
         # Storages a replay writes: graphs' outputs and input buffers (by storage address, so views count).
         self.graph_storages: set[int] = set()
 
-    def before_replay(self, consuming: "Saved | None" = None) -> None:
+    def before_replay(self, consuming: "Saved | None" = None, inputs: Sequence = ()) -> bool:
+        """Make graph memory safe to overwrite; False when it cannot be (then run eagerly, not replay)."""
+        alive = [t for t in (r() for r in self.aliases) if t is not None]
+        self.aliases = [weakref.ref(t) for t in alive]
+        if alive:
+            read = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+            if any(t.untyped_storage().data_ptr() not in read for t in alive):
+                return False
         for saved in list(self.pending):
             if saved is not consuming:
                 saved.evacuate()
+        return True
 
     def owns(self, t: torch.Tensor) -> bool:
         return t.untyped_storage().data_ptr() in self.graph_storages
@@ -89,6 +105,7 @@ class _Recording:
     static_ptrs: list[int]             # addresses of the static inputs it was recorded with
     static_idx: list[int]
     layouts: list[tuple]               # (shape, stride, dtype) of the other inputs
+    owned: list[bool] = None           # per output: lives in graph memory (a replay rewrites it)
 
     def matches(self, inputs: Sequence[torch.Tensor]) -> bool:
         """The per-call check (the full signature costs ~0.35 us a tensor; this ~0.06 for parameters)."""
@@ -101,14 +118,25 @@ class CUDAGraphed:
 
     The first call with a new signature runs `fn` eagerly `warmup` times on a side stream (cuBLAS handles,
     cuDNN algorithm choice, Triton compilation happen there, not inside the capture), records it, then
-    replays. `num_user_outputs`: when given, the outputs after the first `num_user_outputs` are tensors saved
+    replays. `static_input_indices`: inputs read in place (parameters; default: those that are
+    nn.Parameters). `num_user_outputs`: when given, the outputs after the first `num_user_outputs` are tensors saved
     for a backward; they are returned uncopied, in one `Saved` holder, as the last element of the result.
     """
 
-    def __init__(self, fn: Callable, static_input_indices: Sequence[int] = (), *, pool: GraphPool | None = None,
-                 num_user_outputs: int | None = None, clone_outputs: bool = True, warmup: int = 1):
+    def __init__(self, fn: Callable, static_input_indices: Sequence[int] | None = None, *,
+                 pool: GraphPool | None = None, num_user_outputs: int | None = None, clone_outputs: bool = True,
+                 warmup: int = 1, saved_as_aliases: bool = False):
         self.fn = fn
-        self.static = frozenset(static_input_indices)
+        # None: found out from the calls: nn.Parameters, and inputs at the same address on the first two calls
+        # (module buffers, a reused input); one that later moves is copied from then on
+        self.auto = static_input_indices is None
+        self.static = None if self.auto else frozenset(static_input_indices)
+        self._first_ptrs: list[int] | None = None
+        self._demoted: set[int] = set()
+        self.saved_as_aliases = saved_as_aliases
+        self.first_outputs: list | None = None    # (address, shape) of the first call's outputs
+        self.replays = self.eager_runs = 0
+        self.name = getattr(fn, "__name__", type(fn).__name__)
         self.pool = pool or GraphPool()
         self.num_user_outputs = num_user_outputs
         self.clone_outputs = clone_outputs
@@ -118,23 +146,57 @@ class CUDAGraphed:
 
     def __call__(self, *inputs: torch.Tensor, consuming: Saved | None = None) -> tuple:
         rec = self._last
+        if self.static is None:
+            if self._first_ptrs is None:      # first call: run eagerly, note where the inputs live
+                self._first_ptrs = [t.data_ptr() if isinstance(t, torch.Tensor) else None for t in inputs]
+                return self._eager(inputs)
+            self.static = frozenset(i for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter) or
+                                    (isinstance(t, torch.Tensor) and t.data_ptr() == self._first_ptrs[i]))
         if rec is None or not rec.matches(inputs):
+            if self.auto:   # a promoted input that moved: copy it from now on
+                moved = {i for i in self.static if not isinstance(inputs[i], torch.nn.Parameter) and
+                         rec is not None and inputs[i].data_ptr() != rec.buffers[i].data_ptr()}
+                if moved:
+                    self._demoted |= moved
+                    self.static = self.static - moved
             key = _signature(inputs, self.static)
             rec = self.recordings.get(key)
             if rec is None:
                 rec = self.recordings[key] = self._record(inputs)
             self._last = rec
-        self.pool.before_replay(consuming)
+        if not self.pool.before_replay(consuming, inputs):
+            self.eager_runs += 1
+            if self.eager_runs == 1:
+                log.warning("cudagraphs: %s ran eagerly: saved tensors of another graph in its memory pool are "
+                            "still alive (%s)", self.name, [tuple(r().shape) for r in self.pool.aliases][:6])
+            return self._eager(inputs)
+        self.replays += 1
         for i in rec.copy_in:
             buf, x = rec.buffers[i], inputs[i]
             if buf.data_ptr() != x.data_ptr():
                 buf.copy_(x)
         rec.graph.replay()
         n_user = len(rec.outputs) if self.num_user_outputs is None else self.num_user_outputs
-        user = tuple(o.clone() if self.clone_outputs else o for o in rec.outputs[:n_user])
+        user = tuple(o.clone() if self.clone_outputs and isinstance(o, torch.Tensor) else o
+                     for o in rec.outputs[:n_user])
         if self.num_user_outputs is None:
             return user
+        if self.saved_as_aliases:
+            # only saved tensors in graph memory need watching; inputs saved as they are (parameters, the batch)
+            # are the caller's memory, which no replay writes
+            saved = tuple(o.detach() if owned else o for o, owned in zip(rec.outputs[n_user:], rec.owned[n_user:]))
+            self.pool.aliases += [weakref.ref(t) for t, owned in zip(saved, rec.owned[n_user:]) if owned]
+            return user + saved
         return user + (Saved(list(rec.outputs[n_user:]), self.pool),)
+
+    def _eager(self, inputs) -> tuple:
+        """fn run as it is (fresh memory): the first call, and calls that must not overwrite graph memory."""
+        outs = tuple(self.fn(*inputs))
+        if self.first_outputs is None:
+            self.first_outputs = [(o.data_ptr(), o.shape) if isinstance(o, torch.Tensor) else None for o in outs]
+        if self.num_user_outputs is None or self.saved_as_aliases:
+            return outs
+        return outs[:self.num_user_outputs] + (Saved(list(outs[self.num_user_outputs:]), self.pool),)
 
     def _record(self, inputs: Sequence[torch.Tensor]) -> _Recording:
         for i, t in enumerate(inputs):
@@ -145,7 +207,9 @@ class CUDAGraphed:
         buffers, copy_in = [], []
         for i, t in enumerate(inputs):
             if i in self.static or self.pool.owns(t):
-                buffers.append(t)                 # read in place: parameters, or saved graph memory
+                # read in place: parameters, or saved graph memory. A new alias, so that the recording does not
+                # keep the caller's tensor object alive (the pool watches saved tensors by their lifetime)
+                buffers.append(t.detach())
             else:
                 buffers.append(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t))
                 self.pool.graph_storages.add(buffers[-1].untyped_storage().data_ptr())
@@ -166,11 +230,12 @@ class CUDAGraphed:
             outputs = tuple(self.fn(*buffers))
         static_storages = {inputs[i].untyped_storage().data_ptr() for i in self.static}
         for o in outputs:   # outputs that alias a static input are the caller's memory, not graph memory
-            if o.untyped_storage().data_ptr() not in static_storages:
+            if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in static_storages:
                 self.pool.graph_storages.add(o.untyped_storage().data_ptr())
         static_idx = sorted(self.static)
         return _Recording(graph, buffers, copy_in, outputs, [inputs[i].data_ptr() for i in static_idx], static_idx,
-                          [(inputs[i].shape, inputs[i].stride(), inputs[i].dtype) for i in copy_in])
+                          [(inputs[i].shape, inputs[i].stride(), inputs[i].dtype) for i in copy_in],
+                          [isinstance(o, torch.Tensor) and self.pool.owns(o) for o in outputs])
 
 
 def graphed_autograd_function(forward: Callable, backward: Callable, *, num_user_outputs: int,
@@ -229,3 +294,53 @@ def graphed_autograd_function(forward: Callable, backward: Callable, *, num_user
         return Graphed.apply(*inputs)
 
     return call
+
+
+def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
+    """(fw_compiler, bw_compiler) for ember.autograd.aot_module under mode="reduce-overhead": each graph that
+    `compile_graph(gm, example_inputs)` compiles is replayed as a CUDA graph, all in one pool.
+
+    The forward's saved tensors go to the backward uncopied (aliases of graph memory) once it is known how
+    many of the forward's outputs are the user's: gm.meta["num_user_outputs"] (the partitioner can set it), or
+    learnt when the backward is compiled (its first inputs are the forward's last outputs). Until then every
+    output is cloned: correct, but every activation moves twice.
+    While a forward's saved tensors are alive (its backward has not run), graphs that could overwrite them
+    run eagerly instead of replaying.
+    """
+    pool = GraphPool()
+    forwards: list[CUDAGraphed] = []
+
+    def fw_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        f = compile_graph(gm, example_inputs)
+        n_user = gm.meta.get("num_user_outputs")
+        fw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, num_user_outputs=n_user, saved_as_aliases=True)
+        fw.name = f"forward graph {len(forwards)}"
+        forwards.append(fw)
+        return fw
+
+    def bw_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        # Without the partitioner's count, learn it here: a backward is compiled on its first call, with the
+        # saved tensors of the forward's first (eager) call, which are that forward's last outputs.
+        for fw in forwards:
+            if fw.num_user_outputs is None and fw.first_outputs:
+                n = _saved_start(fw.first_outputs, example_inputs)
+                if n is not None:
+                    fw.num_user_outputs = n
+                log.debug("cudagraphs: %s: %s of %d outputs are the user's", fw.name, n, len(fw.first_outputs))
+        f = compile_graph(gm, example_inputs)
+        bw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool)
+        bw.name = "backward graph"
+        return bw
+
+    return fw_compiler, bw_compiler
+
+
+def _saved_start(outputs: list, backward_inputs: list) -> int | None:
+    """n such that outputs[n:] are, address and shape, the first len(outputs) - n backward inputs."""
+    for n in range(len(outputs)):
+        tail = outputs[n:]
+        if len(tail) <= len(backward_inputs) and all(
+                o is not None and isinstance(b, torch.Tensor) and (b.data_ptr(), b.shape) == o
+                for o, b in zip(tail, backward_inputs)):
+            return n
+    return None

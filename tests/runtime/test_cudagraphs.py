@@ -136,6 +136,65 @@ def test_two_forwards_before_backwards_evacuate_saved_tensors():
 
 
 def test_cpu_input_error_names_the_input():
-    f = CUDAGraphed(lambda x: (x * 2,))
+    f = CUDAGraphed(lambda x: (x * 2,), static_input_indices=())
     with pytest.raises(TypeError, match="input 0"):
         f(torch.randn(3))
+
+
+def test_auto_static_inputs_buffers_and_moved_inputs():
+    ps = params()
+    buf = torch.randn(128, device="cuda")             # a module buffer: same address every call
+    f = CUDAGraphed(lambda x, b, *p: (mlp(x, *p)[0] + b[:64],))
+    x = torch.randn(8, 64, device="cuda")
+    for _ in range(3):
+        torch.testing.assert_close(f(x, buf, *ps)[0], mlp(x, *ps)[0] + buf[:64])
+    assert {0, 1} <= f.static                        # x and buf stayed put: read in place
+    x2 = torch.randn(8, 64, device="cuda")           # x moves: copied from now on, never wrong
+    torch.testing.assert_close(f(x2, buf, *ps)[0], mlp(x2, *ps)[0] + buf[:64])
+    assert 0 not in f.static
+    buf.mul_(3)                                      # in-place change of a static input is seen
+    torch.testing.assert_close(f(x, buf, *ps)[0], mlp(x, *ps)[0] + buf[:64])
+
+
+def test_aot_module_training_with_cuda_graphs_matches_eager():
+    from ember.autograd import aot_module
+    from ember.runtime.cudagraphs import aot_compilers
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).cuda()
+    ref = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).cuda()
+    ref.load_state_dict(model.state_dict())
+    gm = torch.fx.symbolic_trace(model)
+    for with_meta in (True, False):
+        fw_c, bw_c = aot_compilers(lambda g, ex: g.forward)
+
+        def fw(g, ex, fw_c=fw_c):
+            if with_meta:
+                g.meta["num_user_outputs"] = 1       # what the partitioner should record
+            return fw_c(g, ex)
+        compiled = aot_module(gm, [torch.randn(8, 64, device="cuda")], fw, bw_c)
+        opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+        kept = []
+        for step in range(4):
+            x = torch.randn(8, 64, device="cuda")
+            out = compiled(x)
+            out = out[0] if isinstance(out, (tuple, list)) else out
+            want = ref(x)
+            kept.append((out, want.detach()))
+            out.square().mean().backward()
+            want.square().mean().backward()
+            for p, r in zip(model.parameters(), ref.parameters()):
+                torch.testing.assert_close(p.grad, r.grad)
+            opt.step(); ref_opt.step(); opt.zero_grad(); ref_opt.zero_grad()
+        # two forwards before their backwards: the second must not overwrite the first's saved tensors
+        xs = [torch.randn(8, 64, device="cuda") for _ in range(2)]
+        outs = [compiled(x) for x in xs]
+        outs = [o[0] if isinstance(o, (tuple, list)) else o for o in outs]
+        for o in reversed(outs):
+            o.sum().backward()
+        for x in xs:
+            ref(x).sum().backward()
+        for p, r in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, r.grad)
+        opt.zero_grad(); ref_opt.zero_grad()
+        for got, want in kept:
+            torch.testing.assert_close(got, want)
