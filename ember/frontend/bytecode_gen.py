@@ -13,19 +13,21 @@ Parameters of the resume code::
 ``___stack{k}`` is the k-th operand-stack value from the bottom.  Slots listed in ``null_positions``
 hold NULL (the slot below a callable pushed by LOAD_GLOBAL/PUSH_NULL/LOAD_ATTR, or the saved loop
 variable of a 3.12 inlined comprehension when it was unbound) and take no argument.  A live local that
-is a *cell variable* (captured by an inner function) may be passed as its value (it gets a fresh cell)
-or as a ``types.CellType`` (used as is, so closures made before the break keep sharing it with the
-resumed code; consequently a cell variable whose *value* is itself a cell object must be passed
-wrapped in a cell).  Free variables come from the closure given to
-``types.FunctionType(code, globals, name, None, closure)``: co_freevars is unchanged.
+is a *cell variable* (captured by an inner function) is passed as its value: the original MAKE_CELL
+wraps it in a fresh cell, as it does for an argument of the original.  Where closures made before the
+break must keep sharing the cell with the resumed code, name it in ``passed_cells`` and pass the
+``types.CellType`` itself: its MAKE_CELL is dropped and the parameter slot *is* the cell.  Free
+variables come from the closure given to ``types.FunctionType(code, globals, name, None, closure)``:
+co_freevars is unchanged.
 
-Prologue layout (everything up to the original RESUME is kept, minus MAKE_CELL of live cells)::
+Prologue layout (everything up to the original RESUME is kept, minus MAKE_CELL of passed cells)::
 
     COPY_FREE_VARS n / MAKE_CELL c    original order (3.11: COPY_FREE_VARS first; 3.12: MAKE_CELL first);
-                                      only cell variables that are not live start as empty cells
+                                      a live cell variable's parameter value goes into its new cell, a
+                                      dead one starts empty
     RESUME 0
-    PUSH_NULL; LOAD_CONST _as_cell; LOAD_FAST c; [PRECALL 1]; CALL 1; STORE_FAST c
-                                      per live cell variable: the raw slot receives the cell object
+    PUSH_NULL; LOAD_CONST _expect_cells; LOAD_CONST names; LOAD_FAST c...; [PRECALL n]; CALL n; POP_TOP
+                                      only with passed_cells: LOAD_DEREF of a non-cell would crash
     LOAD_FAST ___stack{k}; DELETE_FAST ___stack{k}  (PUSH_NULL for a NULL slot), bottom of stack first;
                                       the parameter is cleared so it holds no extra reference
     KW_NAMES names                    only when resuming between a KW_NAMES and its CALL
@@ -85,7 +87,7 @@ class ResumeCode:
     stack_depth: int              # operand stack depth at offset, NULL slots included
     null_positions: tuple[int, ...]  # stack slots (0 = bottom) holding NULL; they take no argument
     live_locals: tuple[str, ...]
-    cells: tuple[str, ...]        # live locals that are cell variables (value or types.CellType)
+    passed_cells: tuple[str, ...]  # live cell variables passed as types.CellType, not as their value
 
 
 def _stack_effect(ins: dis.Instruction, jump: bool) -> int:
@@ -142,13 +144,13 @@ def stack_depth_at(code: types.CodeType, offset: int) -> int:
 
 
 def make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_locals: Iterable[str],
-                     null_positions: Iterable[int] = ()) -> ResumeCode:
+                     null_positions: Iterable[int] = (), passed_cells: Iterable[str] = ()) -> ResumeCode:
     """Code that continues ``code`` at ``offset`` from the given operand stack and live locals.
 
     See the module docstring for the parameters of the result.  Cached per arguments."""
     # code objects compare equal across files (co_filename is not compared): keep tracebacks right
     return _make_resume_code(code, code.co_filename, code.co_qualname, offset, stack_depth, tuple(live_locals),
-                             tuple(sorted(set(null_positions))))
+                             tuple(sorted(set(null_positions))), tuple(passed_cells))
 
 
 def clear_caches() -> None:
@@ -156,8 +158,11 @@ def clear_caches() -> None:
     _make_resume_code.cache_clear()
 
 
-def _as_cell(value: object) -> types.CellType:
-    return value if type(value) is types.CellType else types.CellType(value)
+def _expect_cells(names: tuple[str, ...], *cells: object) -> None:
+    for name, cell in zip(names, cells):
+        if type(cell) is not types.CellType:
+            raise TypeError(f"resume function: {name!r} is in passed_cells, so pass a types.CellType, "
+                            f"not a {type(cell).__name__}")
 
 
 def _locate(code: types.CodeType, bc: Bytecode, offset: int) -> tuple[Instr, Instr | None]:
@@ -182,8 +187,8 @@ def _locate(code: types.CodeType, bc: Bytecode, offset: int) -> tuple[Instr, Ins
 
 
 @functools.lru_cache(maxsize=None)
-def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offset: int, stack_depth: int, live_locals: tuple[str, ...],
-                      nulls: tuple[int, ...]) -> ResumeCode:
+def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offset: int, stack_depth: int,
+                      live_locals: tuple[str, ...], nulls: tuple[int, ...], cells: tuple[str, ...]) -> ResumeCode:
     expected = stack_depth_at(code, offset)
     if stack_depth != expected:
         raise ValueError(f"{_where(code)}: the stack depth at offset {offset} is {expected}, got {stack_depth}")
@@ -193,9 +198,10 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
             n not in code.co_varnames and n not in code.co_cellvars for n in live_locals):
         raise ValueError(f"{_where(code)}: live locals must be distinct names from co_varnames or "
                          f"co_cellvars (free variables come from the closure); got {list(live_locals)}")
+    if any(c not in live_locals or c not in code.co_cellvars for c in cells):
+        raise ValueError(f"{_where(code)}: passed_cells {list(cells)} must be live cell variables")
     stack_names = [f"___stack{k}" for k in range(stack_depth)]
     argnames = tuple(n for k, n in enumerate(stack_names) if k not in nulls) + live_locals
-    cells = tuple(n for n in live_locals if n in code.co_cellvars)
     # Zero-argument super() reads the class from __class__ and the instance from local slot 0, which in
     # the resume code is its first parameter: that slot must hold the original's first argument.
     self_name = code.co_varnames[0] if code.co_argcount else None
@@ -213,14 +219,16 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
         return Instr(name, *arg, location=loc)
 
     prologue = []
-    for c in cells:  # LOAD_FAST/STORE_FAST on a cell variable's slot move the raw (cell) object
-        prologue += [instr("PUSH_NULL"), instr("LOAD_CONST", _as_cell), instr("LOAD_FAST", c)]
-        prologue += [instr("CALL", 1)] if PY312 else [instr("PRECALL", 1), instr("CALL", 1)]
-        prologue += [instr("STORE_FAST", c)]
+    if cells:  # LOAD_FAST on a cell variable's slot loads the raw object: the passed cell
+        prologue += [instr("PUSH_NULL"), instr("LOAD_CONST", _expect_cells), instr("LOAD_CONST", cells),
+                     *[instr("LOAD_FAST", c) for c in cells]]
+        n = 1 + len(cells)
+        prologue += [instr("CALL", n)] if PY312 else [instr("PRECALL", n), instr("CALL", n)]
+        prologue.append(instr("POP_TOP"))
     for k, name in enumerate(stack_names):
         prologue += [instr("PUSH_NULL")] if k in nulls else [instr("LOAD_FAST", name), instr("DELETE_FAST", name)]
     if fix_slot0:  # the stack parameter in slot 0 was cleared above: it becomes a second `self`
-        prologue += [instr("LOAD_DEREF", CellVar(self_name)) if self_name in cells else
+        prologue += [instr("LOAD_DEREF", CellVar(self_name)) if self_name in code.co_cellvars else
                      instr("LOAD_FAST", self_name), instr("STORE_FAST", argnames[0])]
     if kw_names is not None:
         prologue.append(instr("KW_NAMES", kw_names.arg))
@@ -231,7 +239,7 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
         if not in_body:
             assert not isinstance(item, (TryBegin, TryEnd)), f"{_where(code)}: try block before RESUME"
             if isinstance(item, Instr) and item.name == "MAKE_CELL" and item.arg.name in cells:
-                continue  # made from the argument in the prologue
+                continue  # the parameter is the cell
             items.append(item)
             if isinstance(item, Instr) and item.name == "RESUME":
                 items += prologue
@@ -252,8 +260,8 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
     new.argcount, new.posonlyargcount, new.kwonlyargcount = len(argnames), 0, 0
     new.flags = bc.flags & ~(CompilerFlags.VARARGS | CompilerFlags.VARKEYWORDS)
     # The original body never needs more than co_stacksize from a state it reaches; the prologue needs
-    # stack_depth, or 3 for a cell.  The exception table keeps the original depths: recomputing them
-    # would miss try blocks entered through the prologue's jump rather than from their start.
-    stacksize = max(code.co_stacksize, stack_depth, 3)
+    # stack_depth, or 3 + the passed cells.  The exception table keeps the original depths: recomputing
+    # them would miss try blocks entered through the prologue's jump rather than from their start.
+    stacksize = max(code.co_stacksize, stack_depth, 3 + len(cells))
     resumed = new.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
     return ResumeCode(resumed, offset, argnames, stack_depth, nulls, live_locals, cells)

@@ -113,7 +113,8 @@ def resume_at(fn, offset: int, args_factory, cells_as_values: bool = False):
         elif c in frame_locals:  # bound: pass the value, the prologue makes a fresh cell
             names.append(c)
             values.append(cell.cell_contents)
-    rc = bg.make_resume_code(code, offset, depth, names, null_positions=nulls)
+    passed = [] if cells_as_values else list(code.co_cellvars)
+    rc = bg.make_resume_code(code, offset, depth, names, null_positions=nulls, passed_cells=passed)
     assert rc.argnames[len(stack):] == tuple(names) and len(rc.argnames) == len(stack) + len(names)
     resumed = types.FunctionType(rc.code, fn.__globals__, rc.code.co_name, None, fn.__closure__)
     prefix = list(LOG)
@@ -531,10 +532,17 @@ def test_cell_shared_with_closure_made_before_break():
     read = types.FunctionType(f.__code__.co_consts[1] if isinstance(f.__code__.co_consts[1], types.CodeType)
                               else next(c for c in f.__code__.co_consts if isinstance(c, types.CodeType)),
                               globals(), "read", None, (cell,))
-    rc = bg.make_resume_code(f.__code__, after, 1, ["a", "read", "y"])
+    rc = bg.make_resume_code(f.__code__, after, 1, ["a", "read", "y"], passed_cells=["y"])
     resumed = types.FunctionType(rc.code, globals(), rc.code.co_name)
     assert resumed(g(5), 5, read, cell) == f(5) == 16
     assert cell.cell_contents == 16
+    with pytest.raises(TypeError, match="passed_cells"):
+        resumed(g(5), 5, read, 5)  # a value where a cell was promised: an error, not a crash
+    by_value = bg.make_resume_code(f.__code__, after, 1, ["a", "read", "y"])
+    cell.cell_contents = 5
+    assert types.FunctionType(by_value.code, globals())(g(5), 5, read, 5) == 5  # `read` keeps the old cell
+    with pytest.raises(ValueError, match="passed_cells"):
+        bg.make_resume_code(f.__code__, after, 1, ["a", "read"], passed_cells=["y"])
 
 
 # -- the way the frontend uses it: values known from the source ------------------------------------------
