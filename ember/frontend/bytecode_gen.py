@@ -10,7 +10,8 @@ Parameters of the resume code::
 
     __resume_at_{offset}_{name}(___stack0, ..., ___stack{n-1}, *live_locals)
 
-``___stack{k}`` is the k-th operand-stack value from the bottom.  Slots listed in ``null_positions``
+``___stack{k}`` is the k-th operand-stack value from the bottom (more underscores if the name is
+taken, as when resuming a resume function).  Slots listed in ``null_positions``
 hold NULL (the slot below a callable pushed by LOAD_GLOBAL/PUSH_NULL/LOAD_ATTR, or the saved loop
 variable of a 3.12 inlined comprehension when it was unbound) and take no argument.  A live local that
 is a *cell variable* (captured by an inner function) is passed as its value: the original MAKE_CELL
@@ -200,13 +201,16 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
                          f"co_cellvars (free variables come from the closure); got {list(live_locals)}")
     if any(c not in live_locals or c not in code.co_cellvars for c in cells):
         raise ValueError(f"{_where(code)}: passed_cells {list(cells)} must be live cell variables")
-    stack_names = [f"___stack{k}" for k in range(stack_depth)]
+    prefix = "___stack"
+    while any(n.startswith(prefix) for n in code.co_varnames):  # e.g. when resuming a resume function
+        prefix = "_" + prefix
+    stack_names = [f"{prefix}{k}" for k in range(stack_depth)]
     argnames = tuple(n for k, n in enumerate(stack_names) if k not in nulls) + live_locals
     # Zero-argument super() reads the class from __class__ and the instance from local slot 0, which in
     # the resume code is its first parameter: that slot must hold the original's first argument.
     self_name = code.co_varnames[0] if code.co_argcount else None
     fix_slot0 = "__class__" in code.co_freevars and "super" in code.co_names and argnames[:1] != (self_name,)
-    if fix_slot0 and (self_name not in live_locals or not argnames[0].startswith("___stack")):
+    if fix_slot0 and (self_name not in live_locals or argnames[0] not in stack_names):
         raise ValueError(f"{_where(code)} uses super(): pass its first argument {self_name!r} as a live local, "
                          f"first among them when the stack is empty")
 

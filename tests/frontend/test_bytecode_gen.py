@@ -701,3 +701,15 @@ def test_stdlib_functions_analyse_and_assemble():
             assert rc.code.co_name.startswith("__resume_at_")
             built += 1
     assert len(codes) > 100 and built > 300
+
+
+def test_resume_of_a_resume_function():
+    """A resume function breaks again: its own resume functions work the same way (offsets are its own)."""
+    code = loops.__code__
+    first_for = next(i for i in dis.get_instructions(loops) if i.opname == "FOR_ITER")
+    rc = bg.make_resume_code(code, first_for.offset, 1, ["xs", "total"])  # loop head: the iterator is on the stack
+    resumed = types.FunctionType(rc.code, globals(), rc.code.co_name)
+    xs = [3, 1, 4, 1, 5]
+    partly = lambda: ((iter(list(enumerate(xs))[1:]), xs, 0), {})  # noqa: E731 - after the first element
+    assert outcome(lambda: resumed(*partly()[0]))[0] == outcome(lambda: loops(xs))[0]
+    assert check_all_offsets(resumed, partly) > 20
