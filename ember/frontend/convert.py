@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import functools
 import inspect
 import linecache
+import operator
 import sys
 import types
 import warnings
@@ -38,7 +40,7 @@ from ember.frontend.interpreter import (
 )
 from ember.frontend.values import GradExit as _GradExit
 from ember.frontend.values import (
-    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NullV, ObjV, SetV,
+    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NullV, ObjV, PartialV, SetV,
     SuperV, TensorV, TupleV, V,
 )
 from ember.tools.logs import enabled, get_logger
@@ -305,6 +307,9 @@ class EntryCodegen:
         for i, v in enumerate(needed):
             self.outputs[id(v)] = i
         cap.graph.output(tuple(v.node for v in needed))
+        _eliminate_dead_code(cap.graph)
+        real_ops = [n for n in cap.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+                    and n.target is not torch._C._set_grad_enabled]
         root = torch.nn.Module()
         for n in cap.graph.nodes:
             if n.op == "get_attr":
@@ -413,6 +418,9 @@ class EntryCodegen:
             return f"super({c(v.cls)}, {self.expr(v.obj)})"
         if isinstance(v, NullV):
             return "___NULL"
+        if isinstance(v, PartialV):
+            kw = "".join(f", {k}={self.expr(x)}" for k, x in v.kwargs.items())
+            return f"{c(functools.partial)}({self.expr(v.func)}{''.join(', ' + self.expr(x) for x in v.args)}{kw})"
         raise Unsupported(f"cannot rebuild a {type(v).__name__} in Python")
 
     def key(self, k) -> str:
@@ -428,7 +436,7 @@ class EntryCodegen:
                     writes.append((f"setattr({v.source}, {name!r}, {{}})", self.expr(x)))
                 for name in v.deleted:
                     if name not in v.writes:
-                        writes.append((f"delattr({v.source}, {name!r}){{}}", "''"))
+                        writes.append((f"delattr({v.source}, {name!r})", "None"))
             elif isinstance(v, ListV) and v.mutated:
                 writes.append((f"{v.source}[:] = {{}}", "[" + ", ".join(self.expr(x) for x in v.items) + "]"))
             elif isinstance(v, DictV) and v.mutated:
@@ -664,6 +672,30 @@ def _trampoline(f: Callable) -> types.FunctionType:
         return f(*args, **kwargs)
     call.__qualname__ = getattr(f, "__qualname__", type(f).__name__)
     return call
+
+
+_INPLACE_OPERATORS = {operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul,
+                      operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul,
+                      operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+_RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "cauchy",
+                 "geometric", "poisson", "log_normal", "random")
+
+
+def _has_effect(node: torch.fx.Node) -> bool:
+    """Mutations, global state and random draws (which advance the generator) stay even when unused."""
+    t = node.target
+    name = t if isinstance(t, str) else getattr(t, "__name__", "")
+    if name.endswith("_") and not name.endswith("__") or t in _INPLACE_OPERATORS:
+        return True
+    if t is torch._C._set_grad_enabled or "out" in node.kwargs:
+        return True
+    return any(w in name for w in _RANDOM_WORDS)
+
+
+def _eliminate_dead_code(graph: torch.fx.Graph) -> None:
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("call_function", "call_method") and not node.users and not _has_effect(node):
+            graph.erase_node(node)
 
 
 def _code_where(code) -> str:

@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ember.errors import Unsupported
 from ember.frontend.guards import Guards
 from ember.frontend.values import (
-    NULL, GradExit, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
+    NULL, GradExit, PartialV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
     NullV, ObjV, SetV, SuperV, TensorV, TupleV, V,
 )
 
@@ -95,6 +95,8 @@ COMPILING_PROBES = {getattr(torch.compiler, n) for n in ("is_compiling", "is_dyn
 STATE_PROBES = {getattr(torch._C, n) for n in ("_is_tracing", "_get_tracing_state", "_get_cudnn_enabled",
                                                "_get_mkldnn_enabled", "is_grad_enabled", "_is_torch_function_enabled",
                                                "_is_functional_tensor") if hasattr(torch._C, n)}
+MODULE_TRAVERSALS = {"children", "named_children", "parameters", "named_parameters", "buffers", "named_buffers",
+                     "modules", "named_modules"}
 PURE_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "count", "index",
                 "__eq__", "__ne__", "__hash__", "startswith", "endswith", "copy"}
 MATH_FUNCS = {id(v) for v in vars(math).values() if callable(v)}
@@ -348,8 +350,10 @@ def _is_key(k) -> bool:
 
 
 def _guard_by_identity(value) -> bool:
+    # nn.Modules are guarded by type, and each attribute read has its own guard: a module built anew on every
+    # call (or passed to a resume function) then reuses the graph, and its parameters stay graph inputs.
     return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-                              types.ModuleType, torch.nn.Module, functools.partial, types.MethodWrapperType,
+                              types.ModuleType, functools.partial, types.MethodWrapperType,
                               types.WrapperDescriptorType, types.MethodDescriptorType))
 
 
@@ -974,6 +978,25 @@ class Frame:
         self.yields.append(self.pop())
         self.push(ConstV(None))  # the value sent in by next()
 
+    def SEND(self, inst):
+        self.pop()  # the value sent in: always None for generators consumed by iteration
+        it = self.stack[-1]
+        if not isinstance(it, IterV):
+            raise Unsupported("yield from a non-iterable", self.where())
+        if it.pos < len(it.items):
+            self.push(it.items[it.pos])
+            it.pos += 1
+            return
+        if not PY312:
+            self.pop()
+        self.push(ConstV(None))
+        self.jump(inst)
+
+    def END_SEND(self, inst):
+        v = self.pop()
+        self.pop()
+        self.push(v)
+
     def GET_YIELD_FROM_ITER(self, inst):
         v = self.pop()
         self.push(v if isinstance(v, IterV) else IterV(self.iterate(v)))
@@ -1088,6 +1111,8 @@ class Frame:
             return v.value
         if isinstance(v, TupleV) and all(isinstance(x, ConstV) for x in v.items):
             return tuple(x.value for x in v.items)
+        if isinstance(v, ListV) and all(isinstance(x, ConstV) for x in v.items):
+            return [x.value for x in v.items]
         if isinstance(v, TensorV):
             raise Unsupported("a tensor's value is needed by Python (formatting or conversion)", self.where())
         raise Unsupported(f"a {type(v).__name__} used where ember needs a constant", self.where())
@@ -1147,6 +1172,7 @@ class Frame:
                     for i in range(v.fake.shape[0])]
         if isinstance(v, ObjV):
             m = v.value
+            self.guard_structure(v)
             if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
                 return [self.getattr(v, k) for k in m._modules]
             if isinstance(m, torch.nn.ModuleDict):
@@ -1160,6 +1186,13 @@ class Frame:
             if isinstance(it, BoundV) and isinstance(it.func, types.FunctionType):
                 return self.iterate(self.call(it, [], {}))
         raise Unsupported(f"iteration over {self.type_name(v)}", self.where())
+
+    def guard_structure(self, v: V) -> None:
+        """Iterating or indexing a module container depends on which children it has."""
+        m = getattr(v, "value", None)
+        if isinstance(m, torch.nn.Module) and v.source is not None:
+            table = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
+            self.cap.guards.add(f"tuple({v.source}.{table}) == {self.cap.consts.ref(tuple(getattr(m, table)))}", 1)
 
     def type_name(self, v: V) -> str:
         if isinstance(v, ObjV):
@@ -1180,7 +1213,8 @@ class Frame:
             cls = type(obj)
             if isinstance(obj, torch.nn.Module):
                 if hasattr(cls, "__len__") and cls.__len__ is not torch.nn.Module.__dict__.get("__len__"):
-                    return len(obj) > 0  # containers; their contents are fixed by the identity guard
+                    self.guard_structure(v)
+                    return len(obj) > 0
                 return True
             if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
                 return True
@@ -1373,6 +1407,7 @@ class Frame:
             if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                               torch.nn.ParameterDict)):
                 i = self.const_value(idx)
+                self.guard_structure(obj)
                 if isinstance(m, torch.nn.ModuleDict):
                     return self.getattr(obj, i)
                 if isinstance(m, torch.nn.ParameterDict):
@@ -1476,6 +1511,8 @@ class Frame:
                 trusted = value.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
                 return cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))
             if isinstance(value, type):
+                if is_namedtuple_cls(value) and name == "_make":
+                    return BoundV(obj, "_make")
                 static = _lookup_static(value, name)
                 if isinstance(static, (classmethod,)):
                     return BoundV(obj, static.__func__)
@@ -1531,8 +1568,10 @@ class Frame:
                     return obj.items[fields.index(name)]
             if name in ("count", "index"):
                 return BoundV(obj, name)
-            if is_namedtuple_cls(obj.cls) and name == "_asdict":
+            if is_namedtuple_cls(obj.cls) and name in ("_asdict", "_replace"):
                 return BoundV(obj, name)
+            if is_namedtuple_cls(obj.cls) and name == "_fields":
+                return self.const_v(obj.cls._fields)
             if is_namedtuple_cls(obj.cls):
                 static = _lookup_static(obj.cls, name)
                 if isinstance(static, (types.FunctionType, property)):
@@ -1668,9 +1707,14 @@ class Frame:
                 return self.call_method(fn.self_v, fn.func, args, kwargs)
             if isinstance(fn.func, (types.MethodDescriptorType, types.WrapperDescriptorType)):
                 return self.call_builtin_method(fn.self_v, fn.func, args, kwargs)
+            if isinstance(fn.self_v, ObjV) and isinstance(fn.self_v.value, torch.nn.Module) and \
+                    fn.func is getattr(torch.nn.Module, fn.func.__name__, None) and fn.func.__name__ in MODULE_TRAVERSALS:
+                return self.module_traversal(fn.self_v, fn.func.__name__, args, kwargs)
             return self.call(ObjV(fn.func), [fn.self_v] + args, kwargs)
         if isinstance(fn, ClosureV):
             return self.inline(fn.code, fn.globals, fn.defaults, fn.kwdefaults, fn.closure, args, kwargs, fn.name)
+        if isinstance(fn, PartialV):
+            return self.call(fn.func, fn.args + list(args), {**fn.kwargs, **kwargs})
         if isinstance(fn, GradModeExitV):
             self.set_grad(fn.prev)
             return ConstV(None)
@@ -1725,6 +1769,9 @@ class Frame:
             return self.inline(f.__code__, f.__globals__, defaults, kwdefaults, closure, args, kwargs, f.__qualname__)
         if isinstance(f, type):
             return self.construct(fn_v, f, args, kwargs)
+        call = _lookup_static(type(f), "__call__")
+        if isinstance(call, types.FunctionType):
+            return self.call(BoundV(fn_v, call), args, kwargs)
         if id(f) in MATH_FUNCS or f in PURE_BUILTIN_FUNCS or id(f) in OPERATOR_FUNCS:
             if any(isinstance(a, TensorV) for a in args):
                 if id(f) in OPERATOR_FUNCS:
@@ -1736,6 +1783,46 @@ class Frame:
             return self.concrete(f, args, kwargs)
         raise Unsupported(f"call to {_callable_name(f)} (not a torch op and not Python ember can inline)",
                           self.where())
+
+    def module_traversal(self, mod_v: ObjV, name: str, args: list[V], kwargs: dict) -> V:
+        """nn.Module.children(), parameters(), named_modules()...: walked at capture time, each item with its
+        source, so the module structure is fixed by the identity guards and tensors stay graph inputs."""
+        table = {"children": "_modules", "named_children": "_modules", "parameters": "_parameters",
+                 "named_parameters": "_parameters", "buffers": "_buffers", "named_buffers": "_buffers",
+                 "modules": "_modules", "named_modules": "_modules"}[name]
+        named = name.startswith("named_")
+        kw = {k: self.const_value(v) for k, v in kwargs.items()}
+        posargs = [self.const_value(a) for a in args]
+        recurse = kw.get("recurse", posargs[0] if posargs and name in ("parameters", "buffers") else True)
+        prefix = kw.get("prefix", "")
+        out, seen = [], set()
+
+        def walk(m, src, path, include_self):
+            if src is not None:
+                for t in {"_modules", table}:
+                    self.cap.guards.add(f"tuple({src}.{t}) == {self.cap.consts.ref(tuple(getattr(m, t)))}", 1)
+            if name in ("modules", "named_modules"):
+                if include_self and id(m) not in seen:
+                    seen.add(id(m))
+                    out.append((path, m, src))
+                for k, child in m._modules.items():
+                    if child is not None:
+                        walk(child, f"{src}._modules[{k!r}]" if src else None, f"{path}.{k}" if path else k, True)
+                return
+            for k, x in getattr(m, table).items():
+                if x is not None and id(x) not in seen:
+                    seen.add(id(x))
+                    out.append((f"{path}.{k}" if path else k, x, f"{src}.{table}[{k!r}]" if src else None))
+            if recurse and table != "_modules":
+                for k, child in m._modules.items():
+                    if child is not None:
+                        walk(child, f"{src}._modules[{k!r}]" if src else None, f"{path}.{k}" if path else k, True)
+
+        walk(mod_v.value, mod_v.source, prefix, True)
+        items = [self.cap.wrap(x, s) for _, x, s in out]
+        if named:
+            items = [TupleV([ConstV(p), v]) for (p, _, _), v in zip(out, items)]
+        return IterV(items)
 
     def call_builtin_method(self, owner: V, descr, args: list[V], kwargs: dict) -> V:
         """A C method of a builtin base class (dict.get on a dict subclass...): read-only ones run at capture
@@ -1759,6 +1846,11 @@ class Frame:
             return self.cap.record("call_function", f, tuple(args), kwargs, self.where())
         if name in TORCH_PURE_CONST:
             return self.concrete(f, args, kwargs)
+        if isinstance(f, types.FunctionType):  # a Python helper of torch's own (torch._none_or_dtype...)
+            return self.inline(f.__code__, f.__globals__, tuple(ConstV(d) for d in f.__defaults__ or ()),
+                               {k: ConstV(d) for k, d in (f.__kwdefaults__ or {}).items()},
+                               tuple(CellV(self.cap.wrap(c.cell_contents, None)) for c in f.__closure__ or ()),
+                               args, kwargs, f.__qualname__)
         raise Unsupported(f"torch.{name} is not captured (no tensor argument)", self.where())
 
     def call_method(self, self_v: V, name: str, args: list[V], kwargs: dict) -> V:
@@ -1847,6 +1939,14 @@ class Frame:
                 return self.getitem(self_v, args[0])
             if name == "to_tuple":
                 return TupleV(list(d.values()))
+            if name == "move_to_end":
+                k = self.key(args[0])
+                last = self.const_value(args[1] if len(args) > 1 else kwargs.get("last", ConstV(True)))
+                v = self.dict_mutate(self_v).items.pop(k)
+                d2 = {k: v, **d} if not last else {**d, k: v}
+                d.clear()
+                d.update(d2)
+                return ConstV(None)
             raise Unsupported(f"dict.{name}", self.where())
         if isinstance(self_v, SetV):
             if name == "add":
@@ -1874,6 +1974,12 @@ class Frame:
         if isinstance(self_v, TupleV):
             if name == "_asdict":
                 return DictV(dict(zip(self_v.cls._fields, self_v.items)))
+            if name == "_replace":
+                fields = list(self_v.cls._fields)
+                items = list(self_v.items)
+                for k, v in kwargs.items():
+                    items[fields.index(k)] = v
+                return TupleV(items, None, self_v.cls)
             target = args[0]
             matches = [self.truth(self.binary(operator.eq, x, target, False)) for x in self_v.items]
             return ConstV(sum(matches) if name == "count" else matches.index(True))
@@ -1883,6 +1989,8 @@ class Frame:
                 return ConstV(None)
             self.set_grad(not self_v.enabled)
             return ConstV(None)
+        if isinstance(self_v, ObjV) and name == "_make":
+            return TupleV(self.iterate(args[0]), None, self_v.value)
         if isinstance(self_v, IterV) and name == "__next__":
             return _next(self, [self_v], {})
         raise Unsupported(f"method {name} of {self.type_name(self_v)}", self.where())
@@ -1911,7 +2019,8 @@ class Frame:
         for hook_id, hook in list(mod._forward_pre_hooks.items()):
             if mod._forward_pre_hooks_with_kwargs.get(hook_id):
                 raise Unsupported("forward pre-hook with kwargs", self.where())
-            r = self.call(self.cap.wrap(hook, None), [mod_v, TupleV(list(args))], {})
+            hook_v = self.cap.wrap(hook, f"{src}._forward_pre_hooks[{hook_id}]" if src else None)
+            r = self.call(hook_v, [mod_v, TupleV(list(args))], {})
             if not self.is_none(r):
                 args = list(r.items) if isinstance(r, TupleV) else [r]
         forward = type(mod).forward
@@ -1922,7 +2031,8 @@ class Frame:
         for hook_id, hook in list(mod._forward_hooks.items()):
             if mod._forward_hooks_with_kwargs.get(hook_id):
                 raise Unsupported("forward hook with kwargs", self.where())
-            r = self.call(self.cap.wrap(hook, None), [mod_v, TupleV(list(args)), out], {})
+            hook_v = self.cap.wrap(hook, f"{src}._forward_hooks[{hook_id}]" if src else None)
+            r = self.call(hook_v, [mod_v, TupleV(list(args)), out], {})
             if not self.is_none(r):
                 out = r
         return out
@@ -1938,6 +2048,10 @@ class Frame:
             return TupleV(vals, None, cls)
         if issubclass(cls, BaseException):
             return NewObjV(cls, {"args": TupleV(list(args))})
+        if cls is types.CellType:
+            return CellV(args[0] if args else None)
+        if cls is functools.partial:
+            return PartialV(args[0], list(args[1:]), dict(kwargs))
         if cls.__module__.split(".")[0] in ("builtins",) or cls.__new__ is not object.__new__ or \
                 cls.__module__.split(".")[0] == "torch":
             if all(isinstance(a, ConstV) for a in [*args, *kwargs.values()]) and cls in (
@@ -2064,7 +2178,7 @@ _DUNDERS = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__
 _CONTAINER_METHODS = {
     ListV: {"append", "extend", "insert", "pop", "clear", "reverse", "copy", "index", "count", "remove", "sort"},
     DictV: {"items", "keys", "values", "get", "pop", "setdefault", "update", "clear", "copy", "__contains__",
-            "__getitem__"},
+            "__getitem__", "move_to_end"},
     SetV: {"add", "update", "discard", "remove", "union", "intersection", "difference", "issubset", "issuperset",
            "copy"},
 }
@@ -2183,6 +2297,7 @@ def _len(fr: Frame, args, kwargs):
     if isinstance(v, IterV):
         raise Unsupported("len() of an iterator", fr.where())
     if isinstance(v, ObjV) and isinstance(v.value, torch.nn.Module):
+        fr.guard_structure(v)
         return ConstV(len(v.value))
     if isinstance(v, (ObjV, NewObjV)):
         return fr.call(fr.getattr(v, "__len__"), [], {})
@@ -2234,6 +2349,12 @@ def _dict(fr, args, kwargs):
                 d[fr.key(k)] = v
     d.update(kwargs)
     return DictV(d)
+
+
+def _ordered_dict(fr, args, kwargs):
+    d = _dict(fr, args, kwargs)
+    d.cls = collections.OrderedDict
+    return d
 
 
 def _set(fr, args, kwargs):
@@ -2466,6 +2587,19 @@ def _make_function_value(v: ClosureV):
     return types.FunctionType(v.code, v.globals, v.name)
 
 
+def _reduce(fr, args, kwargs):
+    fn, items = args[0], fr.iterate(args[1])
+    if len(args) > 2:
+        acc = args[2]
+    elif items:
+        acc, items = items[0], items[1:]
+    else:
+        raise PyError(TypeError("reduce() of empty iterable with no initial value"), fr.where())
+    for x in items:
+        acc = fr.call(fn, [acc, x], {})
+    return acc
+
+
 def _print(fr, args, kwargs):
     raise Unsupported("print() writes output: it runs in Python", fr.where())
 
@@ -2479,5 +2613,5 @@ BUILTIN_HANDLERS = {
     str: _str, super: _super, callable: _callable_builtin, issubclass: _issubclass, abs: _abs, pow: _pow_builtin,
     round: _round, id: _id, map: _map, filter: _filter, object.__new__: _object_new,
     object.__setattr__: _object_setattr, dataclasses.fields: _dataclass_fields, print: _print,
-    collections.OrderedDict: _dict, inspect.signature: _signature,
+    collections.OrderedDict: _ordered_dict, functools.reduce: _reduce, inspect.signature: _signature,
 }

@@ -180,6 +180,15 @@ class GradModeCtxV(V):
 
 
 @dataclasses.dataclass(eq=False)
+class PartialV(V):
+    """functools.partial(func, *args, **kwargs) made during capture."""
+    func: V
+    args: list
+    kwargs: dict
+    source: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
 class NullV(V):
     """The NULL that CPython pushes before a callable (PUSH_NULL, LOAD_GLOBAL with the low bit)."""
     source: str | None = None

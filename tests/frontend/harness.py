@@ -110,11 +110,11 @@ def disable(fn):
     return ember.disable(fn)
 
 
-def graph_break_error() -> type:
-    """The exception fullgraph=True raises at a break."""
+def graph_break_error() -> type | tuple[type, ...]:
+    """The exception fullgraph=True raises at a break (torch: Unsupported, or UserError for data-dependent guards)."""
     if BASELINE:
         import torch._dynamo.exc
-        return torch._dynamo.exc.Unsupported
+        return torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError
     return ember.GraphBreakError
 
 

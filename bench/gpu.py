@@ -1,0 +1,306 @@
+"""GPU benchmark: eager vs torch.compile (Inductor) vs ember, one table, one run (issue 6's workloads).
+
+    python bench/gpu.py                      # every workload, every column
+    python bench/gpu.py --only adam,resnet   # a subset (names are matched as substrings)
+    python bench/gpu.py --json out.json      # also write every number
+
+Times are medians of per-step CUDA-event times after warm-up (events bracket each step as the CPU issues it,
+so launch gaps count). "compile" is the cold cost: the wall time of the first calls (until the compiled code
+and any CUDA graphs are recorded) minus as many steady steps; Inductor's caches are pointed at a fresh
+directory so it compiles from nothing. A failing column prints the error class and the run goes on.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from typing import Callable
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_cold_"))
+os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton_cold_"))
+
+import torch  # noqa: E402
+
+import ember  # noqa: E402
+
+DEV = "cuda"
+
+
+@dataclasses.dataclass
+class Workload:
+    name: str
+    build: Callable[[Callable | None, str | None], Callable[[], object]]  # (compiler, mode) -> step
+    mode: str | None = None          # compile mode for the compiled columns
+    bytes_moved: int | None = None   # fewest bytes one step must move (memory-bound rows)
+    iters: int = 50
+
+
+def compilers():
+    return {"eager": None, "inductor": torch.compile, "ember": ember.compile}
+
+
+# ---- workloads ---------------------------------------------------------------------------------------------
+
+N_POINTWISE = 64 * 2**20
+
+
+def pointwise(compiler, mode):
+    x = torch.randn(N_POINTWISE, device=DEV)
+
+    def chain(x):
+        y = x * 1.5 + 0.5
+        y = torch.sin(y) * torch.cos(y)
+        y = torch.relu(y) + torch.sigmoid(x)
+        return torch.tanh(y * y - x)
+
+    fn = chain if compiler is None else compiler(chain, mode=mode)
+    return lambda: fn(x)
+
+
+def adam(compiler, mode, fused=False):
+    params = [torch.nn.Linear(1024, 1024, bias=False, device=DEV).weight for _ in range(10)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.Adam(params, lr=1e-3, fused=True) if fused else torch.optim.Adam(params, lr=1e-3)
+
+    def step():
+        opt.step()
+
+    return step if compiler is None else compiler(step, mode=mode)
+
+
+def densenet_inference(compiler, mode):
+    import torchvision
+    model = torchvision.models.densenet121().to(DEV).eval()
+    x = torch.randn(16, 3, 128, 128, device=DEV)
+    fn = model if compiler is None else compiler(model, mode=mode)
+
+    def step():
+        with torch.no_grad():
+            return fn(x)
+    return step
+
+
+def densenet_train(compiler, mode):
+    import torchvision
+    model = torchvision.models.densenet121().to(DEV)
+    opt = torch.optim.Adam(model.parameters())
+    data = (torch.randn(16, 3, 128, 128, device=DEV), torch.randint(1000, (16,), device=DEV))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def train(mod, data):  # the torch.compile tutorial's training step
+        opt.zero_grad(True)
+        pred = mod(data[0])
+        loss = loss_fn(pred, data[1])
+        loss.backward()
+        opt.step()
+
+    fn = train if compiler is None else compiler(train, mode=mode)
+    return lambda: fn(model, data)
+
+
+def resnet50(compiler, mode):
+    import torchvision
+    model = torchvision.models.resnet50().to(DEV).eval()
+    x = torch.randn(32, 3, 224, 224, device=DEV)
+    fn = model if compiler is None else compiler(model, mode=mode)
+
+    def step():
+        with torch.no_grad():
+            return fn(x)
+    return step
+
+
+def bert(compiler, mode):
+    from transformers import BertConfig, BertModel
+    model = BertModel(BertConfig()).to(DEV).eval()
+    ids = torch.randint(0, 30522, (8, 128), device=DEV)
+    fn = model if compiler is None else compiler(model, mode=mode)
+
+    def step():
+        with torch.no_grad():
+            return fn(input_ids=ids).last_hidden_state
+    return step
+
+
+def gpt2_train(compiler, mode):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config()).to(DEV).train()
+    ids = torch.randint(0, 50257, (8, 256), device=DEV)
+    fn = model if compiler is None else compiler(model, mode=mode)
+
+    def step():  # forward with the LM loss, backward; no optimizer
+        model.zero_grad(set_to_none=True)
+        loss = fn(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach()
+    return step
+
+
+def densenet_cudagraphs_only(compiler, mode):
+    """Diagnostic row: ember.runtime.cudagraphs around the eager module (no fusion), vs eager."""
+    import torchvision
+    from ember.runtime.cudagraphs import CUDAGraphed
+    model = torchvision.models.densenet121().to(DEV).eval()
+    x = torch.randn(16, 3, 128, 128, device=DEV)
+    if compiler is None:
+        def step():
+            with torch.no_grad():
+                return model(x)
+        return step
+    if compiler is not ember.compile:
+        return None                      # ember-only row
+    state = list(model.parameters()) + list(model.buffers())
+
+    def run(x, *state):
+        return (model(x),)
+    g = CUDAGraphed(run, static_input_indices=range(1, 1 + len(state)))
+
+    def step():
+        with torch.no_grad():
+            return g(x, *state)[0]
+    return step
+
+
+WORKLOADS = [
+    Workload("pointwise chain, 64M float32", pointwise, bytes_moved=2 * 4 * N_POINTWISE, iters=100),
+    Workload("Adam step, 10x Linear(1024,1024)", adam, bytes_moved=7 * 4 * 10 * 1024 * 1024, iters=100),
+    Workload("densenet121 b16 128px infer, reduce-overhead", densenet_inference, mode="reduce-overhead"),
+    Workload("densenet121 b16 128px infer, default", densenet_inference),
+    Workload("densenet121 b16 train step+Adam, reduce-overhead", densenet_train, mode="reduce-overhead", iters=20),
+    Workload("resnet50 b32 224px inference", resnet50, iters=30),
+    Workload("BertModel b8 s128 inference", bert, iters=30),
+    Workload("GPT2LMHeadModel b8 s256 train (fwd+bwd)", gpt2_train, iters=20),
+    Workload("densenet121 infer, ember cudagraphs only (diag)", densenet_cudagraphs_only, mode="reduce-overhead"),
+]
+
+
+# ---- measurement -------------------------------------------------------------------------------------------
+
+def steady_ms(step: Callable, iters: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        times.append((a, b))
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in times)
+
+
+def measure(w: Workload, column: str, compiler) -> dict:
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    step = w.build(compiler, w.mode)
+    if step is None:
+        return None
+    first = 3 if compiler is not None else 0     # reduce-overhead records CUDA graphs on the first calls
+    for _ in range(first):
+        step()
+    torch.cuda.synchronize()
+    cold_s = time.perf_counter() - t0
+    ms = steady_ms(step, w.iters)
+    cold_s = max(0.0, cold_s - first * ms / 1e3)
+    out = step()
+    return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out}
+
+
+def check(out, ref) -> str:
+    if out is None or ref is None or not isinstance(out, torch.Tensor):
+        return ""
+    try:
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+        return "ok"
+    except AssertionError:
+        return "MISMATCH"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--columns", default="eager,inductor,ember")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    cols = [c for c in args.columns.split(",") if c]
+    wanted = [w for w in WORKLOADS if not args.only or any(s in w.name.lower() for s in args.only.lower().split(","))]
+    dev = torch.cuda.get_device_name()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"# bench/gpu.py on {dev}, torch {torch.__version__}, Python {platform.python_version()}, {when}",
+          flush=True)
+    rows = []
+    for w in wanted:
+        row = {"workload": w.name}
+        ref = None
+        for col in cols:
+            comp = compilers()[col]
+            try:
+                r = measure(w, col, comp)
+                if r is None:
+                    continue
+                if col == "eager":
+                    ref = r["out"]
+                r["check"] = check(r.pop("out"), ref) if col != "eager" else ""
+            except Exception as e:  # a failing column is reported, the run goes on
+                r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
+                traceback.print_exc(limit=3, file=sys.stdout)
+            row[col] = r
+            print(f"  {w.name} [{col}] {r}", flush=True)
+            if col == "inductor":
+                torch._dynamo.reset()
+            torch.cuda.empty_cache()
+        if w.name.startswith("Adam") and "eager" in cols:
+            try:
+                row["eager fused=True"] = {"ms": steady_ms(adam(None, None, fused=True), w.iters)}
+            except Exception as e:
+                row["eager fused=True"] = {"error": type(e).__name__}
+        rows.append(row)
+        if args.json:  # after every row, so a run cut short still leaves its numbers
+            with open(args.json, "w") as f:
+                json.dump({"device": dev, "torch": torch.__version__, "when": when, "rows": rows}, f, indent=1,
+                          default=str)
+
+    def cell(r, base):
+        if r is None:
+            return "-"
+        if "error" in r:
+            return "ERR " + r["error"].split(":")[0]
+        s = f"{r['ms']:.3f} ms"
+        if base and r is not base:
+            s += f" ({base['ms'] / r['ms']:.2f}x)"
+        if r.get("compile_s") is not None:
+            s += f" c={r['compile_s']:.1f}s"
+        if r.get("check"):
+            s += f" {r['check']}"
+        return s
+
+    print(f"\n## {dev}, torch {torch.__version__}, {when}")
+    print("| workload | " + " | ".join(cols) + " | GB/s (" + "/".join(cols) + ") |")
+    print("|---" * (len(cols) + 2) + "|")
+    for row, w in zip(rows, wanted):
+        base = row.get("eager") if row.get("eager", {}).get("ms") else None
+        cells = [cell(row.get(c), base) for c in cols]
+        gbs = "-"
+        if w.bytes_moved:
+            gbs = "/".join(f"{w.bytes_moved / row[c]['ms'] / 1e6:.0f}" if row.get(c, {}).get("ms") else "-"
+                           for c in cols)
+        print(f"| {w.name} | " + " | ".join(cells) + f" | {gbs} |")
+        if "eager fused=True" in row:
+            print(f"| ↳ eager Adam(fused=True) | {cell(row['eager fused=True'], base)} |" + " |" * len(cols))
+
+
+if __name__ == "__main__":
+    main()

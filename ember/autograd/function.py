@@ -1,0 +1,137 @@
+"""The runtime: a captured graph as one torch.autograd.Function whose forward and backward are compiled graphs.
+
+aot_module(gm, example_inputs, fw_compiler, bw_compiler) returns a callable with gm's calling convention:
+- inference (grad mode off, or nothing requires grad): trace_forward -> fw_compiler(graph) -> run, no backward built;
+- training: trace_joint -> partition -> fw_compiler(forward graph), bw_compiler(backward graph, compiled on the
+  first backward with the real saved tensors as example inputs) inside one autograd.Function.
+After either: input mutations are copied back, outputs aliasing inputs are rebuilt as views (trace.finish).
+
+An artifact is built per input signature (shape, stride, dtype, device, requires_grad, grad mode): the frontend
+guards on these too, but a graph from symbolic_trace may be called with anything, and a wrong artifact would be
+silently wrong. A graph the tracer cannot make functional runs as it is (eager), logged under EMBER_LOGS=fallbacks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from ember.autograd.partition import Partition, partition
+from ember.autograd.trace import TraceError, TraceMeta, _lifted_getter, finish, lift_parameters, trace_forward, \
+    trace_joint
+from ember.tools.logs import get_logger
+
+Compiler = Callable[[torch.fx.GraphModule, list], Callable]
+log = get_logger("autograd")
+fallback_log = get_logger("fallbacks")
+
+
+def _eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    return gm.forward
+
+
+@dataclasses.dataclass
+class _Artifact:
+    meta: TraceMeta
+    forward: Callable
+    name: str
+    part: Partition | None = None               # training only
+    bw_compiler: Compiler | None = None
+    backward: Callable | None = None
+
+    @property
+    def training(self) -> bool:
+        return self.part is not None
+
+
+class CompiledGraphFunction(torch.autograd.Function):
+    """forward: the compiled forward graph; backward: the compiled backward graph on the saved values."""
+
+    @staticmethod
+    def forward(ctx, art: _Artifact, *primals):
+        outs = art.forward(*primals)
+        n = art.part.num_forward_outputs
+        fw_outs, saved = outs[:n], outs[n:]
+        ctx.art = art
+        ctx.save_for_backward(*saved)
+        diff = set(art.meta.tangent_of)
+        ctx.mark_non_differentiable(*[o for k, o in enumerate(fw_outs) if k not in diff and
+                                      isinstance(o, torch.Tensor)])
+        return tuple(fw_outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        art: _Artifact = ctx.art
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                f"ember: double backward (backward with create_graph=True, or a gradient of a gradient) through "
+                f"the compiled graph {art.name!r} is not supported: its backward graph reads saved activations that "
+                f"carry no autograd history. Compile that code with ember.compile(..., backend='eager') or run it "
+                f"uncompiled.")
+        saved = ctx.saved_tensors
+        tangents = [grads[k].contiguous() if grads[k].layout == torch.strided else grads[k]
+                    for k in art.meta.tangent_of]
+        if art.backward is None:
+            art.backward = art.bw_compiler(art.part.backward, [*saved, *tangents])
+        gin = iter(art.backward(*saved, *tangents))
+        return (None, *[next(gin) if rg else None for rg in art.meta.requires_grad])
+
+
+def _signature(inputs: list) -> tuple:
+    grad = torch.is_grad_enabled()
+    return (grad,) + tuple((t.shape, t.stride(), t.dtype, t.device, grad and t.requires_grad) for t in inputs)
+
+
+def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Compiler,
+               bw_compiler: Compiler | None = None) -> Callable:
+    """gm as a callable whose forward (and backward, when inputs require grad) are ATen graphs compiled by the
+    given compilers, each `(aten_gm, example_inputs) -> callable`. bw_compiler defaults to fw_compiler."""
+    bw_compiler = bw_compiler or fw_compiler
+    name = type(gm).__name__
+    lifted = _lifted_getter(gm, lift_parameters(gm)[0])
+    artifacts: dict[tuple, _Artifact | None] = {}
+
+    def build(inputs: list) -> _Artifact | None:
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        try:
+            if not training:
+                aten_gm, meta = trace_forward(gm, inputs[:len(inputs) - len(lifted())])
+                art = _Artifact(meta, fw_compiler(aten_gm, inputs), name)
+                log.debug("%s: inference graph, %d nodes", name, len(aten_gm.graph.nodes))
+                return art
+            joint, meta = trace_joint(gm, inputs[:len(inputs) - len(lifted())])
+            part = partition(joint, meta)
+        except TraceError as e:
+            fallback_log.warning("ember.autograd: graph %r runs eagerly: %s", name, e)
+            return None
+        except Exception as e:  # fake tensors refuse data-dependent ops (.item(), nonzero): run eagerly
+            fallback_log.warning("ember.autograd: graph %r runs eagerly: %s: %s", name, type(e).__name__, e)
+            return None
+        log.debug("%s: joint graph %d nodes -> forward %d, backward %d; saves %d tensors (%d bytes), "
+                  "recomputes %d nodes", name, len(joint.graph.nodes), len(part.forward.graph.nodes),
+                  len(part.backward.graph.nodes), len(part.saved), part.saved_bytes, len(part.recomputed))
+        return _Artifact(meta, fw_compiler(part.forward, inputs), name, part, bw_compiler)
+
+    def run(*args):
+        inputs = [*args, *lifted()]
+        key = _signature(inputs)
+        if key not in artifacts:
+            artifacts[key] = build(inputs)
+        art = artifacts[key]
+        if art is None:
+            return gm(*args)
+        if art.training:
+            outs = CompiledGraphFunction.apply(art, *inputs)
+        else:
+            outs = art.forward(*inputs)
+        return finish(art.meta, inputs, outs)
+
+    run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
+    return run
+
+
+def aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """The "aot_eager" backend: this whole pipeline, with both graphs run as they are (ATen ops, eagerly)."""
+    return aot_module(gm, example_inputs, _eager, _eager)

@@ -1,0 +1,332 @@
+"""C++/OpenMP backend: a Schedule -> one C++ file (one `extern "C"` function per FusedGroup) plus a Python
+wrapper that allocates buffers, calls kernels through ctypes (tensors passed as data pointers) and calls
+extern ops. No libtorch headers, so a build takes about a second.
+
+Rows of a group are an `omp parallel for`; the innermost loop of each member is `omp simd` (reductions with
+a vectorizable accumulator), so g++ -O3 -march=native vectorizes contiguous inner loops.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import sympy
+import torch
+
+from ember.codegen import ir
+from ember.codegen.ir import Expr, ExternBuffer, FloorDiv, IndirectSymbol, ModIndex, TensorArg
+from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
+
+CTYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+         torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+PARALLEL_MIN = 1 << 15  # elements of work below which a loop is not worth waking the thread team
+
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <algorithm>
+//@MVEC@
+template <typename T> static inline T ember_max(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> static inline T ember_min(T a, T b) { return (a != a || a < b) ? a : b; }
+template <typename T> static inline T ember_floordiv(T a, T b) {  // as at::native div_floor_floating
+  if (b == T(0)) return a / b;
+  T mod = std::fmod(a, b), div = (a - mod) / b;
+  if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) div -= T(1);
+  T fl;
+  if (div != T(0)) { fl = std::floor(div); if (div - fl > T(0.5)) fl += T(1); }
+  else fl = std::copysign(T(0), a / b);
+  return fl;
+}
+template <typename T> static inline T ember_remainder(T a, T b) {
+  T mod = std::fmod(a, b);
+  if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) mod += b;
+  return mod;
+}
+template <typename T> static inline T ember_sign(T a) { return T((T(0) < a) - (a < T(0))); }
+static inline int64_t ember_index(int64_t i, int64_t n, int64_t* err) {
+  if (i < 0) i += n;
+  if (i < 0 || i >= n) { *err = 1; return 0; }
+  return i;
+}
+static inline uint64_t ember_mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ULL; x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL; return x ^ (x >> 31);
+}
+template <typename T> static inline T ember_rand(int64_t seed, int64_t i) {
+  return T(ember_mix((uint64_t)seed * 0x632be59bd9b4e019ULL ^ ember_mix((uint64_t)i)) >> 11) * T(1.0 / 9007199254740992.0);
+}
+"""
+
+# libm functions with vector variants in glibc's libmvec: called through ember_<name>[f] aliases declared
+# `simd`, so loops calling them vectorize (and g++ does not merge sin+cos into sincos, which has none)
+MVEC_UNARY = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "erfc", "exp", "exp2", "expm1",
+              "log", "log10", "log1p", "log2", "sin", "sinh", "tan", "tanh")
+MVEC_BINARY = ("atan2", "hypot", "pow")
+
+
+def _mvec_decls() -> str:
+    out = ['#define EMBER_SIMD __attribute__((simd("notinbranch"), const, nothrow))', 'extern "C" {']
+    for n in MVEC_UNARY:
+        out.append(f'EMBER_SIMD float ember_{n}f(float) __asm__("{n}f"); EMBER_SIMD double ember_{n}(double) __asm__("{n}");')
+    for n in MVEC_BINARY:
+        out.append(f'EMBER_SIMD float ember_{n}f(float, float) __asm__("{n}f"); '
+                   f'EMBER_SIMD double ember_{n}(double, double) __asm__("{n}");')
+    out.append("}")
+    return "\n".join(out)
+
+
+PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls())
+UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log({})", "log2": "std::log2({})",
+               "log10": "std::log10({})", "sqrt": "std::sqrt({})", "rsqrt": "({t}(1) / std::sqrt({}))",
+               "sin": "std::sin({})", "cos": "std::cos({})", "tan": "std::tan({})", "asin": "std::asin({})",
+               "acos": "std::acos({})", "atan": "std::atan({})", "sinh": "std::sinh({})", "cosh": "std::cosh({})",
+               "tanh": "std::tanh({})", "asinh": "std::asinh({})", "acosh": "std::acosh({})",
+               "atanh": "std::atanh({})", "sigmoid": "({t}(1) / ({t}(1) + ember_exp{sfx}(-{})))", "erf": "std::erf({})",
+               "erfc": "std::erfc({})", "log1p": "std::log1p({})", "expm1": "std::expm1({})",
+               "floor": "std::floor({})", "ceil": "std::ceil({})", "round": "std::nearbyint({})",
+               "trunc": "std::trunc({})", "reciprocal": "({t}(1) / {})", "lgamma": "std::lgamma({})",
+               "frac": "({0} - std::trunc({0}))", "isnan": "std::isnan({})", "isinf": "std::isinf({})",
+               "isfinite": "std::isfinite({})", "signbit": "std::signbit({})"}
+UNARY_ANY = {"neg": "(-{})", "abs": "({0} < {t}(0) ? -{0} : {0})", "sign": "ember_sign({})",
+             "logical_not": "(!{})", "relu": "({0} < {t}(0) ? {t}(0) : {0})"}
+UNARY_INT = {"floor": "{}", "ceil": "{}", "round": "{}", "trunc": "{}", "isnan": "false", "isinf": "false",
+             "isfinite": "true", "signbit": "({} < 0)", "bitwise_not": "(~{})", "abs": "({0} < 0 ? -{0} : {0})"}
+BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv": "({} / {})",
+          "maximum": "ember_max({}, {})", "minimum": "ember_min({}, {})", "fmax": "std::fmax({}, {})",
+          "fmin": "std::fmin({}, {})", "eq": "({} == {})", "ne": "({} != {})", "lt": "({} < {})",
+          "le": "({} <= {})", "gt": "({} > {})", "ge": "({} >= {})", "logical_and": "({} && {})",
+          "logical_or": "({} || {})", "logical_xor": "(bool({}) != bool({}))", "bitwise_and": "({} & {})",
+          "bitwise_or": "({} | {})", "bitwise_xor": "({} ^ {})", "atan2": "std::atan2({}, {})",
+          "copysign": "std::copysign({}, {})", "hypot": "std::hypot({}, {})", "pow": "std::pow({}, {})",
+          "floordiv": "ember_floordiv({}, {})", "remainder": "ember_remainder({}, {})",
+          "fmod": "std::fmod({}, {})", "nextafter": "std::nextafter({}, {})",
+          "lshift": "({} << {})", "rshift": "({} >> {})"}
+REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
+OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "max": "max", "min": "min"}
+
+
+def literal(v, dtype: torch.dtype) -> str:
+    t = CTYPE[dtype]
+    if dtype == torch.bool:
+        return "true" if v else "false"
+    if dtype.is_floating_point:
+        v = float(v)
+        if math.isnan(v):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if math.isinf(v):
+            return f"{'-' if v < 0 else ''}std::numeric_limits<{t}>::infinity()"
+        return f"{t}({v!r})"
+    return f"{t}({int(v)}LL)" if abs(int(v)) < 2 ** 63 else f"{t}({int(v)}ULL)"
+
+
+def index_code(e, names: dict) -> str:
+    """C expression of a sympy index (int64 arithmetic)."""
+    if isinstance(e, IndirectSymbol):
+        return names[e]
+    if e.is_Integer:
+        return f"{int(e)}LL" if abs(int(e)) >= 2 ** 31 else str(int(e))
+    if e.is_Symbol:
+        return str(e)
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(index_code(a, names) for a in e.args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(index_code(a, names) for a in e.args) + ")"
+    if isinstance(e, FloorDiv):
+        return f"({index_code(e.args[0], names)} / {index_code(e.args[1], names)})"
+    if isinstance(e, ModIndex):
+        return f"({index_code(e.args[0], names)} % {index_code(e.args[1], names)})"
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        f = "std::min" if isinstance(e, sympy.Min) else "std::max"
+        out = index_code(e.args[0], names)
+        for a in e.args[1:]:
+            out = f"{f}<int64_t>({out}, {index_code(a, names)})"
+        return out
+    raise NotImplementedError(f"index expression {e} ({type(e).__name__})")
+
+
+class Body:
+    """Straight-line C++ for Exprs, one statement per DAG node (CSE by identity, since Exprs are interned)."""
+
+    def __init__(self, ptrs: dict, scalars: dict, indent: str):
+        self.ptrs, self.scalars, self.indent = ptrs, scalars, indent
+        self.lines: list[str] = []
+        self.names: dict = {}
+
+    def emit(self, e: Expr) -> str:
+        for x in e.walk():
+            if id(x) not in self.names:
+                self.names[id(x)] = self._node(x)
+        return self.names[id(e)]
+
+    def var(self, code: str, dtype) -> str:
+        n = f"t{len(self.lines)}"
+        self.lines.append(f"{self.indent}{CTYPE[dtype]} {n} = {code};")
+        return n
+
+    def _node(self, x: Expr) -> str:
+        t = CTYPE[x.dtype]
+        if x.op == "const":
+            return literal(x.args[0], x.dtype)
+        if x.op == "load":
+            name, off = x.args
+            if name in self.scalars:
+                return self.scalars[name]
+            ind = {s: self.names[id(s.value)] for s in off.atoms(IndirectSymbol)}
+            return self.var(f"{self.ptrs[name]}[{index_code(off, ind)}]", x.dtype)
+        if x.op == "index":
+            ind = {s: self.names[id(s.value)] for s in x.args[0].atoms(IndirectSymbol)}
+            return self.var(f"static_cast<{t}>({index_code(x.args[0], ind)})", x.dtype)
+        a = [self.names[id(y)] if isinstance(y, Expr) else y for y in x.args]
+        if x.op == "cast":
+            return self.var(f"static_cast<{t}>({a[0]})", x.dtype)
+        if x.op == "checked_index":
+            return self.var(f"ember_index({a[0]}, {a[1]}, err)", x.dtype)
+        if x.op == "rand":
+            return self.var(f"ember_rand<{t}>({a[0]}, {a[1]})", x.dtype)
+        if x.op == "where":
+            return self.var(f"({a[0]} ? {a[1]} : {a[2]})", x.dtype)
+        arg_dtype = x.args[0].dtype
+        at = CTYPE[arg_dtype]
+        if len(a) == 1:
+            if not arg_dtype.is_floating_point and x.op in UNARY_INT:
+                f = UNARY_INT[x.op]
+            elif x.op in UNARY_ANY:
+                f = UNARY_ANY[x.op]
+            elif arg_dtype == torch.bool and x.op == "bitwise_not":
+                f = "(!{})"
+            elif x.op in MVEC_UNARY:
+                f = f"ember_{x.op}{{sfx}}({{}})"
+            else:
+                f = UNARY_FLOAT[x.op]
+            return self.var(f.format(a[0], t=at, sfx="f" if arg_dtype == torch.float32 else ""), x.dtype)
+        if arg_dtype == torch.bool and x.op in ("add", "mul", "maximum", "minimum"):
+            f = {"add": "({} || {})", "mul": "({} && {})", "maximum": "({} || {})", "minimum": "({} && {})"}[x.op]
+        elif x.op in MVEC_BINARY and arg_dtype.is_floating_point:
+            f = f"ember_{x.op}{'f' if arg_dtype == torch.float32 else ''}({{}}, {{}})"
+        else:
+            f = BINARY[x.op]
+        return self.var(f.format(*a), x.dtype)
+
+
+def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True):
+    """Open a loop nest over `inner` (parallel: OpenMP threads on the outermost loop, simd on the innermost,
+    `clause` the reduction clause of both); returns (opening lines, body indent, closing lines)."""
+    lines, closes, r = [], [], rvars(len(inner))
+    for k, (v, n) in enumerate(zip(r, inner)):
+        first, last = k == 0, k == len(inner) - 1
+        if first and last and parallel:
+            lines.append(f"{indent}#pragma omp parallel for simd{clause}" if simd else f"{indent}#pragma omp parallel for{clause}")
+        elif first and parallel:
+            lines.append(f"{indent}#pragma omp parallel for{clause}")
+        elif last and simd:
+            lines.append(f"{indent}#pragma omp simd{clause}")
+        lines.append(f"{indent}for (int64_t {v} = 0; {v} < {int(n)}; {v}++) {{")
+        closes.insert(0, indent + "}")
+        indent += "  "
+    return lines, indent, closes
+
+
+def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
+    """C++ of one group: `extern "C" void name(pointers..., int64_t* err)`; returns (source, buffer args)."""
+    reads = sorted(set().union(*(m.reads for m in group.members)) - {m.buf.name for m in group.members if m.local}
+                   - {m.buf.name for m in group.members if m.is_reduction})
+    writes = [m.buf.name for m in group.members if not m.local]
+    args = list(dict.fromkeys(reads + writes))
+    ptrs = {n: n for n in args}
+    params = ", ".join(f"{'const ' if n not in writes else ''}{CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
+                       for n in args)
+    total = group.numel * max(max((ir.prod(m.inner) for m in group.members), default=1), 1)
+    parallel = total >= PARALLEL_MIN
+    lines = [f"// fused fx nodes: {', '.join(group.origins())}",
+             f"extern \"C\" void {group.name}({params}{', ' if params else ''}int64_t* __restrict__ err) {{"]
+    ind = "  "
+    if group.numel > 1:
+        if parallel:
+            lines.append(ind + "#pragma omp parallel for")
+        lines.append(f"{ind}for (int64_t x0 = 0; x0 < {group.numel}; x0++) {{")
+        ind += "  "
+    else:
+        lines.append(f"{ind}{{ const int64_t x0 = 0; (void)x0;")
+        ind += "  "
+    scalars: dict = {}
+    for m in group.members:
+        lines += _member(m, ptrs, scalars, ind, parallel and group.numel == 1, sched)
+        if m.is_reduction:
+            scalars[m.buf.name] = f"{m.buf.name}_v"
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines), args
+
+
+def _member(m: Member, ptrs, scalars, ind, parallel_inner, sched) -> list[str]:
+    t = CTYPE[m.buf.dtype]
+    inner = m.inner or (sympy.Integer(1),)  # a loop of one keeps each member's temporaries in its own scope
+    if not m.is_reduction:
+        head, bind, close = _loops(inner, ind, parallel_inner)
+        b = Body(ptrs, scalars, bind)
+        v = b.emit(m.body)
+        store = f"{bind}{m.buf.name}[{index_code(m.store, {})}] = {v};"
+        return [f"{ind}// {m.buf.name}: pointwise"] + head + b.lines + [store] + close
+    kind, vt = m.buf.kind, CTYPE[m.body.dtype]
+    acc = f"{m.buf.name}_acc"
+    lines = [f"{ind}// {m.buf.name}: {kind} reduction over {[int(s) for s in m.inner]}"]
+    if kind in REDUCE_INIT:
+        lines.append(f"{ind}{vt} {acc} = {REDUCE_INIT[kind]};")
+    elif kind in ("max", "min", "argmax", "argmin"):
+        init = "-" if kind in ("max", "argmax") else ""
+        lim = f"std::numeric_limits<{vt}>::infinity()" if m.body.dtype.is_floating_point else \
+            f"std::numeric_limits<{vt}>::{'lowest' if init else 'max'}()"
+        if m.body.dtype == torch.bool:
+            lim = "false" if init else "true"
+            init = ""
+        lines.append(f"{ind}{vt} {acc} = {init}{lim};")
+        lines.append(f"{ind}bool {acc}_nan = false;")
+        if kind.startswith("arg"):
+            lines.append(f"{ind}int64_t {acc}_i = 0;")
+    simple = kind in OMP_REDUCTION
+    clause = ""
+    if simple:
+        clause = f" reduction({OMP_REDUCTION[kind]}:{acc})" + (f" reduction(||:{acc}_nan)" if kind in ("max", "min") else "")
+    head, bind, close = _loops(inner, ind, parallel_inner and simple, clause, simd=simple)
+    b = Body(ptrs, scalars, bind)
+    v = b.emit(m.body)
+    fl = m.body.dtype.is_floating_point
+    if kind == "sum":
+        upd = f"{acc} += {v};" if m.body.dtype != torch.bool else f"{acc} = {acc} || {v};"
+    elif kind == "prod":
+        upd = f"{acc} *= {v};" if m.body.dtype != torch.bool else f"{acc} = {acc} && {v};"
+    elif kind == "any":
+        upd = f"{acc} = {acc} || {v};"
+    elif kind == "all":
+        upd = f"{acc} = {acc} && {v};"
+    elif kind in ("max", "min"):
+        cmp = ">" if kind == "max" else "<"
+        upd = f"{acc} = ({v} {cmp} {acc}) ? {v} : {acc};" + (f" {acc}_nan = {acc}_nan || ({v} != {v});" if fl else "")
+    else:
+        cmp = ">" if kind == "argmax" else "<"
+        flat = index_code(sum((r * s for r, s in zip(rvars(len(inner)), ir.contiguous_strides(inner))),
+                              sympy.Integer(0)), {})
+        nan = f" || ({v} != {v} && !{acc}_nan)" if fl else ""
+        upd = f"if (({v} {cmp} {acc} && !{acc}_nan){nan}) {{ {acc} = {v}; {acc}_i = {flat}; {acc}_nan = ({v} != {v}); }}"
+        if not fl:
+            upd = f"if ({v} {cmp} {acc}) {{ {acc} = {v}; {acc}_i = {flat}; }}"
+    lines += head + b.lines + [bind + upd] + close
+    if kind in ("max", "min") and fl:
+        lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{vt}>::quiet_NaN();")
+    result = f"{acc}_i" if kind.startswith("arg") else acc
+    lines.append(f"{ind}{t} {m.buf.name}_v = static_cast<{t}>({result});")
+    if not m.local:
+        lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {m.buf.name}_v;")
+    return lines
+
+
+def generate(sched: Schedule) -> tuple[str, list]:
+    """The C++ file of a schedule, and per group (function name, argument buffer names, checks indices)."""
+    parts, kernels = [PRELUDE], []
+    for it in sched.items:
+        if isinstance(it, FusedGroup) and it.numel > 0:
+            src, args = kernel_source(it, sched)
+            parts.append(src)
+            kernels.append((it.name, args, "ember_index(" in src))
+    return "\n\n".join(parts) + "\n", kernels

@@ -1,0 +1,317 @@
+"""ember's loop IR: each tensor is a function from an index to a value over primitives (define-by-run).
+
+Three layers, data structures first:
+  Expr       a value: a hash-consed DAG node `op(args) : dtype` over loads, constants, index values and the
+             pointwise primitives of ember.decomp.prims. Backends (C++, Triton) only walk Exprs.
+  Buffer     a materialized tensor with a layout (size, stride): an input, a computed loop nest
+             (Pointwise or Reduction, their bodies are Exprs at symbolic loop indices) or an extern call.
+  TensorBox  a lazy tensor during lowering: size, dtype and `loader(index) -> Expr`. Pointwise primitives
+             compose loaders (so chains fuse for free); views rewrite the index (sympy arithmetic, no copy);
+             `realize()` turns a box into a Buffer when a value must exist in memory.
+
+Indices are sympy expressions over loop variables; sizes are sympy integers (symbolic sizes are carried
+through the IR; the C++ backend specializes them to the example's values).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Sequence
+
+import sympy
+import torch
+
+
+# ----------------------------------------------------------------------------------------------- index math
+class FloorDiv(sympy.Function):
+    """Integer floor division of a non-negative index by a positive integer (C: a / b)."""
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1:
+            return a
+        if a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        if isinstance(a, sympy.Add):  # split off terms that are multiples of b
+            mult = [t for t in a.args if _divisible(t, b)]
+            if mult:
+                rest = sympy.Add(*[t for t in a.args if not _divisible(t, b)])
+                return sympy.Add(*[sympy.cancel(t / b) for t in mult]) + FloorDiv(rest, b)
+        if _divisible(a, b):
+            return sympy.cancel(a / b)
+        if isinstance(a, FloorDiv):  # (x // c) // b == x // (c*b)
+            return FloorDiv(a.args[0], a.args[1] * b)
+
+
+class ModIndex(sympy.Function):
+    """a % b for a non-negative index a and positive integer b."""
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1 or a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) % int(b))
+        if isinstance(a, sympy.Add):
+            keep = [t for t in a.args if not _divisible(t, b)]
+            if len(keep) < len(a.args):
+                return ModIndex(sympy.Add(*keep), b)
+        if _divisible(a, b):
+            return sympy.Integer(0)
+
+
+def _divisible(t, b) -> bool:
+    if not b.is_Integer:
+        return sympy.simplify(t / b).is_integer is True and not (t / b).is_Rational
+    c, _ = t.as_coeff_Mul()
+    return c.is_Integer and int(c) % int(b) == 0
+
+
+def bounds(e, ranges: dict) -> tuple[int, int] | None:
+    """Inclusive integer bounds of index `e` given {symbol: size}; None when unknown (indirect indices)."""
+    if e.is_Integer:
+        return int(e), int(e)
+    if e.is_Symbol:
+        return (0, int(ranges[e]) - 1) if e in ranges else None
+    if isinstance(e, sympy.Add):
+        lo = hi = 0
+        for a in e.args:
+            b = bounds(a, ranges)
+            if b is None:
+                return None
+            lo, hi = lo + b[0], hi + b[1]
+        return lo, hi
+    if isinstance(e, sympy.Mul):
+        c, rest = e.as_coeff_Mul()
+        b = bounds(rest, ranges)
+        if b is None or not c.is_Integer:
+            return None
+        return (int(c) * b[0], int(c) * b[1]) if c >= 0 else (int(c) * b[1], int(c) * b[0])
+    if isinstance(e, FloorDiv):
+        b = bounds(e.args[0], ranges)
+        return None if b is None else (b[0] // int(e.args[1]), b[1] // int(e.args[1]))
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        bs = [bounds(a, ranges) for a in e.args]
+        if any(b is None for b in bs):
+            return None
+        f = min if isinstance(e, sympy.Min) else max
+        return f(b[0] for b in bs), f(b[1] for b in bs)
+    if isinstance(e, ModIndex):
+        b = bounds(e.args[0], ranges)
+        if b is not None and b[0] >= 0 and b[1] < int(e.args[1]):
+            return b
+        return 0, int(e.args[1]) - 1
+    return None
+
+
+def simplify_index(e, ranges: dict | None = None):
+    """Undo the div/mod that reshapes introduce: k*(a//d) + (k/d)... patterns, and a//d, a%d when a < d."""
+    e = sympy.expand(e)
+    if ranges:
+        def small(x):  # a // d == 0 and a % d == a when 0 <= a < d
+            b = bounds(x.args[0], ranges)
+            return b is not None and b[0] >= 0 and b[1] < int(x.args[1])
+        e = e.replace(lambda x: isinstance(x, FloorDiv) and small(x), lambda x: sympy.Integer(0))
+        e = e.replace(lambda x: isinstance(x, ModIndex) and small(x), lambda x: x.args[0])
+    changed = True
+    while changed and isinstance(e, sympy.Add):
+        changed = False
+        terms = {}
+        for t in e.args:
+            c, rest = t.as_coeff_Mul()
+            terms[rest] = terms.get(rest, 0) + c
+        for f, kf in terms.items():
+            if isinstance(f, FloorDiv):
+                a, d = f.args
+                m = ModIndex(a, d)
+                if m in terms and kf == terms[m] * d:  # k*d*(a//d) + k*(a%d) == k*a
+                    e = sympy.expand(e - kf * f - terms[m] * m + terms[m] * a)
+                    changed = True
+                    break
+    return e
+
+
+def contiguous_strides(size: Sequence) -> tuple:
+    out, acc = [], sympy.Integer(1)
+    for s in reversed(list(size)):
+        out.append(acc)
+        acc = acc * s
+    return tuple(reversed(out))
+
+
+def numel(size: Sequence):
+    return sympy.Mul(*size) if len(size) else sympy.Integer(1)
+
+
+# ---------------------------------------------------------------------------------------------------- values
+_INTERN: dict = {}
+
+
+class Expr:
+    """One node of a value DAG. Hash-consed: structurally equal Exprs are the same object (free CSE).
+
+    op: "load" (buffer name, sympy offset) | "const" (python value) | "index" (sympy expr) |
+        "cast" (x,) | "reduce" is not an Expr (reductions are Buffers) | any pointwise prim name in prims.POINTWISE.
+    """
+    __slots__ = ("op", "args", "dtype", "__weakref__")
+
+    def __new__(cls, op: str, args: tuple, dtype: torch.dtype):
+        key = (op, args, dtype)
+        e = _INTERN.get(key)
+        if e is None:
+            e = object.__new__(cls)
+            e.op, e.args, e.dtype = op, args, dtype
+            _INTERN[key] = e
+        return e
+
+    def __repr__(self):
+        return f"{self.op}({', '.join(map(repr, self.args))})"
+
+    def walk(self):
+        """All Exprs reachable from self, producers first (each once)."""
+        seen, order = set(), []
+
+        def go(e):
+            if id(e) in seen:
+                return
+            seen.add(id(e))
+            for a in e.args:
+                if isinstance(a, Expr):
+                    go(a)
+            if e.op == "load":
+                for s in e.args[1].atoms(IndirectSymbol):
+                    go(s.value)
+            order.append(e)
+        go(self)
+        return order
+
+
+class IndirectSymbol(sympy.Symbol):
+    """A data-dependent index (gather/embedding): a sympy symbol standing for an integer-valued Expr."""
+    value: Expr
+
+    def __new__(cls, value: Expr):
+        s = super().__new__(cls, f"ind{len(_INDIRECT)}", integer=True)
+        s.value = value
+        _INDIRECT.append(s)
+        return s
+
+
+_INDIRECT: list = []
+GRAPH = None  # the lowering in progress (ember.codegen.lower.Graph); primitives add buffers to it
+
+
+def reset_interning() -> None:
+    _INTERN.clear()
+    _INDIRECT.clear()
+
+
+# --------------------------------------------------------------------------------------------------- buffers
+@dataclasses.dataclass(eq=False)
+class Buffer:
+    name: str
+    size: tuple
+    stride: tuple
+    dtype: torch.dtype
+    offset: object = 0
+
+    def load(self, index) -> Expr:
+        off = sympy.Integer(self.offset) + sum((i * s for i, s in zip(index, self.stride)), sympy.Integer(0))
+        return Expr("load", (self.name, off), self.dtype)
+
+
+@dataclasses.dataclass(eq=False)
+class InputBuffer(Buffer):
+    pass
+
+
+@dataclasses.dataclass(eq=False)
+class Pointwise(Buffer):
+    """out[index] = fn(index) for index over size."""
+    fn: Callable = None
+    origins: tuple = ()  # names of the fx nodes whose work this buffer does (for readable output code)
+
+
+@dataclasses.dataclass(eq=False)
+class Reduction(Buffer):
+    """out[index] = reduce_{rindex over rsize} fn(index, rindex); kind in prims.REDUCTIONS."""
+    fn: Callable = None
+    rsize: tuple = ()
+    kind: str = "sum"
+    origins: tuple = ()
+
+
+@dataclasses.dataclass(eq=False)
+class ExternBuffer(Buffer):
+    """The result of a library call (matmul, convolution, SDPA) or of an ATen op kept as is (fallback).
+
+    args/kwargs hold TensorArg placeholders for ember tensors; `index` picks an element of a tuple result.
+    """
+    target: object = None
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    inputs: tuple = ()  # names of buffers read
+    fallback: bool = False
+    origins: tuple = ()
+    aliases_input: bool = False
+    side_effect: bool = False  # returns nothing, runs for its checks (never dead code)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorArg:
+    """An ember tensor passed to an extern call: a strided view (size, stride, offset) of a buffer."""
+    buffer: str
+    size: tuple
+    stride: tuple
+    offset: int
+
+
+# ----------------------------------------------------------------------------------------------- lazy tensors
+class TensorBox:
+    """A tensor under construction: what it is (loader) and, when it is plainly a strided window onto a
+    buffer, where it lives (`strided`: buffer, stride, offset), so library calls can take it without a copy."""
+
+    def __init__(self, size, dtype: torch.dtype, loader: Callable, strided: tuple | None = None, origin: str = ""):
+        self.size = tuple(sympy.Integer(s) if isinstance(s, int) else s for s in size)
+        self.dtype, self.loader, self.strided, self.origin = dtype, loader, strided, origin
+        self.origin_names: tuple = ()  # fx nodes whose work this (unmaterialized) box carries
+
+    @staticmethod
+    def of_buffer(buf: Buffer) -> "TensorBox":
+        return TensorBox(buf.size, buf.dtype, buf.load, (buf, buf.stride, buf.offset))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.size)
+
+    def numel(self):
+        return numel(self.size)
+
+    def __repr__(self):
+        return f"TensorBox({list(self.size)}, {self.dtype})"
+
+    def cost(self) -> int:
+        """Number of compute nodes in this box's expression (what recomputing it at each use would cost)."""
+        idx = [sympy.Symbol(f"c{i}", integer=True, nonnegative=True) for i in range(self.ndim)]
+        e = self.loader(idx)
+        return sum(2 if x.op in EXPENSIVE else 1 for x in e.walk() if x.op not in ("load", "const", "index", "cast"))
+
+
+EXPENSIVE = {"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "log1p", "expm1", "tan", "atan",
+             "asin", "acos", "sinh", "cosh", "atan2", "lgamma", "erfc", "rsqrt", "sqrt", "div", "truediv"}
+
+
+def dtype_is_float(d: torch.dtype) -> bool:
+    return d.is_floating_point or d.is_complex
+
+
+def itemsize(d: torch.dtype) -> int:
+    return torch.empty((), dtype=d).element_size()
+
+
+def prod(xs) -> int:
+    return math.prod(int(x) for x in xs)

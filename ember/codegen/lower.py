@@ -1,0 +1,222 @@
+"""Lowering: an ATen-level fx graph -> a list of Buffers (loop IR), in execution order.
+
+Each call_function node goes through ember.decomp.table: a decomposition builds TensorBoxes from
+primitives (lazy: pointwise chains and views stay loaders), an extern op (mm, conv, SDPA) becomes an
+ExternBuffer, and an op with no entry stays an ATen call (an ExternBuffer marked `fallback`, counted and
+logged under EMBER_LOGS=fallbacks). A box is materialized (`realize`) when it is a graph output, an extern's
+argument, or read by several nodes and costly to recompute.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import operator
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+
+from ember.codegen import ir
+from ember.codegen.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, TensorArg, TensorBox
+from ember.tools.logs import get_logger
+
+fallback_log = get_logger("fallbacks")
+FALLBACK_COUNTS: collections.Counter = collections.Counter()  # ATen op name -> times kept as an ATen call
+
+
+class Unsupported(Exception):
+    """This graph cannot be compiled by ember (the whole graph then runs eagerly, logged)."""
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    inputs: list[InputBuffer]  # one per placeholder, in order (None for non-tensor placeholders)
+    buffers: list[Buffer]  # computed and extern buffers in execution order
+    outputs: list  # per graph output: TensorArg (a view of a buffer) or a python constant
+    fallbacks: list[str]
+
+
+class Graph:
+    """The lowering context: buffers made so far. ember.decomp.prims reaches it as ir.GRAPH."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.buffers: list[Buffer] = []
+        self.by_name: dict[str, Buffer] = {}
+        self.origins: tuple = ()
+        self.val = None  # meta value of the node being lowered
+        self.fallbacks: list[str] = []
+
+    def new_name(self) -> str:
+        return f"buf{len(self.by_name)}"
+
+    def add(self, buf: Buffer) -> Buffer:
+        self.by_name[buf.name] = buf
+        if not isinstance(buf, InputBuffer):
+            self.buffers.append(buf)
+        return buf
+
+    # called by prims ------------------------------------------------------------------------------
+    def realize(self, x: TensorBox, origin: str = "", stride=None) -> TensorBox:
+        if x.strided is not None and (stride is None or tuple(x.strided[1]) == tuple(stride)):
+            return x
+        stride = tuple(stride) if stride is not None else ir.contiguous_strides(x.size)
+        buf = self.add(Pointwise(self.new_name(), x.size, stride, x.dtype, fn=x.loader, origins=self.origins))
+        return TensorBox.of_buffer(buf)
+
+    def reduction(self, size, dtype, fn, rsize, kind, origin="") -> TensorBox:
+        buf = self.add(Reduction(self.new_name(), tuple(size), ir.contiguous_strides(size), dtype, fn=fn,
+                                 rsize=tuple(rsize), kind=kind, origins=self.origins))
+        return TensorBox.of_buffer(buf)
+
+    def extern(self, target, args, kwargs, fallback: bool):
+        """A library call / kept ATen op on materialized arguments; returns boxes shaped like its meta value."""
+        reads = []
+
+        def arg(x):
+            if isinstance(x, TensorBox):
+                x = self.realize(x)
+                buf, stride, offset = x.strided
+                reads.append(buf.name)
+                return TensorArg(buf.name, tuple(int(s) for s in x.size), tuple(int(s) for s in stride), int(offset))
+            return x
+        args, kwargs = pytree.tree_map(arg, (args, kwargs), is_leaf=lambda x: isinstance(x, TensorBox))
+        val = self.val
+        leaves, spec = pytree.tree_flatten(val)
+        if not all(isinstance(v, torch.Tensor) or v is None for v in leaves):
+            raise Unsupported(f"{target} returns non-tensor values")
+        call = self.add(ExternBuffer(self.new_name(), (), (), None, target=target, args=args, kwargs=kwargs,
+                                     inputs=tuple(reads), fallback=fallback, origins=self.origins))
+        outs = []
+        for i, v in enumerate(leaves):
+            if v is None:
+                outs.append(None)
+                continue
+            b = Buffer(f"{call.name}_{i}" if len(leaves) > 1 or spec.num_leaves != 1 or not isinstance(val, torch.Tensor)
+                       else call.name, tuple(v.shape), tuple(v.stride()), v.dtype, 0)  # offsets from data_ptr()
+            b.extern, b.index = call, i
+            self.by_name[b.name] = b
+            outs.append(TensorBox.of_buffer(b))
+        call.outputs = [o.strided[0] if o is not None else None for o in outs]
+        if val is None:
+            return call
+        return pytree.tree_unflatten(outs, spec)
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
+    from ember.decomp.table import EXTERN, TABLE  # the table imports prims, which import this module's users
+
+    ir.reset_interning()
+    g = Graph(gm)
+    ir.GRAPH = g
+    env: dict = {}
+    inputs = []
+    users = {n: len(n.users) for n in gm.graph.nodes}
+    try:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                v = node.meta.get("val", None)
+                idx = len(inputs)
+                v = example_inputs[idx] if v is None and idx < len(example_inputs) else v
+                if isinstance(v, torch.Tensor):
+                    buf = g.add(InputBuffer(f"arg{idx}", tuple(v.shape), tuple(v.stride()), v.dtype, 0))
+                    env[node] = TensorBox.of_buffer(buf)
+                    inputs.append(buf)
+                else:
+                    raise Unsupported(f"non-tensor graph input {node.name}")
+            elif node.op == "call_function":
+                args, kwargs = pytree.tree_map(lambda a: env[a] if isinstance(a, torch.fx.Node) else a,
+                                               (node.args, node.kwargs))
+                g.val = node.meta.get("val")
+                if node.target is operator.getitem:
+                    env[node] = args[0][args[1]]
+                    continue
+                if not isinstance(node.target, torch._ops.OpOverload):
+                    raise Unsupported(f"{node.target} is not an ATen op (ember compiles ATen-level graphs)")
+                if g.val is None and not node.target._schema.returns:  # run for its effect (error checks)
+                    g.origins = (node.name,)
+                    g.extern(node.target, args, kwargs, fallback=False).side_effect = True
+                    env[node] = None
+                    continue
+                if g.val is None:
+                    raise Unsupported(f"node {node.name} has no meta['val']")
+                if node.target._schema.is_mutable:
+                    raise Unsupported(f"{node.target} mutates its inputs (graphs must be functional)")
+                boxes = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorBox)]
+                g.origins = tuple(dict.fromkeys(sum((b.origin_names for b in boxes if b.strided is None
+                                                     and hasattr(b, "origin_names")), ()) + (node.name,)))
+                op = node.target
+                g.op_name = str(op)
+                fn = TABLE.get(op)
+                out, why = None, "no ember decomposition"
+                if fn is not None:
+                    try:
+                        out = _check(fn(*args, **kwargs), g.val, node)
+                        why = "decomposition declined these arguments"
+                    except Exception as e:  # a decomposition that cannot handle this case keeps the ATen op
+                        out, why = None, f"decomposition failed: {type(e).__name__}: {e}"
+                    if out is NotImplemented:
+                        out = None
+                if out is None:
+                    fallback = op not in EXTERN
+                    if fallback:
+                        name = str(op)
+                        FALLBACK_COUNTS[name] += 1
+                        g.fallbacks.append(name)
+                        fallback_log.debug("ATen fallback: %s at node %s (%s)", name, node.name, why)
+                    out = _check(g.extern(op, args, kwargs, fallback), g.val, node)
+                for b in pytree.tree_leaves(out):
+                    if isinstance(b, TensorBox):
+                        b.origin_names = g.origins
+                if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and out.cost() > 3:
+                    out = g.realize(out)
+                    out.origin_names = g.origins
+                env[node] = out
+            elif node.op == "output":
+                outs = []
+                for a in pytree.tree_leaves(node.args[0]):
+                    v = env[a] if isinstance(a, torch.fx.Node) else a
+                    if isinstance(v, TensorBox):
+                        val = a.meta.get("val")
+                        stride = val.stride() if _dense(val) else None
+                        if v.strided is None or v.strided[0].name not in g.by_name:
+                            g.origins = getattr(v, "origin_names", ())
+                            v = g.realize(v, stride=stride)
+                        buf, st, off = v.strided
+                        v = TensorArg(buf.name, tuple(int(s) for s in v.size), tuple(int(s) for s in st), int(off))
+                    outs.append(v)
+                out_spec = pytree.tree_flatten(node.args[0])[1]
+                return LoweredGraph(inputs, g.buffers, outs, g.fallbacks), out_spec, g
+            else:
+                raise Unsupported(f"fx node kind {node.op} ({node.name})")
+    finally:
+        ir.GRAPH = None
+    raise Unsupported("graph has no output")
+
+
+def _dense(v) -> bool:
+    """Whether v's strides describe a non-overlapping, dense layout (then outputs use eager's strides)."""
+    if not isinstance(v, torch.Tensor) or v.numel() == 0:
+        return False
+    pairs = sorted((s, n) for s, n in zip(v.stride(), v.shape) if n != 1)
+    expected = 1
+    for s, n in pairs:
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _check(out, val, node):
+    """A decomposition must produce what the op's meta value says: the same shapes and dtypes."""
+    if out is NotImplemented:
+        return out
+    outs, vals = pytree.tree_leaves(out), pytree.tree_leaves(val)
+    if len(outs) != len(vals):
+        raise Unsupported(f"decomposition of {node.target} gave {len(outs)} outputs, expected {len(vals)}")
+    for o, v in zip(outs, vals):
+        if isinstance(o, TensorBox):
+            if not isinstance(v, torch.Tensor) or tuple(int(s) for s in o.size) != tuple(v.shape) or o.dtype != v.dtype:
+                raise Unsupported(f"decomposition of {node.target} at {node.name} gave {list(o.size)} {o.dtype}, "
+                                  f"expected {getattr(v, 'shape', v)} {getattr(v, 'dtype', '')}")
+    return out

@@ -1,0 +1,728 @@
+"""Triton backend: a Schedule (ember.codegen.schedule) -> one Python module of @triton.jit kernels, one per
+FusedGroup, launched from the backend-neutral host program of ember.codegen.wrapper.
+
+The second printer beside cpp.py, over the same loop IR. A group is printed in one of two shapes:
+
+  flat   every member is pointwise over the same rows x inner range and none reads another member:
+         one 1-D range over all numel*R elements, `BLOCK` per program. The row/inner indices are
+         substituted as div/mod of the flat index and simplified back (sympy), so contiguous buffers
+         get plainly contiguous offsets and Triton emits 16-byte vector loads.
+  rows   anything with a reduction (or members of different inner sizes): a [XBLOCK, RBLOCK] tile, each
+         program owning whole rows. Persistent when the longest inner range fits one RBLOCK (the row lives
+         in registers, all members share it); looped otherwise (each member loops over its row with an
+         [XBLOCK, RBLOCK] accumulator, reduced at the end). Members run in order; a reduction member's
+         result is a [XBLOCK, 1] value later members read; a stored member read later in the same program
+         is separated by a barrier.
+
+Arithmetic on float16/bfloat16 values runs in float32 (loads upcast, stores round), like Inductor; casts to a
+16-bit type round-trip so explicit casts keep their rounding. Sizes are specialized to the example's.
+Block sizes come from the sizes (`launch_config`); the source module is cached on disk by content hash and
+Triton caches its binaries; all kernels of a graph are compiled concurrently on first use (warmup).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+import time
+from typing import Callable
+
+import sympy
+import torch
+
+from ember.codegen import ir
+from ember.codegen.ir import Expr, FloorDiv, IndirectSymbol, ModIndex
+from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
+from ember.tools.logs import get_logger
+
+code_log = get_logger("output_code")
+fallback_log = get_logger("fallbacks")
+
+TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+      torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
+      torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+PERSISTENT_MAX_R = 4096     # longest row kept whole in registers
+FLAT = "flat"
+ROWS = "rows"
+
+PRELUDE = '''import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _max_nan(a, b):  # torch.max semantics: NaN wins
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _prod(a, b):
+    return a * b
+
+
+@triton.jit
+def _argmax(a, ai, b, bi):  # first index of the max; NaN counts as the max
+    an = a != a
+    bn = b != b
+    take = ((b > a) & ~an) | (bn & ~an) | (((a == b) | (an & bn)) & (bi < ai))
+    return tl.where(take, b, a), tl.where(take, bi, ai)
+
+
+@triton.jit
+def _argmin(a, ai, b, bi):
+    an = a != a
+    bn = b != b
+    take = ((b < a) & ~an) | (bn & ~an) | (((a == b) | (an & bn)) & (bi < ai))
+    return tl.where(take, b, a), tl.where(take, bi, ai)
+
+
+@triton.jit
+def _floordiv_f(a, b):  # as at::native div_floor_floating
+    mod = libdevice.fmod(a, b)
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    fl = tl.where(div == 0, libdevice.copysign(tl.zeros_like(div), a / b), fl)
+    return tl.where(b == 0, a / b, fl)
+
+
+@triton.jit
+def _remainder_f(a, b):
+    mod = libdevice.fmod(a, b)
+    return tl.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+
+
+@triton.jit
+def _floordiv_i(a, b):
+    q = a // b
+    return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _remainder_i(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+'''
+
+UNARY_FLOAT = {"exp": "tl.exp({})", "exp2": "tl.exp2({})", "log": "tl.log({})", "log2": "tl.log2({})",
+               "log10": "libdevice.log10({})", "sqrt": "tl.sqrt({})", "rsqrt": "libdevice.rsqrt({})",
+               "sin": "tl.sin({})", "cos": "tl.cos({})", "tan": "libdevice.tan({})", "asin": "libdevice.asin({})",
+               "acos": "libdevice.acos({})", "atan": "libdevice.atan({})", "sinh": "libdevice.sinh({})",
+               "cosh": "libdevice.cosh({})", "tanh": "libdevice.tanh({})", "asinh": "libdevice.asinh({})",
+               "acosh": "libdevice.acosh({})", "atanh": "libdevice.atanh({})", "sigmoid": "tl.sigmoid({})",
+               "erf": "tl.erf({})", "erfc": "libdevice.erfc({})", "log1p": "libdevice.log1p({})",
+               "expm1": "libdevice.expm1({})", "floor": "tl.floor({})", "ceil": "tl.ceil({})",
+               "round": "libdevice.nearbyint({})", "trunc": "libdevice.trunc({})", "reciprocal": "(1.0 / {})",
+               "lgamma": "libdevice.lgamma({})", "frac": "({0} - libdevice.trunc({0}))", "isnan": "({0} != {0})",
+               "isinf": "(tl.abs({}) == float('inf'))", "isfinite": "(tl.abs({}) < float('inf'))",
+               "signbit": "(libdevice.signbit({}) != 0)", "abs": "tl.abs({})",
+               "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0 * {0}))"}
+UNARY_ANY = {"neg": "(-{})", "relu": "tl.where({0} < 0, 0, {0})", "logical_not": "({} == 0)"}
+UNARY_INT = {"floor": "{}", "ceil": "{}", "round": "{}", "trunc": "{}", "isnan": "({} != {0})",
+             "isinf": "({0} != {0})", "isfinite": "({0} == {0})", "signbit": "({} < 0)", "bitwise_not": "(~{})",
+             "abs": "tl.abs({})", "sign": "(({0} > 0).to({t}) - ({0} < 0).to({t}))"}
+BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv": "({} / {})",
+          "maximum": "_max_nan({}, {})", "minimum": "_min_nan({}, {})", "fmax": "tl.maximum({}, {})",
+          "fmin": "tl.minimum({}, {})", "eq": "({} == {})", "ne": "({} != {})", "lt": "({} < {})",
+          "le": "({} <= {})", "gt": "({} > {})", "ge": "({} >= {})", "logical_and": "(({} != 0) & ({} != 0))",
+          "logical_or": "(({} != 0) | ({} != 0))", "logical_xor": "(({} != 0) ^ ({} != 0))",
+          "bitwise_and": "({} & {})", "bitwise_or": "({} | {})", "bitwise_xor": "({} ^ {})",
+          "atan2": "libdevice.atan2({}, {})", "copysign": "libdevice.copysign({}, {})",
+          "hypot": "libdevice.hypot({}, {})", "pow": "libdevice.pow({}, {})", "fmod": "libdevice.fmod({}, {})",
+          "nextafter": "libdevice.nextafter({}, {})", "lshift": "({} << {})", "rshift": "({} >> {})",
+          "floordiv": "_floordiv_f({}, {})", "remainder": "_remainder_f({}, {})"}
+BINARY_INT = {"floordiv": "_floordiv_i({}, {})", "remainder": "_remainder_i({}, {})", "fmod": "({} % {})",
+              "truediv": "({} / {})", "maximum": "tl.maximum({}, {})", "minimum": "tl.minimum({}, {})",
+              "fmax": "tl.maximum({}, {})", "fmin": "tl.minimum({}, {})"}
+BINARY_BOOL = {"add": "({} | {})", "mul": "({} & {})", "maximum": "({} | {})", "minimum": "({} & {})",
+               "sub": "({} ^ {})"}
+
+
+def compute_type(d: torch.dtype) -> str:
+    """The Triton type arithmetic on a value of dtype d runs in (16-bit floats: float32)."""
+    return "tl.float32" if d in LOW_PRECISION else TL[d]
+
+
+def literal(v, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "1" if v else "0"
+    if dtype.is_floating_point:
+        v = float(v)
+        if math.isnan(v):
+            s = "float('nan')"
+        elif math.isinf(v):
+            s = "float('-inf')" if v < 0 else "float('inf')"
+        else:
+            s = repr(v)
+        # Python floats are float32 constants in Triton: give float64 ones their type
+        return f"tl.full([1], {s}, tl.float64)" if dtype == torch.float64 else s
+    if dtype == torch.int64 and not -2 ** 31 <= int(v) < 2 ** 31:
+        return f"tl.full([1], {int(v)}, tl.int64)"
+    return str(int(v))
+
+
+def index_code(e, names: dict) -> str:
+    """Triton expression of a sympy index (all terms non-negative where // and % appear, as in cpp.py)."""
+    if isinstance(e, IndirectSymbol):
+        return names[e]
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return names.get(e, str(e))
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(index_code(a, names) for a in e.args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(index_code(a, names) for a in e.args) + ")"
+    if isinstance(e, FloorDiv):
+        return f"({index_code(e.args[0], names)} // {index_code(e.args[1], names)})"
+    if isinstance(e, ModIndex):
+        return f"({index_code(e.args[0], names)} % {index_code(e.args[1], names)})"
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        f = "tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum"
+        out = index_code(e.args[0], names)
+        for a in e.args[1:]:
+            out = f"{f}({out}, {index_code(a, names)})"
+        return out
+    raise NotImplementedError(f"index expression {e} ({type(e).__name__})")
+
+
+class Body:
+    """Straight-line Triton for Exprs, one statement per DAG node (Exprs are interned: CSE by identity)."""
+
+    def __init__(self, scalars: dict, mask: str, indent: str, names: dict, i64: bool):
+        self.scalars, self.mask, self.indent, self.index_names = scalars, mask, indent, names
+        self.lines: list[str] = []
+        self.names: dict = {}
+        self.i64 = i64
+
+    def emit(self, e: Expr) -> str:
+        for x in e.walk():
+            if id(x) not in self.names:
+                self.names[id(x)] = self._node(x)
+        return self.names[id(e)]
+
+    def var(self, code: str) -> str:
+        n = f"t{len(self.lines)}"
+        self.lines.append(f"{self.indent}{n} = {code}")
+        return n
+
+    def _node(self, x: Expr) -> str:
+        return self._value(x)
+
+    def rounded(self, e: Expr) -> str:
+        """The value of e as eager would have materialized it: 16-bit results computed here in float32
+        are rounded where they leave the fused chain (a cast, a reduction's input, a store)."""
+        v = self.names[id(e)]
+        if e.dtype in LOW_PRECISION and e.op not in ("load", "const"):
+            v = f"({v}).to({TL[e.dtype]}).to(tl.float32)"
+        return v
+
+    def offset(self, off) -> str:
+        ind = dict(self.index_names)
+        ind.update({s: f"{self.names[id(s.value)]}" for s in off.atoms(IndirectSymbol)})
+        return index_code(off, ind)
+
+    def _value(self, x: Expr) -> str:
+        if x.op == "const":
+            return literal(x.args[0], x.dtype)
+        if x.op == "load":
+            name, off = x.args
+            if name in self.scalars:
+                return self.scalars[name]
+            if not off.free_symbols:  # one element for the whole program (a seed, a scalar tensor)
+                v = f"tl.load({name} + {self.offset(off)})"
+            else:
+                v = f"tl.load({name} + {self.offset(off)}, {self.mask}, other=0)"
+            if x.dtype in LOW_PRECISION:
+                v += ".to(tl.float32)"
+            return self.var(v)
+        if x.op == "index":
+            return self.var(f"({self.offset(x.args[0])}).to({TL[x.dtype]})" if x.dtype != torch.bool
+                            else f"({self.offset(x.args[0])}) != 0")
+        a = [self.names[id(y)] if isinstance(y, Expr) else y for y in x.args]
+        if x.op == "cast":
+            src = x.args[0].dtype
+            a[0] = self.rounded(x.args[0])
+            if x.dtype == torch.bool:
+                return self.var(f"({a[0]} != 0)")
+            if x.dtype in LOW_PRECISION:  # round to the 16-bit type, keep computing in float32
+                return self.var(f"({a[0]}).to({TL[x.dtype]}).to(tl.float32)")
+            if src == torch.bool:
+                return self.var(f"({a[0]}).to({TL[x.dtype]})")
+            return self.var(f"({a[0]}).to({TL[x.dtype]})")
+        if x.op == "checked_index":  # negative indices wrap; out-of-range reads are masked to 0 (no error flag)
+            return self.var(f"tl.where({a[0]} < 0, {a[0]} + {a[1]}, {a[0]})")
+        if x.op == "rand":
+            return self.var(f"tl.rand(({a[0]}).to(tl.uint32), ({a[1]}).to(tl.uint32))"
+                            + (f".to({compute_type(x.dtype)})" if x.dtype != torch.float32 else ""))
+        if x.op == "where":
+            return self.var(f"tl.where({a[0]}, {a[1]}, {a[2]})")
+        arg_dtype = x.args[0].dtype
+        t = compute_type(arg_dtype)
+        if len(a) == 1:
+            if arg_dtype == torch.bool and x.op in ("bitwise_not", "logical_not"):
+                f = "({} == 0)"
+            elif not arg_dtype.is_floating_point and x.op in UNARY_INT:
+                f = UNARY_INT[x.op]
+            elif x.op in UNARY_ANY:
+                f = UNARY_ANY[x.op]
+            elif arg_dtype.is_floating_point:
+                f = UNARY_FLOAT[x.op]
+            else:
+                raise NotImplementedError(f"{x.op} on {arg_dtype}")
+            return self.var(f.format(a[0], t=t))
+        if arg_dtype == torch.bool and x.op in BINARY_BOOL:
+            f = BINARY_BOOL[x.op]
+        elif not arg_dtype.is_floating_point and x.op in BINARY_INT:
+            f = BINARY_INT[x.op]
+            if x.op == "truediv":
+                raise NotImplementedError("integer truediv (decompositions cast to float first)")
+        elif x.op == "pow" and not arg_dtype.is_floating_point:
+            raise NotImplementedError("integer pow")
+        else:
+            f = BINARY[x.op]
+        if len(a) == 3:
+            return self.var(f.format(*a))
+        return self.var(f.format(*a))
+
+
+# ----------------------------------------------------------------------------------------------------- kernels
+def _rsize(m: Member) -> int:
+    return ir.prod(m.inner) if m.inner else 1
+
+
+def _inner_index(m: Member, rflat) -> dict:
+    """r0, r1, ... of member m as div/mod of its flat inner index."""
+    r = rvars(len(m.inner))
+    strides = ir.contiguous_strides(m.inner)
+    return {v: (ModIndex(FloorDiv(rflat, st), s) if len(m.inner) > 1 else rflat)
+            for v, s, st in zip(r, m.inner, strides)}
+
+
+def group_shape(group: FusedGroup) -> str:
+    pointwise = all(not m.is_reduction for m in group.members)
+    same_r = len({_rsize(m) for m in group.members}) == 1
+    names = {m.buf.name for m in group.members}
+    internal = any(m.reads & names for m in group.members)
+    return FLAT if pointwise and same_r and not internal else ROWS
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+
+
+def launch_config(shape: str, rows: int, rmax: int) -> dict:
+    """Block sizes and warps from the sizes (the heuristics; ember.runtime.autotune may refine flat ones)."""
+    if shape == FLAT:
+        total = rows * rmax
+        block = 1024 if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
+        warps = 4 if block >= 512 else (2 if block >= 256 else 1)
+        return {"BLOCK": block, "num_warps": warps}
+    if rmax <= 1:
+        xblock = max(1, min(1024, triton_next_pow2(rows)))
+        return {"XBLOCK": xblock, "RBLOCK": 1, "num_warps": 4 if xblock >= 512 else 2, "persistent": True}
+    persistent = rmax <= PERSISTENT_MAX_R
+    rblock = triton_next_pow2(rmax) if persistent else 1024
+    # enough programs to fill the GPU before making tiles taller
+    xblock = 1
+    while xblock * rblock < 2048 and xblock * 2 <= triton_next_pow2(rows) and \
+            math.ceil(rows / (xblock * 2)) >= 2 * _sm_count():
+        xblock *= 2
+    tile = xblock * rblock
+    warps = 16 if tile >= 8192 else 8 if tile >= 2048 else 4 if tile >= 512 else 2 if tile >= 128 else 1
+    return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps, "persistent": persistent}
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
+    local = {m.buf.name for m in group.members if m.local}
+    reductions = {m.buf.name for m in group.members if m.is_reduction}
+    reads = sorted(set().union(*(m.reads for m in group.members)) - local - reductions)
+    writes = [m.buf.name for m in group.members if not m.local]
+    return list(dict.fromkeys(reads + writes)), writes
+
+
+def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, list[str], dict, int]:
+    """(source of one @triton.jit kernel, argument buffer names, launch config, number of programs)."""
+    args, writes = kernel_args(group)
+    shape = group_shape(group)
+    rows = max(int(group.numel), 1)
+    rmax = max(_rsize(m) for m in group.members)
+    cfg = launch_config(shape, rows, rmax)
+    largest = max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
+                                   for a in args if sched.buffers[a].size])
+    i64 = largest >= 2 ** 31 - 1
+    if shape == FLAT:
+        src = _flat_kernel(group, name, args, rows, rmax, i64)
+        grid = math.ceil(rows * rmax / cfg["BLOCK"])
+    else:
+        src = _rows_kernel(group, name, args, rows, cfg, i64)
+        grid = math.ceil(rows / cfg["XBLOCK"])
+    return src, args, cfg, grid
+
+
+def _header(group, name, args, consts) -> list[str]:
+    return [f"# fused fx nodes: {', '.join(group.origins())[:200]}", "@triton.jit",
+            f"def {name}({', '.join(args + [f'{c}: tl.constexpr' for c in consts])}):"]
+
+
+def _is_literal(v: str) -> bool:
+    return v.startswith("float(") or v.startswith("tl.full(") or v.lstrip("-").replace(".", "", 1).replace(
+        "e", "", 1).replace("-", "", 1).isdigit()
+
+
+def _store(m: Member, value: str, offset: str, mask: str, shape: str) -> str:
+    t = TL[m.buf.dtype]
+    if offset.lstrip("-").isdigit():  # one element (a full reduction): a pointer per lane, all the same
+        offset = f"{offset} + 0 * {'xindex' if shape == '[BLOCK]' else 'x0'}"
+    if _is_literal(value):  # a constant: give it the tile's shape
+        value = f"tl.full({shape}, {value}, {t})"
+    return f"tl.store({m.buf.name} + {offset}, ({value}).to({t}), {mask})"
+
+
+def _flat_kernel(group, name, args, rows, rsize, i64) -> list[str]:
+    total = rows * rsize
+    L = _header(group, name, args, ["BLOCK"])
+    ind = "    "
+    pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
+    L.append(f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)")
+    L.append(f"{ind}xmask = xindex < {total}")
+    i = sympy.Symbol("xindex", integer=True, nonnegative=True)
+    ranges = {i: total}
+    for m in group.members:
+        subst = {X0: FloorDiv(i, rsize) if rows > 1 else sympy.Integer(0)}
+        subst.update(_inner_index(m, ModIndex(i, rsize) if rows > 1 else i))
+        body = _substitute(m.body, subst, ranges)
+        store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
+        b = Body({}, "xmask", ind, {}, i64)
+        v = b.emit(body)
+        if m.is_reduction:
+            v = b.rounded(body)
+        L += b.lines
+        L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
+    return L
+
+
+def _substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
+    memo = {}
+
+    def go(x):
+        if not isinstance(x, Expr):
+            return x
+        if id(x) in memo:
+            return memo[id(x)]
+        if x.op == "load":
+            # indirect indices carry their own Exprs: substitute inside them too, as new symbols
+            ind = {s: IndirectSymbol(go(s.value)) for s in x.args[1].atoms(IndirectSymbol)}
+            off = x.args[1].xreplace({**subst, **ind})
+            y = Expr("load", (x.args[0], ir.simplify_index(off, ranges) if not ind else off), x.dtype)
+        elif x.op == "index":
+            y = Expr("index", (ir.simplify_index(x.args[0].xreplace(subst), ranges),), x.dtype)
+        else:
+            y = Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
+        memo[id(x)] = y
+        return y
+    return go(e)
+
+
+REDUCE_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
+
+
+def _identity(kind: str, dtype: torch.dtype) -> str:
+    if kind in REDUCE_IDENTITY:
+        return REDUCE_IDENTITY[kind]
+    big = kind in ("min", "argmin")
+    if dtype.is_floating_point:
+        return "float('inf')" if big else "float('-inf')"
+    if dtype == torch.bool:
+        return "1" if big else "0"
+    info = torch.iinfo(dtype)
+    return str(info.max if big else info.min)
+
+
+def _rows_kernel(group, name, args, rows, cfg, i64) -> list[str]:
+    L = _header(group, name, args, ["XBLOCK", "RBLOCK"])
+    ind = "    "
+    pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
+    L.append(f"{ind}x0 = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+    L.append(f"{ind}xmask = x0 < {rows}")
+    persistent = cfg["persistent"]
+    if persistent:
+        L.append(f"{ind}rbase = tl.arange(0, RBLOCK)[None, :]")
+    scalars: dict = {}
+    stored_here: set = set()
+    for m in group.members:
+        if m.reads & stored_here:
+            L.append(f"{ind}tl.debug_barrier()  # {m.buf.name} reads values this program just stored")
+        R = _rsize(m)
+        rflat = sympy.Symbol("rflat", integer=True, nonnegative=True)
+        ranges = {X0: rows, rflat: max(R, 1)}
+        subst = _inner_index(m, rflat) if m.inner else {}
+        body = _substitute(m.body, subst, ranges)
+        store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
+        if R <= 1 and not m.inner:
+            b = Body(scalars, "xmask", ind, {}, i64)
+            v = b.emit(body)
+            if m.is_reduction:
+                v = b.rounded(body)
+            L += b.lines
+            if m.is_reduction:  # reduction over nothing: the value itself
+                L.append(f"{ind}{m.buf.name}_v = {v}")
+                v = f"{m.buf.name}_v"
+                scalars[m.buf.name] = v
+            if not m.local:
+                L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[XBLOCK, 1]"))
+                stored_here.add(m.buf.name)
+            continue
+        if persistent:
+            L.append(f"{ind}rflat = rbase")
+            L.append(f"{ind}mask = xmask & (rflat < {R})")
+            b = Body(scalars, "mask", ind, {}, i64)
+            v = b.emit(body)
+            if m.is_reduction:
+                v = b.rounded(body)
+            L += b.lines
+            if m.is_reduction:
+                L += _reduce_tile(m, v, ind, "mask", "rflat", R)
+                scalars[m.buf.name] = f"{m.buf.name}_v"
+                if not m.local:
+                    L.append(ind + _store(m, f"{m.buf.name}_v", index_code(store, {}), "xmask", "[XBLOCK, 1]"))
+            else:
+                L.append(ind + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
+        else:
+            L += _looped_member(m, body, store, scalars, ind, i64, R)
+            if m.is_reduction:
+                scalars[m.buf.name] = f"{m.buf.name}_v"
+        if not m.local:
+            stored_here.add(m.buf.name)
+    return L
+
+
+def _acc_type(m: Member) -> str:
+    d = m.body.dtype
+    if d == torch.bool:
+        return "tl.int32"
+    return compute_type(d)
+
+
+def _reduce_tile(m: Member, v: str, ind: str, mask: str, rflat: str, R: int) -> list[str]:
+    """Reduce a [XBLOCK, RBLOCK] tile of values v (masked lanes -> identity) to `<buf>_v` of [XBLOCK, 1]."""
+    kind, n, at = m.buf.kind, m.buf.name, _acc_type(m)
+    ident = _identity(kind, m.body.dtype)
+    out_t = compute_type(m.buf.dtype)
+    L = [f"{ind}{n}_in = tl.where({mask}, ({v}), {ident}).to({at})"]
+    if kind == "sum":
+        L.append(f"{ind}{n}_v = tl.sum({n}_in, 1)[:, None].to({out_t})")
+    elif kind == "prod":
+        L.append(f"{ind}{n}_v = tl.reduce({n}_in, 1, _prod)[:, None].to({out_t})")
+    elif kind in ("max", "min"):
+        fn = "_max_nan" if kind == "max" else "_min_nan"
+        if m.body.dtype.is_floating_point:
+            L.append(f"{ind}{n}_v = tl.reduce({n}_in, 1, {fn})[:, None].to({out_t})")
+        else:
+            L.append(f"{ind}{n}_v = tl.{kind}({n}_in, 1)[:, None].to({out_t})")
+    elif kind in ("any", "all"):
+        L.append(f"{ind}{n}_v = (tl.{'max' if kind == 'any' else 'min'}(({n}_in != 0).to(tl.int32), 1)[:, None] != 0)")
+    elif kind in ("argmax", "argmin"):
+        L.append(f"{ind}{n}_i = tl.where({mask}, {rflat} + tl.zeros_like({n}_in).to(tl.int64), {2 ** 62})")
+        L.append(f"{ind}_, {n}_v = tl.reduce(({n}_in, {n}_i), 1, _{kind})")
+        L.append(f"{ind}{n}_v = {n}_v[:, None]")
+    else:
+        raise NotImplementedError(f"reduction {kind}")
+    return L
+
+
+def _looped_member(m: Member, body: Expr, store, scalars, ind, i64, R) -> list[str]:
+    n = m.buf.name
+    L = []
+    if m.is_reduction:
+        kind, at = m.buf.kind, _acc_type(m)
+        ident = _identity(kind, m.body.dtype)
+        L.append(f"{ind}{n}_acc = tl.full([XBLOCK, RBLOCK], {ident}, {at})")
+        if kind.startswith("arg"):
+            L.append(f"{ind}{n}_acci = tl.full([XBLOCK, RBLOCK], {2 ** 62}, tl.int64)")
+    L.append(f"{ind}for roff in range(0, {R}, RBLOCK):")
+    ii = ind + "    "
+    L.append(f"{ii}rflat = roff + tl.arange(0, RBLOCK)[None, :]")
+    L.append(f"{ii}mask = xmask & (rflat < {R})")
+    b = Body(scalars, "mask", ii, {}, i64)
+    v = b.emit(body)
+    if m.is_reduction:
+        v = b.rounded(body)
+    L += b.lines
+    if not m.is_reduction:
+        L.append(ii + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
+        return L
+    kind, at = m.buf.kind, _acc_type(m)
+    ident = _identity(kind, m.body.dtype)
+    L.append(f"{ii}{n}_x = tl.where(mask, ({v}), {ident}).to({at})")
+    fl = m.body.dtype.is_floating_point
+    upd = {"sum": f"{n}_acc + {n}_x", "prod": f"{n}_acc * {n}_x",
+           "max": f"_max_nan({n}_acc, {n}_x)" if fl else f"tl.maximum({n}_acc, {n}_x)",
+           "min": f"_min_nan({n}_acc, {n}_x)" if fl else f"tl.minimum({n}_acc, {n}_x)",
+           "any": f"tl.maximum({n}_acc, ({n}_x != 0).to(tl.int32))",
+           "all": f"tl.minimum({n}_acc, ({n}_x != 0).to(tl.int32))"}
+    out_t = compute_type(m.buf.dtype)
+    if kind in upd:
+        L.append(f"{ii}{n}_acc = {upd[kind]}")
+        fn = {"sum": None, "prod": "_prod", "max": "_max_nan" if fl else None, "min": "_min_nan" if fl else None,
+              "any": None, "all": None}[kind]
+        if kind == "sum":
+            L.append(f"{ind}{n}_v = tl.sum({n}_acc, 1)[:, None].to({out_t})")
+        elif kind in ("any", "all"):
+            L.append(f"{ind}{n}_v = (tl.{'max' if kind == 'any' else 'min'}({n}_acc, 1)[:, None] != 0)")
+        elif fn is None:
+            L.append(f"{ind}{n}_v = tl.{kind}({n}_acc, 1)[:, None].to({out_t})")
+        else:
+            L.append(f"{ind}{n}_v = tl.reduce({n}_acc, 1, {fn})[:, None].to({out_t})")
+    else:  # argmax / argmin
+        L.append(f"{ii}{n}_xi = tl.where(mask, rflat + tl.zeros_like({n}_x).to(tl.int64), {2 ** 62})")
+        L.append(f"{ii}{n}_acc, {n}_acci = _{kind}({n}_acc, {n}_acci, {n}_x, {n}_xi)")
+        L.append(f"{ind}_, {n}_v = tl.reduce(({n}_acc, {n}_acci), 1, _{kind})")
+        L.append(f"{ind}{n}_v = {n}_v[:, None]")
+    if not m.local:
+        L.append(ind + _store(m, f"{n}_v", index_code(store, {}), "xmask", "[XBLOCK, 1]"))
+    return L
+
+
+# ------------------------------------------------------------------------------------------------- modules
+def generate(sched: Schedule) -> tuple[str, list]:
+    """The Python module of a schedule's kernels, and per group (kernel name, args, config, grid)."""
+    parts, kernels = [PRELUDE], []
+    for k, it in enumerate(sched.items):
+        if isinstance(it, FusedGroup):
+            name = f"k{k}_" + "_".join(m.buf.name for m in it.members[:3])
+            src, args, cfg, grid = kernel_source(it, sched, name)
+            parts.append("\n".join(src))
+            kernels.append((it, name, args, cfg, grid))
+    return "\n\n\n".join(parts) + "\n", kernels
+
+
+class _InterpretedLibdevice:
+    """libdevice for TRITON_INTERPRET=1 (kernels run on the CPU with numpy, so the printer is tested without a
+    GPU): Triton's interpreter patches triton.language but not libdevice's externs."""
+    NUMPY = {"log10": "log10", "tan": "tan", "asin": "arcsin", "acos": "arccos", "atan": "arctan",
+             "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "asinh": "arcsinh", "acosh": "arccosh",
+             "atanh": "arctanh", "log1p": "log1p", "expm1": "expm1", "nearbyint": "rint", "trunc": "trunc",
+             "signbit": "signbit", "atan2": "arctan2", "copysign": "copysign", "hypot": "hypot", "pow": "power",
+             "fmod": "fmod", "nextafter": "nextafter"}
+
+    def __getattr__(self, name):
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+        if name == "rsqrt":
+            f = lambda x: (1 / np.sqrt(x)).astype(x.dtype)  # noqa: E731
+        elif name in ("erfc", "lgamma"):
+            fn = math.erfc if name == "erfc" else math.lgamma
+            f = lambda x: np.vectorize(fn, otypes=[x.dtype])(x)  # noqa: E731
+        else:
+            f = getattr(np, self.NUMPY[name])
+
+        def call(*args):
+            first = next(a for a in args if isinstance(a, tl.tensor))
+            data = [a.handle.data if isinstance(a, tl.tensor) else np.asarray(a, first.handle.data.dtype)
+                    for a in args]
+            out = np.asarray(f(*data))
+            if out.dtype == np.bool_:
+                out = out.astype(np.int32)
+                return tl.tensor(TensorHandle(out, tl.int32), first.type.with_element_ty(tl.int32)
+                                 if first.type.is_block() else tl.int32)
+            return tl.tensor(TensorHandle(out.astype(first.handle.data.dtype), first.handle.dtype), first.type)
+        return call
+
+
+def cache_dir() -> str:
+    root = os.environ.get("EMBER_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ember")
+    d = os.path.join(root, "triton")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def load_module(source: str):
+    """Import generated source from the on-disk cache (Triton needs a real file to read kernels' source)."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:24]
+    name = f"ember_triton_{key}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = os.path.join(cache_dir(), f"{key}.py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        mod.libdevice = _InterpretedLibdevice()
+    sys.modules[name] = mod
+    return mod
+
+
+_COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ember-triton")
+
+
+def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) -> Callable:
+    """The host program for a schedule on `device`: `call(list of inputs) -> list of outputs`."""
+    from ember.codegen import wrapper
+    source, kernels = generate(sched)
+    mod = load_module(source)
+    launch = {}
+    for group, name, args, cfg, grid in kernels:
+        meta = {k: v for k, v in cfg.items() if k != "persistent"}
+        launch[group.name] = (name, args, grid, meta)
+    globs = {name: getattr(mod, name) for _, name, *_ in kernels}
+
+    def kernel_call(group: FusedGroup) -> str:
+        name, args, grid, meta = launch[group.name]
+        kw = ", ".join(f"{k}={v}" for k, v in meta.items())
+        return f"{name}[({grid},)]({', '.join(args)}, {kw})"
+
+    globs["_fallback"] = fallback
+    call = wrapper.python_wrapper(sched, kernel_call, globs)
+    call.namespace["_empty"] = functools.partial(torch.empty_strided, device=device)
+    call.kernel_source = source
+    call.kernels = kernels
+    if code_log.isEnabledFor(10):
+        code_log.debug("triton kernels (%d):\n%s\nhost program:\n%s", len(kernels), source[len(PRELUDE):],
+                       call.source)
+    return call
+
+
+def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
+    """Compile a functional ATen-level fx graph (node.meta['val'] set) on CUDA tensors into Triton kernels.
+    The same contract as ember.backends.ember_backend.compile_aten (the C++ one)."""
+    import torch.utils._pytree as pytree
+
+    from ember.codegen import lower, schedule
+    t0 = time.perf_counter()
+    try:
+        low, out_spec, _ = lower.lower(gm, example_inputs)
+        sched = schedule.schedule(low)
+        device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
+        call = compile_schedule(sched, lambda args: gm(*args), device)
+    except (lower.Unsupported, NotImplementedError) as e:
+        fallback_log.warning("graph runs eagerly (Triton backend): %s: %s", type(e).__name__, e)
+        return gm.forward
+    code_log.debug("graph %s lowered and printed in %.3fs", type(gm).__name__, time.perf_counter() - t0)
+
+    def run(*args):
+        return pytree.tree_unflatten(call(list(args)), out_spec)
+    run.compiled = call
+    return run

@@ -1,0 +1,117 @@
+"""The host program of a compiled graph: generated Python that checks inputs, allocates buffers (reusing
+dead ones of the same layout), runs kernels and extern calls in schedule order and returns the outputs.
+
+Backend-neutral: a backend supplies `kernel_call(group) -> str`, the Python statement that runs a group
+(C++: a ctypes call on data pointers; Triton: a kernel launch).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from ember.codegen.ir import ExternBuffer, InputBuffer, TensorArg
+from ember.codegen.schedule import FusedGroup, Schedule
+
+
+def _restride(t: torch.Tensor, stride) -> torch.Tensor:
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+class Wrapper:
+    def __init__(self, sched: Schedule):
+        self.sched = sched
+        self.lines: list[str] = []
+        self.globals: dict = {"torch": torch, "_empty": torch.empty_strided, "_restride": _restride}
+
+    def const(self, v) -> str:
+        if v is None or isinstance(v, (bool, str)) or (isinstance(v, int)) or \
+                (isinstance(v, float) and math.isfinite(v)):
+            return repr(v)
+        name = f"_c{len(self.globals)}"
+        self.globals[name] = v
+        return name
+
+    def tensor(self, a: TensorArg) -> str:
+        buf = self.sched.buffers[a.buffer]
+        if tuple(a.size) == tuple(int(s) for s in buf.size) and tuple(a.stride) == tuple(int(s) for s in buf.stride) \
+                and a.offset == int(buf.offset):
+            return a.buffer
+        return f"{a.buffer}.as_strided({a.size}, {a.stride}, {a.buffer}.storage_offset() + {a.offset})"
+
+    def arg(self, a) -> str:
+        if isinstance(a, TensorArg):
+            return self.tensor(a)
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self.arg(x) for x in a)
+            return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+        return self.const(a)
+
+
+def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], extra_globals: dict) -> Callable:
+    """Build `call(args) -> outputs`; returns the function (its source is `call.source`)."""
+    w = Wrapper(sched)
+    w.globals.update(extra_globals)
+    low = sched.lowered
+    L = w.lines
+    L.append("def call(args):")
+    names = [b.name for b in low.inputs]
+    L.append(f"    {', '.join(names)}{',' if names else ''} = args")
+    checks = [f"{b.name}.shape != {tuple(int(s) for s in b.size)} or {b.name}.stride() != "
+              f"{tuple(int(s) for s in b.stride)} or {b.name}.dtype != {w.const(b.dtype)}" for b in low.inputs]
+    if checks:
+        L.append(f"    if {' or '.join(checks)}:")
+        L.append("        return _fallback(args)")
+
+    # lifetimes: the last item that reads each buffer; outputs and buffers fallbacks saw never die
+    last, pinned = {}, {o.buffer for o in low.outputs if isinstance(o, TensorArg)}
+    for j, it in enumerate(sched.items):
+        reads = it.inputs if isinstance(it, ExternBuffer) else set().union(*(m.reads for m in it.members))
+        for r in reads:
+            last[r] = j
+        if isinstance(it, ExternBuffer) and it.fallback:
+            pinned |= set(it.inputs)
+    free: dict = {}
+    ours: set = set()
+    for j, it in enumerate(sched.items):
+        if isinstance(it, FusedGroup):
+            for m in it.members:
+                if m.local:
+                    continue
+                b = m.buf
+                key = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
+                if free.get(key):
+                    L.append(f"    {b.name} = {free[key].pop()}  # reuses a dead buffer")
+                else:
+                    L.append(f"    {b.name} = _empty({key[0]}, {key[1]}, dtype={w.const(b.dtype)})")
+                ours.add(b.name)
+            if it.numel > 0:
+                L.append(f"    {kernel_call(it)}")
+        else:
+            args = ", ".join([w.arg(a) for a in it.args] + [f"{k}={w.arg(v)}" for k, v in it.kwargs.items()])
+            fn = w.const(it.target)
+            L.append(f"    {it.name} = {fn}({args})")
+            for i, o in enumerate(it.outputs):
+                if o is None:
+                    continue
+                if o.name != it.name:
+                    L.append(f"    {o.name} = {it.name}[{i}]")
+                L.append(f"    if {o.name}.stride() != {tuple(int(s) for s in o.stride)}: "
+                         f"{o.name} = _restride({o.name}, {tuple(int(s) for s in o.stride)})")
+        for r, lj in last.items():
+            if lj == j and r in ours and r not in pinned:
+                b = sched.buffers[r]
+                key = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
+                free.setdefault(key, []).append(r)
+    outs = [w.arg(o) if isinstance(o, TensorArg) else w.const(o) for o in low.outputs]
+    L.append(f"    return [{', '.join(outs)}]")
+    src = "\n".join(L) + "\n"
+    ns = dict(w.globals)
+    exec(compile(src, "<ember wrapper>", "exec"), ns)
+    call = ns["call"]
+    call.source = src
+    call.namespace = ns
+    return call

@@ -1,0 +1,756 @@
+"""ATen -> ember primitives. TABLE maps an OpOverload (or a whole OpOverloadPacket) to a function of the op's
+arguments (TensorBoxes for tensors) returning TensorBoxes; returning NotImplemented (or raising) keeps the
+op as an ATen call for that node. EXTERN lists the library calls that stay calls on purpose (not fallbacks).
+
+Dtypes follow the node's meta value (`out()`): decompositions compute in the result dtype, or in float32/64
+where eager does internally, and the lowering checks every result's shape and dtype against the meta value.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from ember.codegen import ir
+from ember.codegen.ir import TensorBox
+from ember.decomp import prims as P
+
+aten = torch.ops.aten
+TABLE: dict = {}
+EXTERN = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.convolution.default,
+          aten._scaled_dot_product_flash_attention_for_cpu.default, aten._convolution.default,
+          aten.convolution_backward.default, aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+
+
+def reg(*ops):
+    def deco(fn):
+        for op in ops:
+            TABLE[op] = fn
+        return fn
+    return deco
+
+
+def out():
+    """The meta value of the node being lowered (its shape, dtype)."""
+    return ir.GRAPH.val
+
+
+def odt():
+    v = out()
+    return (v[0] if isinstance(v, (tuple, list)) else v).dtype
+
+
+def is_float(x) -> bool:
+    return (x.dtype if isinstance(x, TensorBox) else torch.tensor(x).dtype).is_floating_point
+
+
+def floaty(d):
+    return d.is_floating_point
+
+
+def _meta(x):
+    if isinstance(x, TensorBox):
+        return torch.empty([1] * min(x.ndim, 1), dtype=x.dtype, device="meta")
+    return x
+
+
+def promote(*xs) -> torch.dtype:
+    """PyTorch's type promotion of the operands (0-dim tensors and python scalars count less)."""
+    d = None
+    for a in xs:
+        d = _meta(a) if d is None else torch.empty([1] * max(getattr(d, "ndim", 0), getattr(_meta(a), "ndim", 0)),
+                                                    dtype=torch.result_type(d, _meta(a)), device="meta")
+    return d.dtype if isinstance(d, torch.Tensor) else torch.tensor(d).dtype
+
+
+def dims_of(x: TensorBox, dim) -> list[int]:
+    if x.ndim == 0:
+        return []
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(x.ndim))
+    return [d % max(x.ndim, 1) for d in ([dim] if isinstance(dim, int) else dim)]
+
+
+# ------------------------------------------------------------------------------------------------ pointwise
+def _binary(op, float_only=False, int_ok=True):
+    def fn(a, b, *, alpha=1):
+        d = odt()
+        if not floaty(d) and not int_ok:
+            return NotImplemented
+        if alpha != 1:
+            b = P.mul(b, alpha, dtype=d)
+        return P.pointwise(op, a, b, dtype=d)
+    return fn
+
+
+for _op, _prim in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("maximum", "maximum"), ("minimum", "minimum"),
+                   ("fmax", "fmax"), ("fmin", "fmin"), ("bitwise_and", "bitwise_and"), ("bitwise_or", "bitwise_or"),
+                   ("bitwise_xor", "bitwise_xor"), ("atan2", "atan2"), ("copysign", "copysign"), ("hypot", "hypot")]:
+    pk = getattr(aten, _op)
+    fn = _binary(_prim)
+    for ov in ("Tensor", "Scalar", "default"):
+        if hasattr(pk, ov):
+            TABLE[getattr(pk, ov)] = fn
+
+
+@reg(aten.rsub.Tensor, aten.rsub.Scalar)
+def _rsub(a, b, alpha=1):
+    return P.sub(b, P.mul(a, alpha, dtype=odt()) if alpha != 1 else a, dtype=odt())
+
+
+@reg(aten.div.Tensor, aten.div.Scalar)
+def _div(a, b):
+    return P.div(a, b, dtype=odt())
+
+
+@reg(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(a, b, *, rounding_mode=None):
+    d = odt()
+    if not floaty(d):
+        return NotImplemented  # integer division by zero must raise as in eager: keep the ATen op
+    if rounding_mode is None:
+        return P.div(a, b, dtype=d)
+    if rounding_mode == "trunc":
+        return P.unary("trunc", P.div(a, b, dtype=d))
+    return P.pointwise("floordiv", a, b, dtype=d)
+
+
+@reg(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(a, b):
+    return P.pointwise("floordiv", a, b, dtype=odt()) if floaty(odt()) else NotImplemented
+
+
+@reg(aten.remainder.Tensor, aten.remainder.Scalar)
+def _remainder(a, b):
+    return P.pointwise("remainder", a, b, dtype=odt()) if floaty(odt()) else NotImplemented
+
+
+@reg(aten.fmod.Tensor, aten.fmod.Scalar)
+def _fmod(a, b):
+    return P.pointwise("fmod", a, b, dtype=odt()) if floaty(odt()) else NotImplemented
+
+
+def _compare(op):
+    def fn(a, b):
+        return P.pointwise(op, a, b, dtype=promote(a, b))
+    return fn
+
+
+for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
+    TABLE[getattr(aten, _op).Tensor] = TABLE[getattr(aten, _op).Scalar] = _compare(_op)
+for _op in ("logical_and", "logical_or", "logical_xor"):
+    TABLE[getattr(aten, _op).default] = lambda a, b, _op=_op: P.pointwise(_op, P.cast(a, torch.bool), P.cast(b, torch.bool))
+
+_FLOAT_UNARY = ["exp", "exp2", "log", "log2", "log10", "sqrt", "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan",
+                "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sigmoid", "erf", "erfc", "log1p", "expm1",
+                "reciprocal", "lgamma", "frac"]
+for _op in _FLOAT_UNARY:  # ints promote to the default float dtype
+    TABLE[getattr(aten, _op).default] = lambda a, _op=_op: P.unary(_op, P.cast(a, odt()))
+for _op in ["neg", "abs", "floor", "ceil", "round", "trunc", "sign", "bitwise_not", "relu"]:
+    TABLE[getattr(aten, _op).default] = lambda a, _op=_op: P.unary(_op, P.cast(a, odt()))
+TABLE[aten.sgn.default] = lambda a: P.unary("sign", a)
+for _op in ["isnan", "isinf", "signbit", "logical_not"]:
+    TABLE[getattr(aten, _op).default] = lambda a, _op=_op: P.unary(_op, a)
+TABLE[aten.isfinite.default] = lambda a: P.unary("isfinite", a)
+TABLE[aten.square.default] = lambda a: P.mul(a, a, dtype=odt())
+
+
+@reg(aten.round.decimals)
+def _round_dec(a, *, decimals=0):
+    if decimals == 0:
+        return P.unary("round", a)
+    return NotImplemented
+
+
+@reg(aten.pow.Tensor_Scalar)
+def _pow_ts(a, e):
+    d = odt()
+    if not floaty(d):
+        return NotImplemented
+    a = P.cast(a, d)
+    if e == 2:
+        return P.mul(a, a)
+    if e == 1:
+        return a
+    if e == 0.5:
+        return P.unary("sqrt", a)
+    if e == -1:
+        return P.unary("reciprocal", a)
+    return P.pointwise("pow", a, e, dtype=d)
+
+
+@reg(aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def _pow(a, b):
+    return P.pointwise("pow", a, b, dtype=odt()) if floaty(odt()) else NotImplemented
+
+
+@reg(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(c, a, b):
+    return P.where(c, a, b, dtype=odt())
+
+
+@reg(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+     aten.clamp_min.Tensor, aten.clamp_max.Tensor)
+def _clamp(x, lo=None, hi=None):
+    d = odt()
+    y = P.cast(x, d)
+    if "clamp_max" in ir.GRAPH.op_name:  # clamp_max(x, hi) has its bound in the second position
+        lo, hi = None, lo
+    if lo is not None:  # NaN in x stays NaN: max(x, lo) written as where(x < lo, lo, x)
+        lo = P.cast(lo, d) if isinstance(lo, TensorBox) else lo
+        y = P.where(P.pointwise("lt", y, lo, dtype=d), lo, y, dtype=d)
+    if hi is not None:
+        hi = P.cast(hi, d) if isinstance(hi, TensorBox) else hi
+        y = P.where(P.pointwise("gt", y, hi, dtype=d), hi, y, dtype=d)
+    return y
+
+
+@reg(aten.hardtanh.default)
+def _hardtanh(x, lo=-1.0, hi=1.0):
+    return P.where(P.pointwise("lt", x, lo), lo, P.where(P.pointwise("gt", x, hi), hi, x))
+
+
+@reg(aten.gelu.default)
+def _gelu(x, approximate="none"):
+    if approximate == "tanh":
+        inner = P.mul(math.sqrt(2 / math.pi), P.add(x, P.mul(0.044715, P.mul(x, P.mul(x, x)))))
+        return P.mul(P.mul(x, 0.5), P.add(1.0, P.unary("tanh", inner)))
+    return P.mul(P.mul(x, 0.5), P.add(1.0, P.unary("erf", P.mul(x, 1 / math.sqrt(2)))))
+
+
+@reg(aten.gelu_backward.default)
+def _gelu_backward(g, x, approximate="none"):
+    if approximate == "tanh":
+        return NotImplemented
+    cdf = P.mul(0.5, P.add(1.0, P.unary("erf", P.mul(x, 1 / math.sqrt(2)))))
+    pdf = P.mul(1 / math.sqrt(2 * math.pi), P.unary("exp", P.mul(-0.5, P.mul(x, x))))
+    return P.mul(g, P.add(cdf, P.mul(x, pdf)))
+
+
+@reg(aten.silu.default)
+def _silu(x):
+    return P.mul(x, P.unary("sigmoid", x))
+
+
+@reg(aten.silu_backward.default)
+def _silu_backward(g, x):
+    s = P.unary("sigmoid", x)
+    return P.mul(g, P.mul(s, P.add(1.0, P.mul(x, P.sub(1.0, s)))))
+
+
+@reg(aten.sigmoid_backward.default)
+def _sigmoid_backward(g, y):
+    return P.mul(g, P.mul(y, P.sub(1.0, y)))
+
+
+@reg(aten.tanh_backward.default)
+def _tanh_backward(g, y):
+    return P.mul(g, P.sub(1.0, P.mul(y, y)))
+
+
+@reg(aten.threshold_backward.default)
+def _threshold_backward(g, x, threshold):
+    return P.where(P.pointwise("le", x, threshold), 0, g, dtype=odt())
+
+
+@reg(aten.threshold.default)
+def _threshold(x, threshold, value):
+    return P.where(P.pointwise("le", x, threshold), value, x, dtype=odt())
+
+
+@reg(aten.leaky_relu.default)
+def _leaky_relu(x, slope=0.01):
+    return P.where(P.pointwise("gt", x, 0), x, P.mul(x, slope))
+
+
+@reg(aten.elu.default)
+def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    neg = P.mul(P.unary("expm1", P.mul(x, input_scale)), alpha)
+    return P.mul(P.where(P.pointwise("gt", x, 0), x, neg), scale)
+
+
+@reg(aten.hardsigmoid.default)
+def _hardsigmoid(x):
+    return P.div(_clamp(P.add(x, 3.0), 0.0, 6.0), 6.0)
+
+
+@reg(aten.hardswish.default)
+def _hardswish(x):
+    return P.mul(x, _hardsigmoid(x))
+
+
+@reg(aten.softplus.default)
+def _softplus(x, beta=1.0, threshold=20.0):
+    bx = P.mul(x, beta)
+    return P.where(P.pointwise("gt", bx, threshold), x, P.div(P.unary("log1p", P.unary("exp", bx)), beta))
+
+
+@reg(aten.mish.default)
+def _mish(x):
+    return P.mul(x, P.unary("tanh", _softplus(x)))
+
+
+@reg(aten.lerp.Scalar, aten.lerp.Tensor)
+def _lerp(a, b, w):
+    d = odt()
+    a, b = P.cast(a, d), P.cast(b, d)
+    return P.add(a, P.mul(w, P.sub(b, a), dtype=d))
+
+
+@reg(aten.addcmul.default)
+def _addcmul(x, a, b, value=1):
+    return P.add(x, P.mul(value, P.mul(a, b, dtype=odt()), dtype=odt()), dtype=odt())
+
+
+@reg(aten.addcdiv.default)
+def _addcdiv(x, a, b, value=1):
+    if not floaty(odt()):
+        return NotImplemented
+    return P.add(x, P.mul(value, P.div(a, b, dtype=odt()), dtype=odt()), dtype=odt())
+
+
+@reg(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(x, mask, value):
+    return P.where(mask, value, x, dtype=odt())
+
+
+@reg(aten.nan_to_num.default)
+def _nan_to_num(x, nan=0.0, posinf=None, neginf=None):
+    if not floaty(x.dtype):
+        return x
+    fi = torch.finfo(x.dtype)
+    posinf = fi.max if posinf is None else posinf
+    neginf = fi.min if neginf is None else neginf
+    y = P.where(P.unary("isnan", x), nan, x)
+    y = P.where(P.pointwise("eq", x, math.inf), posinf, y)
+    return P.where(P.pointwise("eq", x, -math.inf), neginf, y)
+
+
+@reg(aten.xlogy.Tensor)
+def _xlogy(x, y):
+    d = odt()
+    x, y = P.cast(x, d), P.cast(y, d)
+    r = P.where(P.pointwise("eq", x, 0), 0.0, P.mul(x, P.unary("log", y)))
+    return P.where(P.unary("isnan", y), math.nan, r)
+
+
+# ------------------------------------------------------------------------------------------------ copies / creation
+@reg(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default, aten.contiguous.default,
+     aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten._unsafe_view.default)
+def _copy(x, *args, **kwargs):
+    if args and isinstance(args[0], (list, tuple)):  # _unsafe_view(x, size)
+        return P.reshape(x, args[0])
+    return P.cast(x, odt())
+
+
+@reg(aten.full.default)
+def _full(size, value, **kwargs):
+    return P.const(value, odt(), size)
+
+
+@reg(aten.scalar_tensor.default)
+def _scalar_tensor(value, **kwargs):
+    return P.const(value, odt())
+
+
+@reg(aten.full_like.default)
+def _full_like(x, value, **kwargs):
+    return P.const(value, odt(), x.size)
+
+
+@reg(aten.zeros_like.default)
+def _zeros_like(x, **kwargs):
+    return P.const(0, odt(), x.size)
+
+
+@reg(aten.ones_like.default)
+def _ones_like(x, **kwargs):
+    return P.const(1, odt(), x.size)
+
+
+@reg(aten.zeros.default)
+def _zeros(size, **kwargs):
+    return P.const(0, odt(), size)
+
+
+@reg(aten.ones.default)
+def _ones(size, **kwargs):
+    return P.const(1, odt(), size)
+
+
+@reg(aten.fill.Scalar)
+def _fill(x, value):
+    return P.const(value, odt(), x.size)
+
+
+@reg(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def _arange(*args, **kwargs):
+    v = out()
+    if not floaty(v.dtype) and all(isinstance(a, int) for a in args):
+        start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+        return P.iota(v.shape, 0, v.dtype, start, step)
+    return NotImplemented  # float aranges accumulate rounding exactly as eager's kernel does: keep it
+
+
+@reg(aten.eye.default, aten.eye.m)
+def _eye(n, m=None, **kwargs):
+    size = tuple(out().shape)
+    return P.cast(P.pointwise("eq", P.iota(size, 0), P.iota(size, 1)), odt())
+
+
+@reg(aten.tril.default, aten.triu.default)
+def _tril(x, diagonal=0):
+    r, c = P.iota(x.size, x.ndim - 2), P.iota(x.size, x.ndim - 1)
+    keep = P.pointwise("le" if ir.GRAPH.op_name.startswith("aten.tril") else "ge", P.sub(c, r), diagonal)
+    return P.where(keep, x, 0)
+
+
+# ------------------------------------------------------------------------------------------------ views
+@reg(aten.view.default, aten.reshape.default)
+def _view(x, size):
+    return P.reshape(x, size)
+
+
+TABLE[aten.permute.default] = lambda x, perm: P.permute(x, perm)
+TABLE[aten.expand.default] = lambda x, size, implicit=False: P.expand(x, size)
+TABLE[aten.unsqueeze.default] = lambda x, d: P.unsqueeze(x, d)
+TABLE[aten.squeeze.default] = lambda x: P.squeeze(x)
+TABLE[aten.squeeze.dim] = lambda x, d: P.squeeze(x, [d]) if x.ndim else x
+TABLE[aten.squeeze.dims] = lambda x, ds: P.squeeze(x, ds) if x.ndim else x
+TABLE[aten.flip.default] = lambda x, dims: P.flip(x, dims)
+TABLE[aten.select.int] = lambda x, d, i: P.select(x, d, i)
+
+
+@reg(aten.t.default)
+def _t(x):
+    return P.permute(x, [1, 0]) if x.ndim == 2 else x
+
+
+@reg(aten.transpose.int)
+def _transpose(x, a, b):
+    if x.ndim == 0:
+        return x
+    perm = list(range(x.ndim))
+    perm[a % x.ndim], perm[b % x.ndim] = perm[b % x.ndim], perm[a % x.ndim]
+    return P.permute(x, perm)
+
+
+@reg(aten.slice.Tensor)
+def _slice(x, dim=0, start=None, end=None, step=1):
+    n = int(x.size[dim % x.ndim])
+    start = 0 if start is None else start
+    end = n if end is None else end
+    return P.slice_(x, dim, start, end, step)
+
+
+@reg(aten.narrow.default)
+def _narrow(x, dim, start, length):
+    return P.slice_(x, dim, start, start + length)
+
+
+@reg(aten.split.Tensor, aten.split_with_sizes.default)
+def _split(x, sizes, dim=0):
+    dim = dim % x.ndim
+    n = int(x.size[dim])
+    if isinstance(sizes, int):
+        sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if sizes else [n]
+    outs, s = [], 0
+    for k in sizes:
+        outs.append(P.slice_(x, dim, s, s + k))
+        s += k
+    return outs
+
+
+@reg(aten.unbind.int)
+def _unbind(x, dim=0):
+    return [P.select(x, dim, i) for i in range(int(x.size[dim % x.ndim]))]
+
+
+@reg(aten.cat.default)
+def _cat(xs, dim=0):
+    xs = [x for x in xs if not (x.ndim == 1 and int(x.size[0]) == 0)]
+    if not xs:
+        return NotImplemented
+    return P.cat(xs, dim, odt())
+
+
+@reg(aten.stack.default)
+def _stack(xs, dim=0):
+    dim = dim % (xs[0].ndim + 1)
+    return P.cat([P.unsqueeze(x, dim) for x in xs], dim, odt())
+
+
+@reg(aten.constant_pad_nd.default)
+def _pad(x, pad, value=0):
+    return P.pad(x, pad, value)
+
+
+@reg(aten.as_strided.default)
+def _as_strided(x, size, stride, storage_offset=None):
+    if x.strided is not None and x.strided[2] != 0 or storage_offset:
+        return NotImplemented
+    return P.as_strided(x, size, stride, 0)
+
+
+@reg(aten.repeat.default)
+def _repeat(x, reps):
+    k = len(reps) - x.ndim
+    size = tuple(sympy.Integer(r) * (x.size[d - k] if d >= k else 1) for d, r in enumerate(reps))
+    return TensorBox(size, x.dtype, lambda idx: x.loader([ir.ModIndex(idx[d + k], x.size[d]) for d in range(x.ndim)]))
+
+
+@reg(aten.index.Tensor)
+def _index(x, indices):
+    if any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices):
+        return NotImplemented  # boolean masks make data-dependent shapes
+    return P.index(x, list(indices) + [None] * (x.ndim - len(indices)))
+
+
+@reg(aten.index_select.default)
+def _index_select(x, dim, idx):
+    if x.ndim == 0:
+        return NotImplemented
+    dim = dim % x.ndim
+    return P.index(x, [None] * dim + [P.reshape(idx, [-1]) if idx.ndim == 0 else idx] + [None] * (x.ndim - dim - 1))
+
+
+@reg(aten.gather.default)
+def _gather(x, dim, idx, sparse_grad=False):
+    return P.gather(x, dim, idx)
+
+
+@reg(aten.embedding.default)
+def _embedding(w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return P.index(w, [idx, None])
+
+
+# ------------------------------------------------------------------------------------------------ reductions
+def _acc(x, d=None):
+    d = d or odt()
+    return d
+
+
+@reg(aten.sum.dim_IntList, aten.sum.default)
+def _sum(x, dim=None, keepdim=False, *, dtype=None):
+    return P.reduce("sum", x, dims_of(x, dim), keepdim, odt())
+
+
+@reg(aten.prod.default, aten.prod.dim_int)
+def _prod(x, dim=None, keepdim=False, *, dtype=None):
+    return P.reduce("prod", x, dims_of(x, dim), keepdim, odt())
+
+
+@reg(aten.mean.dim, aten.mean.default)
+def _mean(x, dim=None, keepdim=False, *, dtype=None):
+    dims = dims_of(x, dim)
+    n = ir.prod(x.size[d] for d in dims)
+    return P.div(P.reduce("sum", x, dims, keepdim, odt()), n)
+
+
+@reg(aten.amax.default, aten.amin.default)
+def _amax(x, dim=(), keepdim=False):
+    kind = "max" if ir.GRAPH.op_name.startswith("aten.amax") else "min"
+    return P.reduce(kind, x, dims_of(x, dim), keepdim)
+
+
+@reg(aten.max.default, aten.min.default)
+def _max_all(x):
+    return P.reduce("max" if ir.GRAPH.op_name.startswith("aten.max") else "min", x, dims_of(x, None))
+
+
+@reg(aten.max.dim, aten.min.dim)
+def _max_dim(x, dim, keepdim=False):
+    kind = "max" if ir.GRAPH.op_name.startswith("aten.max") else "min"
+    return P.reduce(kind, x, [dim], keepdim), P.reduce("arg" + kind, x, [dim], keepdim)
+
+
+@reg(aten.argmax.default, aten.argmin.default)
+def _argmax(x, dim=None, keepdim=False):
+    kind = "argmax" if ir.GRAPH.op_name.startswith("aten.argmax") else "argmin"
+    if dim is None:
+        r = P.reduce(kind, P.reshape(x, [-1]) if x.ndim else x, [0] if x.ndim else [])
+        return P.reshape(r, [1] * x.ndim) if keepdim else r
+    return P.reduce(kind, x, [dim], keepdim)
+
+
+@reg(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
+def _any(x, dim=None, keepdim=False):
+    kind = "any" if ir.GRAPH.op_name.startswith("aten.any") else "all"
+    return P.reduce(kind, P.cast(x, torch.bool), dims_of(x, dim), keepdim)
+
+
+def _var(x, dims, correction, keepdim):
+    d = odt() if floaty(odt()) else torch.float32
+    x = P.reuse(P.cast(x, d), 2)
+    n = ir.prod(x.size[k] for k in dims)
+    mean = P.div(P.reduce("sum", x, dims, True), n)
+    diff = P.sub(x, mean)
+    ss = P.reduce("sum", P.mul(diff, diff), dims, keepdim)
+    return P.div(ss, max(n - correction, 0)), (mean if keepdim else P.squeeze(mean, dims))
+
+
+@reg(aten.var.correction)
+def _var_c(x, dim=None, *, correction=None, keepdim=False):
+    return _var(x, dims_of(x, dim), 1 if correction is None else correction, keepdim)[0]
+
+
+@reg(aten.std.correction)
+def _std_c(x, dim=None, *, correction=None, keepdim=False):
+    return P.unary("sqrt", _var(x, dims_of(x, dim), 1 if correction is None else correction, keepdim)[0])
+
+
+@reg(aten.var_mean.correction)
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _var(x, dims_of(x, dim), 1 if correction is None else correction, keepdim)
+
+
+@reg(aten.logsumexp.default)
+def _logsumexp(x, dim, keepdim=False):
+    if not floaty(x.dtype) or x.ndim == 0:
+        return NotImplemented
+    dims = dims_of(x, dim)
+    x = P.reuse(x, 2)
+    m = P.reduce("max", x, dims, True)
+    m = P.where(P.unary("isinf", m), 0.0, m)
+    s = P.unary("log", P.reduce("sum", P.unary("exp", P.sub(x, m)), dims, keepdim))
+    return P.add(s, m if keepdim else P.squeeze(m, dims))
+
+
+@reg(aten._softmax.default)
+def _softmax(x, dim, half_to_float=False):
+    if x.ndim == 0:
+        return P.const(1.0, odt())
+    x = P.reuse(P.cast(x, odt()), 3)
+    e = P.reuse(P.unary("exp", P.sub(x, P.reduce("max", x, [dim], True))), 2)
+    return P.div(e, P.reduce("sum", e, [dim], True))
+
+
+@reg(aten._log_softmax.default)
+def _log_softmax(x, dim, half_to_float=False):
+    if x.ndim == 0:
+        return P.const(0.0, odt())
+    x = P.reuse(P.cast(x, odt()), 3)
+    shifted = P.sub(x, P.reduce("max", x, [dim], True))
+    return P.sub(shifted, P.unary("log", P.reduce("sum", P.unary("exp", shifted), [dim], True)))
+
+
+@reg(aten._softmax_backward_data.default)
+def _softmax_bwd(g, y, dim, input_dtype):
+    gy = P.mul(g, y)
+    return P.sub(gy, P.mul(y, P.reduce("sum", gy, [dim], True)))
+
+
+@reg(aten._log_softmax_backward_data.default)
+def _log_softmax_bwd(g, y, dim, input_dtype):
+    return P.sub(g, P.mul(P.unary("exp", y), P.reduce("sum", g, [dim], True)))
+
+
+@reg(aten.native_layer_norm.default)
+def _layer_norm(x, shape, w, b, eps):
+    dims = list(range(x.ndim - len(shape), x.ndim))
+    x = P.reuse(x, 3)
+    var, mean = _var(x, dims, 0, True)
+    rstd = P.unary("rsqrt", P.add(var, eps))
+    y = P.mul(P.sub(x, mean), rstd)
+    if w is not None:
+        y = P.mul(y, w)
+    if b is not None:
+        y = P.add(y, b)
+    return y, mean, rstd
+
+
+@reg(aten.native_layer_norm_backward.default)
+def _layer_norm_bwd(g, x, shape, mean, rstd, w, b, mask):
+    dims = list(range(x.ndim - len(shape), x.ndim))
+    outer = list(range(x.ndim - len(shape)))
+    n = ir.prod(x.size[d] for d in dims)
+    xhat = P.mul(P.sub(x, mean), rstd)
+    gw = P.mul(g, w) if w is not None else g
+    dx = dw = db = None
+    if mask[0]:
+        a = P.reduce("sum", gw, dims, True)
+        c = P.reduce("sum", P.mul(gw, xhat), dims, True)
+        dx = P.mul(P.div(rstd, n), P.sub(P.sub(P.mul(gw, n), a), P.mul(xhat, c)))
+    if mask[1] and w is not None:
+        dw = P.reduce("sum", P.mul(g, xhat), outer, False)
+    if mask[2] and b is not None:
+        db = P.reduce("sum", g, outer, False)
+    return dx, dw, db
+
+
+def _bn_shape(v, x):
+    return P.reshape(v, [1, -1] + [1] * (x.ndim - 2))
+
+
+@reg(aten._native_batch_norm_legit_no_training.default)
+def _bn_eval(x, w, b, rm, rv, momentum, eps):
+    y = P.mul(P.sub(x, _bn_shape(rm, x)), _bn_shape(P.unary("rsqrt", P.add(rv, eps)), x))
+    if w is not None:
+        y = P.mul(y, _bn_shape(w, x))
+    if b is not None:
+        y = P.add(y, _bn_shape(b, x))
+    empty = P.const(0, x.dtype, [0])
+    return y, empty, empty
+
+
+@reg(aten._native_batch_norm_legit_functional.default)
+def _bn_train(x, w, b, rm, rv, training, momentum, eps):
+    if not training:
+        return NotImplemented
+    dims = [0] + list(range(2, x.ndim))
+    n = ir.prod(x.size[d] for d in dims)
+    x = P.reuse(x, 3)
+    var, mean = _var(x, dims, 0, False)
+    invstd = P.unary("rsqrt", P.add(var, eps))
+    y = P.mul(P.sub(x, _bn_shape(mean, x)), _bn_shape(invstd, x))
+    if w is not None:
+        y = P.mul(y, _bn_shape(w, x))
+    if b is not None:
+        y = P.add(y, _bn_shape(b, x))
+    new_rm = P.add(P.mul(rm, 1 - momentum), P.mul(mean, momentum))
+    new_rv = P.add(P.mul(rv, 1 - momentum), P.mul(var, momentum * n / max(n - 1, 1)))
+    return y, mean, invstd, new_rm, new_rv
+
+
+@reg(aten.native_batch_norm.default)
+def _native_bn(x, w, b, rm, rv, training, momentum, eps):
+    if not training:
+        y, _, _ = _bn_eval(x, w, b, rm, rv, momentum, eps)
+        return y, P.const(0, x.dtype, [0]), P.const(0, x.dtype, [0])
+    if rm is not None or rv is not None:
+        return NotImplemented  # updates running stats in place: only the functional form is compiled
+    return _bn_train(x, w, b, P.const(0, x.dtype, [x.size[1]]), P.const(0, x.dtype, [x.size[1]]), True, 0.0, eps)[:3]
+
+
+@reg(aten.native_group_norm.default)
+def _group_norm(x, w, b, N, C, HxW, group, eps):
+    xg = P.reuse(P.reshape(x, [N, group, -1]), 3)
+    var, mean = _var(xg, [2], 0, True)
+    rstd = P.unary("rsqrt", P.add(var, eps))
+    y = P.reshape(P.mul(P.sub(xg, mean), rstd), x.size)
+    if w is not None:
+        y = P.mul(y, _bn_shape(w, x))
+    if b is not None:
+        y = P.add(y, _bn_shape(b, x))
+    return y, P.reshape(mean, [N, group]), P.reshape(rstd, [N, group])
+
+
+@reg(aten.nll_loss_forward.default)
+def _nll_loss(x, target, weight, reduction, ignore_index):
+    if x.ndim > 2:
+        return NotImplemented
+    xs = x if x.ndim == 2 else P.unsqueeze(x, 0)
+    t = target if target.ndim == 1 else P.unsqueeze(target, 0)
+    valid = P.pointwise("ne", t, ignore_index)
+    safe = P.where(valid, t, 0)
+    picked = P.squeeze(P.gather(xs, 1, P.unsqueeze(safe, 1)), [1])
+    wt = P.where(valid, 1.0, 0.0, dtype=x.dtype)
+    if weight is not None:
+        wt = P.mul(wt, P.gather(weight, 0, safe))
+    loss = P.mul(P.unary("neg", picked), wt)
+    if reduction == 0:  # none
+        return (loss if x.ndim == 2 else P.squeeze(loss, [0])), P.const(0, x.dtype)
+    total = P.reduce("sum", wt, [0])
+    s = P.reduce("sum", loss, [0])
+    return (P.div(s, total) if reduction == 1 else s), total

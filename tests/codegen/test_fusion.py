@@ -1,0 +1,116 @@
+"""The scheduler's fusion decisions and the ember backend end to end (compiled vs eager, fresh random inputs)."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ember.backends.ember_backend import compile_aten, compile_graph
+from ember.codegen.schedule import FusedGroup
+from ember.runtime import cache
+from tests.codegen.aten_trace import trace_aten
+
+
+def compiled(fn, inputs):
+    gm, ref = trace_aten(fn, inputs)
+    c = compile_aten(gm, inputs)
+    out = c(*inputs)
+    torch.testing.assert_close(out[0] if len(out) == 1 else out, ref)
+    return c.compiled
+
+
+def groups(c):
+    return [it for it in c.sched.items if isinstance(it, FusedGroup) and it.numel > 0]
+
+
+def test_pointwise_chain_is_one_kernel():
+    c = compiled(lambda x: ((torch.sin(x) * 2 + torch.cos(x)).relu() * x - 1).sigmoid(), [torch.randn(4096)])
+    assert len(groups(c)) == 1 and len(groups(c)[0].members) == 1
+
+
+def test_layer_norm_gelu_softmax_is_one_loop_nest():
+    w, b = torch.randn(256), torch.randn(256)
+    c = compiled(lambda x, w, b: torch.softmax(F.gelu(F.layer_norm(x, (256,), w, b)), -1),
+                 [torch.randn(64, 256), w, b])
+    (g,) = groups(c)
+    kinds = [m.buf.kind if m.is_reduction else "pointwise" for m in g.members]
+    assert kinds.count("sum") == 3 and kinds.count("max") == 1
+    assert all(m.local for m in g.members if m.is_reduction)  # row statistics never reach memory
+    assert "#pragma omp simd reduction(+:" in c.source
+
+
+def test_horizontal_fusion_of_independent_same_size_loops():
+    ins = [torch.randn(128, 64) for _ in range(6)]
+    c = compiled(lambda a, b, c, d, e, f: (a * 2 + b, c.exp() - d, e.sigmoid() * f), ins)
+    assert len(groups(c)) == 1 and len(groups(c)[0].members) == 3
+
+
+def test_transposed_read_is_not_fused_into_the_producing_row():
+    x = torch.randn(64, 64)
+    c = compiled(lambda x: (x.softmax(-1) + 1).t().softmax(-1), [x])
+    assert len(groups(c)) >= 2
+
+
+def test_dead_buffers_are_reused():
+    ins = [torch.randn(256, 256), torch.randn(256, 256)]
+    # matmuls force materialization; the first product's buffer is dead once the second is computed
+    c = compiled(lambda a, w: ((a @ w).relu() @ w).relu() @ w, ins)
+    assert "reuses a dead buffer" in c.call.source
+
+
+def test_extern_gets_transposed_weight_without_copy():
+    c = compiled(lambda x, w: F.linear(x, w), [torch.randn(8, 32), torch.randn(16, 32)])
+    assert not groups(c)  # t(w) is a strided view passed to mm, no copy kernel
+
+
+def test_gather_index_out_of_range_raises():
+    w = torch.randn(10, 4)
+    gm, _ = trace_aten(lambda w, i: w[i], [w, torch.tensor([1, 2])])
+    c = compile_aten(gm, [w, torch.tensor([1, 2])])
+    torch.testing.assert_close(c(w, torch.tensor([3, -1]))[0], w[torch.tensor([3, -1])])
+    with pytest.raises(IndexError):
+        c(w, torch.tensor([3, 10]))
+
+
+def test_unknown_op_is_a_logged_fallback(caplog):
+    x = torch.randn(16, 16)
+    with caplog.at_level(logging.DEBUG, logger="ember.fallbacks"):
+        c = compiled(lambda x: torch.linalg.inv(x * 2 + torch.eye(16) * 20).exp(), [x])
+    assert any("ATen fallback" in r.getMessage() for r in caplog.records)
+    assert any(it.fallback for it in c.sched.items if not isinstance(it, FusedGroup))
+
+
+def test_kernel_cache_reused_across_compiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    x = torch.randn(1000)
+    compiled(lambda x: x.tanh() * 3 + 0.5, [x])
+    libs = list((tmp_path / "cpp").glob("*.so"))
+    assert len(libs) == 1
+    compiled(lambda x: x.tanh() * 3 + 0.5, [x])
+    assert list((tmp_path / "cpp").glob("*.so")) == libs
+
+
+def test_build_failure_names_the_source(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "CXXFLAGS", cache.CXXFLAGS + ["-DEMBER_BROKEN=(", "-include", "/nonexistent.h"])
+    x = torch.randn(100)
+    gm, ref = trace_aten(lambda x: x.cos() + 1, [x])
+    with pytest.raises(cache.BuildError, match=r"\.cpp"):
+        compile_aten(gm, [x])(x)
+    c = compile_aten(gm, [x], {"fallback": "eager"})
+    torch.testing.assert_close(c(x)[0], ref)
+
+
+def test_mlp_inference_and_training_through_autograd():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64), torch.nn.LayerNorm(64))
+    fn = compile_graph(torch.fx.symbolic_trace(m), [torch.randn(32, 64)])
+    x = torch.randn(32, 64, requires_grad=True)
+    out = fn(x)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    torch.testing.assert_close(out, m(x))
+    gy = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, *m.parameters()], gy)
+    want = torch.autograd.grad(m(x), [x, *m.parameters()], gy)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

@@ -1,0 +1,114 @@
+"""The Triton printer against eager: pointwise (flat), persistent and looped reductions, fused prologues and
+epilogues, views, 16-bit floats, indirect loads. On a GPU the kernels run there; without one they run in
+Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU), which checks the printed code's meaning."""
+import os
+import sys
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+from tests.codegen.aten_trace import trace_aten
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+if not CUDA:
+    # Triton reads TRITON_INTERPRET when its own library functions are defined, i.e. on import.
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set in this process",
+                    allow_module_level=True)
+    os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+
+
+def compile_and_check(fn, *xs, **tol):
+    from ember.codegen.triton import compile_aten
+    gm, ref = trace_aten(fn, list(xs))
+    compiled = compile_aten(gm, list(xs))
+    assert hasattr(compiled, "compiled"), "graph fell back to eager"
+    out = compiled(*xs)
+    got, want = pytree.tree_leaves(out), pytree.tree_leaves(ref)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        # float32: the CPU sweep's tolerance (summation order differs from eager's)
+        t = tol or ({"atol": 1e-5, "rtol": 1.3e-5} if w.dtype == torch.float32 else {})
+        torch.testing.assert_close(g, w, equal_nan=True, **t)
+    return compiled.compiled
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEV, dtype=dtype)
+
+
+def test_pointwise_chain_is_one_flat_kernel():
+    def chain(x, y):
+        z = torch.sin(x * 1.5 + 0.5) * torch.relu(y)
+        return torch.tanh(z) - x, torch.sigmoid(z) > 0.6
+    call = compile_and_check(chain, rand(33, 70), rand(70))
+    assert len(call.kernels) == 1
+    assert "BLOCK: tl.constexpr" in call.kernel_source
+
+
+def test_contiguous_2d_pointwise_gets_flat_contiguous_offsets():
+    call = compile_and_check(lambda x: torch.exp(x) * 2, rand(48, 64))
+    assert "xindex % 64" not in call.kernel_source   # x0*64 + r0 folded back into the flat index
+
+
+def test_persistent_row_reductions_softmax_layernorm():
+    call = compile_and_check(lambda x: (torch.softmax(x, -1), torch.nn.functional.layer_norm(x, (100,))),
+                             rand(37, 100))
+    assert "for roff" not in call.kernel_source
+
+
+def test_looped_reductions_long_rows():
+    call = compile_and_check(lambda x: (x.sum(1), torch.log_softmax(x, 1), x.amin(1)), rand(3, 5000),
+                             atol=1e-4, rtol=1e-5)
+    assert "for roff" in call.kernel_source
+
+
+def test_reduction_kinds_nan_and_ties():
+    x = rand(16, 33)
+    x[3, 5] = float("nan")
+    x[4, 1] = x[4, 7] = 100.0      # a tie: argmax takes the first
+    compile_and_check(lambda x: (x.amax(1), x.amin(0), x.argmax(1), x.argmin(1), (x > 1).any(1), (x > -3).all(0),
+                                 x.prod(1), x.sum(), x.mean(0, keepdim=True)), x)
+
+
+def test_epilogue_and_prologue_around_reduction():
+    compile_and_check(lambda x, b: ((x * 2 + b).sum(-1, keepdim=True) / 3).exp() + x, rand(20, 50), rand(50))
+
+
+def test_views_permute_expand_slice_cat():
+    x = rand(6, 8, 10)
+    compile_and_check(lambda x: (x.permute(2, 0, 1) * 2, x[:, 1:7:2, ::3] + 1,
+                                 torch.cat([x, x.flip(0)], 1).sum(2), x[:, :1].expand(6, 8, 10) - x), x)
+
+
+def test_bfloat16_and_float16_compute_in_float32():
+    for dt in (torch.bfloat16, torch.float16):
+        x, y = rand(40, 64, dtype=dt), rand(40, 64, dtype=dt)
+        # Triton's interpreter rounds float32 -> bfloat16 toward zero (the GPU rounds to nearest): looser there
+        # Intermediates stay float32 inside a kernel (eager rounds x * y to 16 bits before the softmax): a few ulp.
+        tol = {"atol": 1e-3, "rtol": 4e-3} if dt == torch.float16 else {"atol": 1e-2, "rtol": 1.6e-2}
+        if not CUDA and dt == torch.bfloat16:
+            tol = {"atol": 0.25, "rtol": 0.05}
+        compile_and_check(lambda x, y: (torch.softmax(x * y, -1), (x + y).float().sum(1)), x, y, **tol)
+
+
+def test_integer_and_bool_ops():
+    a = torch.randint(-50, 50, (64,), device=DEV)
+    b = torch.randint(1, 7, (64,), device=DEV)
+    compile_and_check(lambda a, b: (a // b, a % b, torch.remainder(-a, b), a.abs(), (a > 0) & (b > 3),
+                                    torch.where(a > 0, a, b), a.sum()), a, b)
+
+
+def test_indirect_loads_embedding_gather():
+    w = rand(50, 16)
+    idx = torch.randint(0, 50, (4, 9), device=DEV)
+    compile_and_check(lambda w, i: torch.nn.functional.embedding(i, w) * 3, w, idx)
+    compile_and_check(lambda w, i: torch.gather(w, 1, i % 16), w[:4], idx)

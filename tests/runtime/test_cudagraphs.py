@@ -1,0 +1,141 @@
+"""mode="reduce-overhead" runtime: CUDA graph replay against eager, on fresh random inputs each step."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ember.runtime.cudagraphs import CUDAGraphed, graphed_autograd_function
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="CUDA graphs need an NVIDIA GPU; none is visible to torch here")
+
+
+def mlp(x, w1, b1, w2):
+    return (torch.relu(x @ w1.t() + b1) @ w2.t()).tanh(), x.sum(0)
+
+
+def params(d=64, h=128):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(h, d, device="cuda", generator=g) / 8, torch.randn(h, device="cuda", generator=g),
+            torch.randn(d, h, device="cuda", generator=g) / 8]
+
+
+def test_replay_matches_eager_and_kept_outputs_stay_valid():
+    ps = params()
+    f = CUDAGraphed(mlp, static_input_indices=[1, 2, 3])
+    kept = []
+    for _ in range(4):
+        x = torch.randn(32, 64, device="cuda")
+        kept.append((f(x, *ps), mlp(x, *ps)))
+    for got, want in kept:        # outputs of earlier steps were not overwritten by later replays
+        torch.testing.assert_close(got, want)
+    assert len(f.recordings) == 1
+
+
+def test_new_shapes_and_replaced_parameters_record_again():
+    ps = params()
+    f = CUDAGraphed(mlp, static_input_indices=[1, 2, 3])
+    for n in (8, 16, 8):
+        x = torch.randn(n, 64, device="cuda")
+        torch.testing.assert_close(f(x, *ps), mlp(x, *ps))
+    assert len(f.recordings) == 2
+    ps[0] = torch.randn_like(ps[0])           # a new parameter tensor: the old recording must not read it
+    x = torch.randn(8, 64, device="cuda")
+    torch.testing.assert_close(f(x, *ps), mlp(x, *ps))
+    assert len(f.recordings) == 3
+    with torch.no_grad():
+        ps[1].mul_(2)                         # in-place update (an optimizer step) is seen by the replay
+    torch.testing.assert_close(f(x, *ps), mlp(x, *ps))
+    assert len(f.recordings) == 3
+
+
+def test_input_already_in_static_buffer_is_not_copied(monkeypatch):
+    ps = params()
+    f = CUDAGraphed(mlp, static_input_indices=[1, 2, 3])
+    x = torch.randn(8, 64, device="cuda")
+    f(x, *ps)
+    rec = f._last
+    buf = rec.buffers[0]
+    buf.copy_(torch.randn_like(buf))
+    copies = []
+    real_copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *a, **k: copies.append(1) or real_copy(self, src, *a, **k))
+    torch.testing.assert_close(f(buf, *ps), mlp(buf, *ps))
+    assert copies == []
+    y = torch.randn(8, 64, device="cuda")
+    torch.testing.assert_close(f(y, *ps), mlp(y, *ps))
+    assert copies == [1]
+
+
+def test_clone_outputs_false_follows_torch_compile_rule():
+    ps = params()
+    f = CUDAGraphed(mlp, static_input_indices=[1, 2, 3], clone_outputs=False)
+    x1, x2 = torch.randn(8, 64, device="cuda"), torch.randn(8, 64, device="cuda")
+    out1 = f(x1, *ps)[0]
+    want1 = mlp(x1, *ps)[0]
+    torch.testing.assert_close(out1, want1)
+    f(x2, *ps)                                # documented: out1 is the graph's memory, now overwritten
+    torch.testing.assert_close(out1, mlp(x2, *ps)[0])
+
+
+def mlp_forward(x, w1, b1, w2):
+    pre = x @ w1.t() + b1
+    h = torch.relu(pre)
+    y = (h @ w2.t()).tanh()
+    return y, x, w1, w2, pre, h, y                      # user output, then saved
+
+
+def mlp_backward(x, w1, w2, pre, h, y, gy):
+    gz = gy * (1 - y * y)
+    gw2 = gz.t() @ h
+    gh = gz @ w2
+    gpre = gh * (pre > 0)
+    return gpre @ w1, gpre.t() @ x, gpre.sum(0), gw2
+
+
+def test_forward_backward_training_matches_eager_with_adam():
+    ref = params()
+    ps = [p.clone().requires_grad_() for p in ref]
+    ref = [p.requires_grad_() for p in ref]
+    f = graphed_autograd_function(mlp_forward, mlp_backward, num_user_outputs=1, static_input_indices=[1, 2, 3],
+                                  inference=lambda *a: mlp_forward(*a)[:1])
+    opt, ref_opt = torch.optim.Adam(ps, lr=1e-2), torch.optim.Adam(ref, lr=1e-2)
+    for step in range(4):
+        x = torch.randn(32, 64, device="cuda", requires_grad=True)
+        xr = x.detach().clone().requires_grad_()
+        target = torch.randn(32, 64, device="cuda")
+        (y,) = f(x, *ps)
+        F.mse_loss(y, target).backward()
+        F.mse_loss(mlp(xr, *ref)[0], target).backward()
+        torch.testing.assert_close(x.grad, xr.grad)
+        for p, r in zip(ps, ref):
+            torch.testing.assert_close(p.grad, r.grad)
+        opt.step(); ref_opt.step(); opt.zero_grad(); ref_opt.zero_grad()
+    with torch.no_grad():
+        x = torch.randn(32, 64, device="cuda")
+        torch.testing.assert_close(f(x, *ps)[0], mlp(x, *ref)[0])
+
+
+def test_two_forwards_before_backwards_evacuate_saved_tensors():
+    ps = [p.requires_grad_() for p in params()]
+    f = graphed_autograd_function(mlp_forward, mlp_backward, num_user_outputs=1, static_input_indices=[1, 2, 3])
+    xs = [torch.randn(16, 64, device="cuda", requires_grad=True) for _ in range(3)]
+    ys = [f(x, *ps)[0] for x in xs]           # three forwards pending: each replay overwrote the last one's memory
+    grads = [torch.randn_like(y) for y in ys]
+    for y, g in reversed(list(zip(ys, grads))):
+        y.backward(g)
+    want_x = []
+    ref = [p.detach().clone().requires_grad_() for p in ps]
+    for x, g in zip(xs, grads):
+        xr = x.detach().clone().requires_grad_()
+        mlp(xr, *ref)[0].backward(g)
+        want_x.append(xr.grad)
+    for x, w in zip(xs, want_x):
+        torch.testing.assert_close(x.grad, w)
+    for p, r in zip(ps, ref):
+        torch.testing.assert_close(p.grad, r.grad)
+
+
+def test_cpu_input_error_names_the_input():
+    f = CUDAGraphed(lambda x: (x * 2,))
+    with pytest.raises(TypeError, match="input 0"):
+        f(torch.randn(3))
