@@ -5,7 +5,8 @@ run an instrumented copy of the program that stops when it first reaches the off
 operand stack (NULL slots included), locals and cells; call the resume function with them; the result,
 raised exception and logged side effects must equal one uninterrupted run of the original.
 
-Run under 3.12 (no torch there): python3.12 -m pytest -p no:cacheprovider --noconftest tests/frontend/test_bytecode_gen.py
+Under 3.12 without torch (tests/frontend/conftest.py imports it), from the repository root:
+    python3.12 -m pytest -p no:cacheprovider --noconftest tests/frontend/test_bytecode_gen.py
 """
 from __future__ import annotations
 
@@ -713,3 +714,15 @@ def test_resume_of_a_resume_function():
     partly = lambda: ((iter(list(enumerate(xs))[1:]), xs, 0), {})  # noqa: E731 - after the first element
     assert outcome(lambda: resumed(*partly()[0]))[0] == outcome(lambda: loops(xs))[0]
     assert check_all_offsets(resumed, partly) > 20
+
+
+def test_zero_argument_super_needs_self():
+    code = Derived.describe.__code__
+    call = next(i for i in dis.get_instructions(code) if i.opname == "CALL")  # g(k)
+    after = next(i.offset for i in dis.get_instructions(code) if i.offset > call.offset)
+    with pytest.raises(ValueError, match="super"):
+        bg.make_resume_code(code, after, 1, ["k"])  # `self` is not read by any LOAD_FAST in 3.11, yet needed
+    rc = bg.make_resume_code(code, after, 1, ["k", "self"])  # slot 0 is the stack value: the prologue fixes it
+    LOG.clear()
+    assert types.FunctionType(rc.code, globals(), None, None, Derived.describe.__closure__)(g(3), 3, Derived()) == 12
+    assert LOG == [("g", 3), ("base", 4), ("base", 4)]
