@@ -68,7 +68,7 @@ import functools
 import sys
 import types
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from bytecode import Bytecode, CellVar, CompilerFlags, Instr, Label, TryBegin, TryEnd
 
@@ -104,13 +104,14 @@ def _where(code: types.CodeType) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def resume_offsets(code: types.CodeType) -> dict[int, int]:
+def resume_offsets(code: types.CodeType) -> Mapping[int, int]:
     """Every offset where a resume function may start, mapped to the operand stack depth there.
 
     A dataflow over ``dis`` instructions from the entry: fallthrough and jump edges use
     ``dis.stack_effect``; an instruction covered by an exception-table entry also flows into its handler
     with the entry's depth plus the exception (plus lasti).  Prologue, unreachable and (3.12) END_FOR
-    offsets are left out.  Raises AssertionError if two paths disagree on a depth (i.e. this analysis is wrong)."""
+    offsets are left out.  Raises AssertionError if two paths disagree on a depth (this analysis would be
+    wrong).  Cached per code object; the result is read-only."""
     if code.co_flags & _UNRESUMABLE:
         raise ValueError(f"{_where(code)}: generators and coroutines cannot be resumed by a call")
     instrs = list(dis.get_instructions(code))
@@ -132,7 +133,8 @@ def resume_offsets(code: types.CodeType) -> dict[int, int]:
             todo.append((k + 1, d + _stack_effect(ins, jump=False)))
     body = next(k for k, ins in enumerate(instrs) if ins.opname == "RESUME") + 1
     # 3.12's END_FOR never runs (FOR_ITER jumps past it), so no state exists there to resume from
-    return {ins.offset: depth[ins.offset] for ins in instrs[body:] if ins.offset in depth and ins.opname != "END_FOR"}
+    return types.MappingProxyType({ins.offset: depth[ins.offset] for ins in instrs[body:]
+                                   if ins.offset in depth and ins.opname != "END_FOR"})
 
 
 def stack_depth_at(code: types.CodeType, offset: int) -> int:
