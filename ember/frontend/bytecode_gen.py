@@ -10,9 +10,8 @@ Parameters of the resume code::
 
     __resume_at_{offset}_{name}(___stack0, ..., ___stack{n-1}, *live_locals)
 
-``___stack{k}`` is the k-th operand-stack value from the bottom (more underscores if the name is
-taken, as when resuming a resume function).  Slots listed in ``null_positions``
-hold NULL (the slot below a callable pushed by LOAD_GLOBAL/PUSH_NULL/LOAD_ATTR, or the saved loop
+``___stack{k}`` is the k-th operand-stack value from the bottom (more underscores if the name is taken,
+as when resuming a resume function).  Slots listed in ``null_positions`` hold NULL (the slot below a callable pushed by LOAD_GLOBAL/PUSH_NULL/LOAD_ATTR, or the saved loop
 variable of a 3.12 inlined comprehension when it was unbound) and take no argument.  A live local that
 is a *cell variable* (captured by an inner function) is passed as its value: the original MAKE_CELL
 wraps it in a fresh cell, as it does for an argument of the original.  Where closures made before the
@@ -31,8 +30,12 @@ Prologue layout (everything up to the original RESUME is kept, minus MAKE_CELL o
                                       only with passed_cells: LOAD_DEREF of a non-cell would crash
     LOAD_FAST ___stack{k}; DELETE_FAST ___stack{k}  (PUSH_NULL for a NULL slot), bottom of stack first;
                                       the parameter is cleared so it holds no extra reference
+    LOAD_FAST self; STORE_FAST ___stack{k}   only for zero-argument super() (see below)
     KW_NAMES names                    only when resuming between a KW_NAMES and its CALL
     JUMP_FORWARD target               into the untouched original body
+
+The body keeps the original instruction sequence, so CPython's specializations that assume a neighbour
+(3.11 PRECALL doing the CALL, COMPARE_OP fused with the next POP_JUMP) stay valid: we only jump in.
 
 3.11 vs 3.12 differences handled:
   - 3.11 calls need PRECALL before CALL (in our prologue); dis.stack_effect charges a call's arguments
