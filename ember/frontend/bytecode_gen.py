@@ -10,26 +10,32 @@ Parameters of the resume code::
 
     __resume_at_{offset}_{name}(___stack0, ..., ___stack{n-1}, *live_locals)
 
-``___stack{k}`` is the k-th operand-stack value from the bottom.  Slots listed in ``null_positions``
-hold NULL (the slot below a callable pushed by LOAD_GLOBAL/PUSH_NULL/LOAD_ATTR, or the saved loop
+``___stack{k}`` is the k-th operand-stack value from the bottom (more underscores if the name is taken,
+as when resuming a resume function).  Slots listed in ``null_positions`` hold NULL (the slot below a callable pushed by LOAD_GLOBAL/PUSH_NULL/LOAD_ATTR, or the saved loop
 variable of a 3.12 inlined comprehension when it was unbound) and take no argument.  A live local that
-is a *cell variable* (captured by an inner function) may be passed as its value (it gets a fresh cell)
-or as a ``types.CellType`` (used as is, so closures made before the break keep sharing it with the
-resumed code; consequently a cell variable whose *value* is itself a cell object must be passed
-wrapped in a cell).  Free variables come from the closure given to
-``types.FunctionType(code, globals, name, None, closure)``: co_freevars is unchanged.
+is a *cell variable* (captured by an inner function) is passed as its value: the original MAKE_CELL
+wraps it in a fresh cell, as it does for an argument of the original.  Where closures made before the
+break must keep sharing the cell with the resumed code, name it in ``passed_cells`` and pass the
+``types.CellType`` itself: its MAKE_CELL is dropped and the parameter slot *is* the cell.  Free
+variables come from the closure given to ``types.FunctionType(code, globals, name, None, closure)``:
+co_freevars is unchanged.
 
-Prologue layout (everything up to the original RESUME is kept, minus MAKE_CELL of live cells)::
+Prologue layout (everything up to the original RESUME is kept, minus MAKE_CELL of passed cells)::
 
     COPY_FREE_VARS n / MAKE_CELL c    original order (3.11: COPY_FREE_VARS first; 3.12: MAKE_CELL first);
-                                      only cell variables that are not live start as empty cells
+                                      a live cell variable's parameter value goes into its new cell, a
+                                      dead one starts empty
     RESUME 0
-    PUSH_NULL; LOAD_CONST _as_cell; LOAD_FAST c; [PRECALL 1]; CALL 1; STORE_FAST c
-                                      per live cell variable: the raw slot receives the cell object
+    PUSH_NULL; LOAD_CONST _expect_cells; LOAD_CONST names; LOAD_FAST c...; [PRECALL n]; CALL n; POP_TOP
+                                      only with passed_cells: LOAD_DEREF of a non-cell would crash
     LOAD_FAST ___stack{k}; DELETE_FAST ___stack{k}  (PUSH_NULL for a NULL slot), bottom of stack first;
                                       the parameter is cleared so it holds no extra reference
+    LOAD_FAST self; STORE_FAST ___stack{k}   only for zero-argument super() (see below)
     KW_NAMES names                    only when resuming between a KW_NAMES and its CALL
     JUMP_FORWARD target               into the untouched original body
+
+The body keeps the original instruction sequence, so CPython's specializations that assume a neighbour
+(3.11 PRECALL doing the CALL, COMPARE_OP fused with the next POP_JUMP) stay valid: we only jump in.
 
 3.11 vs 3.12 differences handled:
   - 3.11 calls need PRECALL before CALL (in our prologue); dis.stack_effect charges a call's arguments
@@ -65,7 +71,7 @@ import functools
 import sys
 import types
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from bytecode import Bytecode, CellVar, CompilerFlags, Instr, Label, TryBegin, TryEnd
 
@@ -85,7 +91,7 @@ class ResumeCode:
     stack_depth: int              # operand stack depth at offset, NULL slots included
     null_positions: tuple[int, ...]  # stack slots (0 = bottom) holding NULL; they take no argument
     live_locals: tuple[str, ...]
-    cells: tuple[str, ...]        # live locals that are cell variables (value or types.CellType)
+    passed_cells: tuple[str, ...]  # live cell variables passed as types.CellType, not as their value
 
 
 def _stack_effect(ins: dis.Instruction, jump: bool) -> int:
@@ -101,13 +107,14 @@ def _where(code: types.CodeType) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def resume_offsets(code: types.CodeType) -> dict[int, int]:
+def resume_offsets(code: types.CodeType) -> Mapping[int, int]:
     """Every offset where a resume function may start, mapped to the operand stack depth there.
 
     A dataflow over ``dis`` instructions from the entry: fallthrough and jump edges use
     ``dis.stack_effect``; an instruction covered by an exception-table entry also flows into its handler
     with the entry's depth plus the exception (plus lasti).  Prologue, unreachable and (3.12) END_FOR
-    offsets are left out.  Raises AssertionError if two paths disagree on a depth (i.e. this analysis is wrong)."""
+    offsets are left out.  Raises AssertionError if two paths disagree on a depth (this analysis would be
+    wrong).  Cached per code object; the result is read-only."""
     if code.co_flags & _UNRESUMABLE:
         raise ValueError(f"{_where(code)}: generators and coroutines cannot be resumed by a call")
     instrs = list(dis.get_instructions(code))
@@ -129,7 +136,8 @@ def resume_offsets(code: types.CodeType) -> dict[int, int]:
             todo.append((k + 1, d + _stack_effect(ins, jump=False)))
     body = next(k for k, ins in enumerate(instrs) if ins.opname == "RESUME") + 1
     # 3.12's END_FOR never runs (FOR_ITER jumps past it), so no state exists there to resume from
-    return {ins.offset: depth[ins.offset] for ins in instrs[body:] if ins.offset in depth and ins.opname != "END_FOR"}
+    return types.MappingProxyType({ins.offset: depth[ins.offset] for ins in instrs[body:]
+                                   if ins.offset in depth and ins.opname != "END_FOR"})
 
 
 def stack_depth_at(code: types.CodeType, offset: int) -> int:
@@ -142,13 +150,13 @@ def stack_depth_at(code: types.CodeType, offset: int) -> int:
 
 
 def make_resume_code(code: types.CodeType, offset: int, stack_depth: int, live_locals: Iterable[str],
-                     null_positions: Iterable[int] = ()) -> ResumeCode:
+                     null_positions: Iterable[int] = (), passed_cells: Iterable[str] = ()) -> ResumeCode:
     """Code that continues ``code`` at ``offset`` from the given operand stack and live locals.
 
     See the module docstring for the parameters of the result.  Cached per arguments."""
     # code objects compare equal across files (co_filename is not compared): keep tracebacks right
     return _make_resume_code(code, code.co_filename, code.co_qualname, offset, stack_depth, tuple(live_locals),
-                             tuple(sorted(set(null_positions))))
+                             tuple(sorted(set(null_positions))), tuple(passed_cells))
 
 
 def clear_caches() -> None:
@@ -156,8 +164,11 @@ def clear_caches() -> None:
     _make_resume_code.cache_clear()
 
 
-def _as_cell(value: object) -> types.CellType:
-    return value if type(value) is types.CellType else types.CellType(value)
+def _expect_cells(names: tuple[str, ...], *cells: object) -> None:
+    for name, cell in zip(names, cells):
+        if type(cell) is not types.CellType:
+            raise TypeError(f"resume function: {name!r} is in passed_cells, so pass a types.CellType, "
+                            f"not a {type(cell).__name__}")
 
 
 def _locate(code: types.CodeType, bc: Bytecode, offset: int) -> tuple[Instr, Instr | None]:
@@ -182,8 +193,8 @@ def _locate(code: types.CodeType, bc: Bytecode, offset: int) -> tuple[Instr, Ins
 
 
 @functools.lru_cache(maxsize=None)
-def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offset: int, stack_depth: int, live_locals: tuple[str, ...],
-                      nulls: tuple[int, ...]) -> ResumeCode:
+def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offset: int, stack_depth: int,
+                      live_locals: tuple[str, ...], nulls: tuple[int, ...], cells: tuple[str, ...]) -> ResumeCode:
     expected = stack_depth_at(code, offset)
     if stack_depth != expected:
         raise ValueError(f"{_where(code)}: the stack depth at offset {offset} is {expected}, got {stack_depth}")
@@ -193,14 +204,18 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
             n not in code.co_varnames and n not in code.co_cellvars for n in live_locals):
         raise ValueError(f"{_where(code)}: live locals must be distinct names from co_varnames or "
                          f"co_cellvars (free variables come from the closure); got {list(live_locals)}")
-    stack_names = [f"___stack{k}" for k in range(stack_depth)]
+    if any(c not in live_locals or c not in code.co_cellvars for c in cells):
+        raise ValueError(f"{_where(code)}: passed_cells {list(cells)} must be live cell variables")
+    prefix = "___stack"
+    while any(n.startswith(prefix) for n in code.co_varnames):  # e.g. when resuming a resume function
+        prefix = "_" + prefix
+    stack_names = [f"{prefix}{k}" for k in range(stack_depth)]
     argnames = tuple(n for k, n in enumerate(stack_names) if k not in nulls) + live_locals
-    cells = tuple(n for n in live_locals if n in code.co_cellvars)
     # Zero-argument super() reads the class from __class__ and the instance from local slot 0, which in
     # the resume code is its first parameter: that slot must hold the original's first argument.
     self_name = code.co_varnames[0] if code.co_argcount else None
     fix_slot0 = "__class__" in code.co_freevars and "super" in code.co_names and argnames[:1] != (self_name,)
-    if fix_slot0 and (self_name not in live_locals or not argnames[0].startswith("___stack")):
+    if fix_slot0 and (self_name not in live_locals or argnames[0] not in stack_names):
         raise ValueError(f"{_where(code)} uses super(): pass its first argument {self_name!r} as a live local, "
                          f"first among them when the stack is empty")
 
@@ -213,14 +228,16 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
         return Instr(name, *arg, location=loc)
 
     prologue = []
-    for c in cells:  # LOAD_FAST/STORE_FAST on a cell variable's slot move the raw (cell) object
-        prologue += [instr("PUSH_NULL"), instr("LOAD_CONST", _as_cell), instr("LOAD_FAST", c)]
-        prologue += [instr("CALL", 1)] if PY312 else [instr("PRECALL", 1), instr("CALL", 1)]
-        prologue += [instr("STORE_FAST", c)]
+    if cells:  # LOAD_FAST on a cell variable's slot loads the raw object: the passed cell
+        prologue += [instr("PUSH_NULL"), instr("LOAD_CONST", _expect_cells), instr("LOAD_CONST", cells),
+                     *[instr("LOAD_FAST", c) for c in cells]]
+        n = 1 + len(cells)
+        prologue += [instr("CALL", n)] if PY312 else [instr("PRECALL", n), instr("CALL", n)]
+        prologue.append(instr("POP_TOP"))
     for k, name in enumerate(stack_names):
         prologue += [instr("PUSH_NULL")] if k in nulls else [instr("LOAD_FAST", name), instr("DELETE_FAST", name)]
     if fix_slot0:  # the stack parameter in slot 0 was cleared above: it becomes a second `self`
-        prologue += [instr("LOAD_DEREF", CellVar(self_name)) if self_name in cells else
+        prologue += [instr("LOAD_DEREF", CellVar(self_name)) if self_name in code.co_cellvars else
                      instr("LOAD_FAST", self_name), instr("STORE_FAST", argnames[0])]
     if kw_names is not None:
         prologue.append(instr("KW_NAMES", kw_names.arg))
@@ -231,7 +248,7 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
         if not in_body:
             assert not isinstance(item, (TryBegin, TryEnd)), f"{_where(code)}: try block before RESUME"
             if isinstance(item, Instr) and item.name == "MAKE_CELL" and item.arg.name in cells:
-                continue  # made from the argument in the prologue
+                continue  # the parameter is the cell
             items.append(item)
             if isinstance(item, Instr) and item.name == "RESUME":
                 items += prologue
@@ -252,8 +269,8 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
     new.argcount, new.posonlyargcount, new.kwonlyargcount = len(argnames), 0, 0
     new.flags = bc.flags & ~(CompilerFlags.VARARGS | CompilerFlags.VARKEYWORDS)
     # The original body never needs more than co_stacksize from a state it reaches; the prologue needs
-    # stack_depth, or 3 for a cell.  The exception table keeps the original depths: recomputing them
-    # would miss try blocks entered through the prologue's jump rather than from their start.
-    stacksize = max(code.co_stacksize, stack_depth, 3)
+    # stack_depth, or 3 + the passed cells.  The exception table keeps the original depths: recomputing
+    # them would miss try blocks entered through the prologue's jump rather than from their start.
+    stacksize = max(code.co_stacksize, stack_depth, 3 + len(cells))
     resumed = new.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
     return ResumeCode(resumed, offset, argnames, stack_depth, nulls, live_locals, cells)
