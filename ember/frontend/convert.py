@@ -22,6 +22,7 @@ import dataclasses
 import dis
 import functools
 import inspect
+import keyword
 import linecache
 import operator
 import sys
@@ -83,6 +84,10 @@ class FrameCompiler:
         self.resumes: dict[tuple, FrameCompiler] = {}
         self.argnames = _arg_names(self.code)
         self.bind = _make_binder(fn, self.argnames)
+        # the entry's parameters: the argument names, or stand-ins where a name is no identifier (pytest's
+        # `@py_assert1` locals reach resume functions)
+        self.params = [n if n.isidentifier() and not keyword.iskeyword(n) else f"___arg{i}"
+                       for i, n in enumerate(self.argnames)]
         FrameCompiler._all.add(self)
 
     @classmethod
@@ -155,8 +160,8 @@ class FrameCompiler:
             consts = ConstTable()
             cap = Capture(consts)
             local_vars = {}
-            for name, value in zip(self.argnames, frame_args):
-                local_vars[name] = cap.wrap(value, name)
+            for name, param, value in zip(self.argnames, self.params, frame_args):
+                local_vars[name] = cap.wrap(value, param)
             cells = {}
             clo = self.fn.__closure__ or ()
             for i, fv in enumerate(self.code.co_freevars):
@@ -194,7 +199,7 @@ class FrameCompiler:
         out = []
         code = self.code
         n = code.co_argcount + code.co_kwonlyargcount
-        for i, name in enumerate(self.argnames):
+        for i, name in enumerate(self.params):
             if i < code.co_argcount:
                 out.append(name)
             elif i < n:
@@ -557,7 +562,7 @@ class EntryCodegen:
         fc = self.fc
         guards = self.cap.guards.exprs()
         self.namespace.update(self.consts.objs)
-        params = ", ".join(fc.argnames)
+        params = ", ".join(fc.params)
         cond = " and ".join(guards) if guards else "True"
         src = [f"def ___entry({params}):",
                "    try:",
@@ -578,7 +583,7 @@ class EntryCodegen:
         ns_for_check = dict(ns)
 
         def check(g: str, frame_args) -> bool:
-            return eval(g, ns_for_check, dict(zip(fc.argnames, frame_args)))
+            return eval(g, ns_for_check, dict(zip(fc.params, frame_args)))
 
         entry = Entry(ns["___entry"], guards, check, description)
         _emit("entry", name=fc.name, guards=guards)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import copy
 import dataclasses
 import dis
 import enum
@@ -96,6 +97,8 @@ STATE_PROBES = {getattr(torch._C, n) for n in ("_is_tracing", "_get_tracing_stat
                                                "_get_mkldnn_enabled", "is_grad_enabled", "_is_torch_function_enabled",
                                                "_is_functional_tensor") if hasattr(torch._C, n)}
 OUTPUT_MODULES = {"logging", "warnings"}  # their calls may write output: graph breaks, as print
+DICT_VIEWS = {type({}.keys()), type({}.values()), type({}.items()), type(collections.OrderedDict().keys()),
+              type(collections.OrderedDict().values()), type(collections.OrderedDict().items())}
 MODULE_TRAVERSALS = {"children", "named_children", "parameters", "named_parameters", "buffers", "named_buffers",
                      "modules", "named_modules"}
 PURE_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "count", "index",
@@ -694,8 +697,11 @@ class Frame:
     def DELETE_ATTR(self, inst):
         obj = self.pop()
         if isinstance(obj, ObjV) and not isinstance(obj.value, torch.nn.Module) and obj.source is not None:
-            obj.writes.pop(inst.argval, None)
-            obj.deleted.add(inst.argval)
+            had_write = obj.writes.pop(inst.argval, None) is not None
+            if inst.argval in getattr(obj.value, "__dict__", {}):
+                obj.deleted.add(inst.argval)  # deleting what the real object has: done after the graph
+            elif not had_write:
+                raise PyError(AttributeError(inst.argval), self.where())
             return
         if isinstance(obj, NewObjV) and inst.argval in obj.attrs:
             del obj.attrs[inst.argval]
@@ -1182,6 +1188,9 @@ class Frame:
                 return [self.getattr(v, k) for k in m._parameters]
             if isinstance(m, torch.nn.ParameterDict):
                 return [ConstV(k) for k in m._keys] if hasattr(m, "_keys") else [ConstV(k) for k in m.keys()]
+        if isinstance(v, ObjV) and type(v.value) in DICT_VIEWS and (v.source is not None or not _holds_tensor(
+                list(v.value))):
+            return [self.cap.wrap(x, f"list({v.source})[{i}]" if v.source else None) for i, x in enumerate(v.value)]
         if isinstance(v, (ObjV, NewObjV)):
             it = self.getattr(v, "__iter__")
             if isinstance(it, BoundV) and isinstance(it.func, types.FunctionType):
@@ -1539,8 +1548,7 @@ class Frame:
                 except AttributeError:
                     raise self.no_attribute(obj, name, f"function has no attribute {name!r}")
             # instances
-            if type(value).__getattribute__ is not object.__getattribute__ and obj.source is not None and \
-                    not isinstance(value, torch.nn.Module):
+            if type(value).__getattribute__ is not object.__getattribute__ and not isinstance(value, torch.nn.Module):
                 try:  # a class that computes attributes (transformers' configs): read it, guard what was read
                     attr = getattr(value, name)
                 except AttributeError as e:
@@ -1684,7 +1692,8 @@ class Frame:
             if isinstance(value_obj, torch.nn.Module):
                 d = value_obj.__dict__
                 if any(name in d[t] for t in ("_parameters", "_buffers", "_modules")) or \
-                        isinstance(value, TensorV) or (isinstance(value, ObjV) and isinstance(value.value, torch.nn.Module)):
+                        (isinstance(value, TensorV) and isinstance(value.fake, torch.nn.Parameter)) or \
+                        (isinstance(value, ObjV) and isinstance(value.value, torch.nn.Module)):
                     raise Unsupported(f"assigning a parameter, buffer or submodule ({name!r}) inside a compiled "
                                       f"module", self.where())
             obj.writes[name] = value
@@ -2603,6 +2612,47 @@ def _reduce(fr, args, kwargs):
     return acc
 
 
+def _copy(deep: bool):
+    def handler(fr, args, kwargs):
+        v = args[0]
+        if isinstance(v, ObjV) and not isinstance(v.value, (torch.nn.Module, torch.Tensor)) and not v.writes \
+                and not _holds_tensor(v.value):
+            # A plain-data object (a model config): copied now; the copy is read, never written back.
+            return ObjV((copy.deepcopy if deep else copy.copy)(v.value))
+        if isinstance(v, (ListV, DictV, TupleV)) and deep:
+            return _deepcopy_v(fr, v)
+        if isinstance(v, (ListV, DictV, TupleV)) and not deep:
+            return {ListV: _list, DictV: _dict, TupleV: lambda f, a, k: a[0]}[type(v)](fr, [v], {})
+        raise Unsupported(f"copy.{'deepcopy' if deep else 'copy'} of {fr.type_name(v)}", fr.where())
+    return handler
+
+
+def _deepcopy_v(fr, v: V) -> V:
+    if isinstance(v, ConstV):
+        return v
+    if isinstance(v, (ListV, TupleV)):
+        items = [_deepcopy_v(fr, x) for x in v.items]
+        return ListV(items) if isinstance(v, ListV) else TupleV(items, None, v.cls)
+    if isinstance(v, DictV):
+        return DictV({k: _deepcopy_v(fr, x) for k, x in v.items.items()}, cls=v.cls)
+    if isinstance(v, ObjV) and not v.writes and not _holds_tensor(v.value) and \
+            not isinstance(v.value, (torch.nn.Module, types.ModuleType, type, types.FunctionType)):
+        return ObjV(copy.deepcopy(v.value))
+    if isinstance(v, ObjV) and isinstance(v.value, (type, types.FunctionType, types.ModuleType)):
+        return v
+    raise Unsupported(f"copy.deepcopy of {fr.type_name(v)}", fr.where())
+
+
+def _holds_tensor(obj, depth: int = 0) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if depth > 3:
+        return False
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else \
+        vars(obj).values() if hasattr(obj, "__dict__") else ()
+    return any(_holds_tensor(x, depth + 1) for x in items)
+
+
 def _print(fr, args, kwargs):
     raise Unsupported("print() writes output: it runs in Python", fr.where())
 
@@ -2616,5 +2666,5 @@ BUILTIN_HANDLERS = {
     str: _str, super: _super, callable: _callable_builtin, issubclass: _issubclass, abs: _abs, pow: _pow_builtin,
     round: _round, id: _id, map: _map, filter: _filter, object.__new__: _object_new,
     object.__setattr__: _object_setattr, dataclasses.fields: _dataclass_fields, print: _print,
-    collections.OrderedDict: _ordered_dict, functools.reduce: _reduce, inspect.signature: _signature,
+    collections.OrderedDict: _ordered_dict, copy.deepcopy: _copy(True), copy.copy: _copy(False), functools.reduce: _reduce, inspect.signature: _signature,
 }
