@@ -361,8 +361,8 @@ class EntryCodegen:
             return f"___o[{self.outputs[id(v)]}]"
         if isinstance(v, ConstV):
             x = v.value
-            if x is None or isinstance(x, (bool, int, str, bytes)) or (isinstance(x, float) and x == x and
-                                                                       x not in (float("inf"), float("-inf"))):
+            if x is None or type(x) in (bool, int, str, bytes) or (type(x) is float and x == x and
+                                                                   x not in (float("inf"), float("-inf"))):
                 return repr(x)
             return c(x)
         if isinstance(v, ObjV):

@@ -32,7 +32,7 @@ class Guards:
             self.add(f"{source} is {value!r}", 0)
         elif isinstance(value, float) and math.isnan(value):
             self.add(f"type({source}) is float and {source} != {source}", 1)
-        elif isinstance(value, (int, float, str, bytes, complex)):
+        elif type(value) in (int, float, str, bytes, complex):  # not subclasses (str enums...): no literal
             self.add(f"type({source}) is {type(value).__name__} and {source} == {value!r}", 1)
         else:
             self.add(f"{source} == {self.consts.ref(value)}", 1)

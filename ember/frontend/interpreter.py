@@ -20,6 +20,7 @@ import enum
 import functools
 import inspect
 import itertools
+import keyword
 import math
 import operator
 import sys
@@ -141,7 +142,8 @@ def structseq_fields(cls) -> list[str]:
 def attr_source(parent: str | None, name: str) -> str | None:
     if parent is None:
         return None
-    return f"{parent}.{name}" if name.isidentifier() and not name.startswith("__") else f"getattr({parent}, {name!r})"
+    plain = name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("__")
+    return f"{parent}.{name}" if plain else f"getattr({parent}, {name!r})"
 
 
 def where(code: types.CodeType, offset: int) -> str:
@@ -210,12 +212,12 @@ class Capture:
             self.by_id[id(value)] = v
             self.keepalive.append(value)
             return v
-        if isinstance(value, bool) or value is None or isinstance(value, (int, float, str, bytes, complex)):
+        if isinstance(value, bool) or value is None or type(value) in (int, float, str, bytes, complex):
             if source is not None:
                 g.const(source, value)
             return ConstV(value, source)
         if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout, range, slice,
-                              type(Ellipsis), torch.Size, enum.Enum)):
+                              type(Ellipsis), torch.Size, enum.Enum, int, float, str)):
             if source is not None:
                 g.add(f"{source} == {self.consts.ref(value)}" if not isinstance(value, (torch.dtype, enum.Enum))
                       else f"{source} is {self.consts.ref(value)}", 1)
