@@ -4,7 +4,7 @@ This is exactly torch.compile's custom-backend contract, so a backend written fo
 Built-in backends register themselves on import of this package:
   "eager"      run the captured graph as it is
   "aot_eager"  ahead-of-time autograd (ember.autograd), both graphs run eagerly
-  "ember"      autograd -> decompositions -> codegen (until the code generator lands: the graph as it is)
+  "ember"      autograd -> decompositions -> codegen (C++/OpenMP on CPUs)
 """
 from __future__ import annotations
 
@@ -54,23 +54,14 @@ def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 
 
 def _ember(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    # The code generator plugs in here (ember.codegen); until then the graph runs as captured.
-    try:
-        from ember.backends.ember_backend import compile_graph  # noqa: F401 (optional, lands with codegen)
-    except ImportError:
-        return gm.forward
+    from ember.backends.ember_backend import compile_graph  # imported on first use: codegen is heavy
     return compile_graph(gm, example_inputs)
 
 
-register_backend(_ember, name="ember")
-
-
 def _aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    try:
-        from ember.autograd import aot_eager as impl
-    except ImportError:
-        return gm.forward
-    return impl(gm, example_inputs)
+    from ember.autograd import aot_eager
+    return aot_eager(gm, example_inputs)
 
 
+register_backend(_ember, name="ember")
 register_backend(_aot_eager, name="aot_eager")
