@@ -55,6 +55,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     """Build `call(args) -> outputs`; returns the function (its source is `call.source`)."""
     w = Wrapper(sched)
     w.globals.update(extra_globals)
+    w.globals["_Tensor"] = torch.Tensor  # an input that is None (an unused gradient) runs the graph eagerly
     low = sched.lowered
     w.globals.update(low.constants)  # tensors the graph holds (get_attr): bound by name
     L = w.lines
@@ -62,7 +63,8 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     names = [b.name for b in low.inputs]
     if names:
         L.append(f"    {', '.join(names)}, = args")
-    checks = [f"{b.name}.shape != {tuple(int(s) for s in b.size)} or {b.name}.stride() != "
+    checks = [f"not isinstance({b.name}, _Tensor) or "
+              f"{b.name}.shape != {tuple(int(s) for s in b.size)} or {b.name}.stride() != "
               f"{tuple(int(s) for s in b.stride)} or {b.name}.dtype != {w.const(b.dtype)}" for b in low.inputs]
     if checks:
         L.append(f"    if {' or '.join(checks)}:")
@@ -101,7 +103,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
                     continue
                 if o.name != it.name:
                     L.append(f"    {o.name} = {it.name}[{i}]")
-                L.append(f"    if {o.name}.stride() != {tuple(int(s) for s in o.stride)}: "
+                L.append(f"    if {o.name} is not None and {o.name}.stride() != {tuple(int(s) for s in o.stride)}: "
                          f"{o.name} = _restride({o.name}, {tuple(int(s) for s in o.stride)})")
         for r, lj in last.items():
             if lj == j and r in ours and r not in pinned:

@@ -695,9 +695,15 @@ def _bn_eval(x, w, b, rm, rv, momentum, eps):
     return y, empty, empty
 
 
+# Train-mode batch norm stays an ATen call: through 120 train-mode BatchNorms (densenet121 at batch 2) the
+# decomposed forward/backward gave gradients up to 0.26 off (relative, vs float64) where eager is 0.03 off;
+# not yet understood (see the issue 5 note). Eval mode is decomposed and fused.
+TRAIN_BATCH_NORM_AS_ATEN = True
+
+
 @reg(aten._native_batch_norm_legit_functional.default)
 def _bn_train(x, w, b, rm, rv, training, momentum, eps):
-    if not training:
+    if not training or TRAIN_BATCH_NORM_AS_ATEN:
         return NotImplemented
     dims = [0] + list(range(2, x.ndim))
     n = ir.prod(x.size[d] for d in dims)
@@ -793,6 +799,8 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
 
 @reg(aten.native_batch_norm_backward.default)
 def _bn_backward(dy, x, w, rm, rv, save_mean, save_invstd, train, eps, mask):
+    if train and TRAIN_BATCH_NORM_AS_ATEN:
+        return NotImplemented
     dims = [0] + list(range(2, x.ndim))
     n = ir.prod(x.size[d] for d in dims)
     if train:
