@@ -523,10 +523,8 @@ class EntryCodegen:
             else:
                 fn, pos = a, [b] + args
             npos = len(pos) - len(kw)
-            call_args = pos[:npos] + [f"{k}={e}" for k, e in zip(kw, pos[npos:])]
             call = (f"___r = ___call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
                     f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg)")
-            del call_args
             self.guarded_call(call, restore)
             self.lines.append(go(nxt, stack[:base] + ["___r"]))
         elif op == "CALL_FUNCTION_EX":
