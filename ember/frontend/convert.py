@@ -105,10 +105,10 @@ class FrameCompiler:
     @classmethod
     def for_function(cls, f: types.FunctionType, cfg) -> "FrameCompiler":
         per_fn = cls._by_function.setdefault(f, {})
-        key = id(cfg)
-        if key not in per_fn:
-            per_fn[key] = cls(f, cfg)
-        return per_fn[key]
+        fc = per_fn.get(id(cfg))
+        if fc is None or fc.cfg is not cfg:  # an id can be reused once a Config is gone
+            fc = per_fn[id(cfg)] = cls(f, cfg)
+        return fc
 
     # -- the hot path ------------------------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict):
