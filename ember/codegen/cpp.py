@@ -7,6 +7,7 @@ a vectorizable accumulator), so g++ -O3 -march=native vectorizes contiguous inne
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import sympy
@@ -120,29 +121,10 @@ def literal(v, dtype: torch.dtype) -> str:
     return f"{t}({int(v)}LL)" if abs(int(v)) < 2 ** 63 else f"{t}({int(v)}ULL)"
 
 
-def index_code(e, names: dict) -> str:
-    """C expression of a sympy index (int64 arithmetic)."""
-    if isinstance(e, IndirectSymbol):
-        return names[e]
-    if e.is_Integer:
-        return f"{int(e)}LL" if abs(int(e)) >= 2 ** 31 else str(int(e))
-    if e.is_Symbol:
-        return str(e)
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(index_code(a, names) for a in e.args) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(index_code(a, names) for a in e.args) + ")"
-    if isinstance(e, FloorDiv):
-        return f"({index_code(e.args[0], names)} / {index_code(e.args[1], names)})"
-    if isinstance(e, ModIndex):
-        return f"({index_code(e.args[0], names)} % {index_code(e.args[1], names)})"
-    if isinstance(e, (sympy.Min, sympy.Max)):
-        f = "std::min" if isinstance(e, sympy.Min) else "std::max"
-        out = index_code(e.args[0], names)
-        for a in e.args[1:]:
-            out = f"{f}<int64_t>({out}, {index_code(a, names)})"
-        return out
-    raise NotImplementedError(f"index expression {e} ({type(e).__name__})")
+# C expression of a sympy index (int64 arithmetic)
+index_code = functools.partial(ir.index_code,
+                               syntax=ir.IndexSyntax("/", "std::min<int64_t>", "std::max<int64_t>", "LL"))
+
 
 
 class Body:

@@ -318,3 +318,38 @@ def itemsize(d: torch.dtype) -> int:
 
 def prod(xs) -> int:
     return math.prod(int(x) for x in xs)
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexSyntax:
+    """How a printer writes integer index arithmetic (C++ and Triton differ only in these)."""
+    floordiv: str
+    minimum: str
+    maximum: str
+    long_suffix: str = ""  # on integer literals outside int32
+
+
+def index_code(e, names: dict, syntax: IndexSyntax) -> str:
+    """An index expression (sympy, all terms non-negative where // and % appear) in a printer's syntax."""
+    if isinstance(e, IndirectSymbol):
+        return names[e]
+    if e.is_Integer:
+        return f"{int(e)}{syntax.long_suffix}" if abs(int(e)) >= 2 ** 31 else str(int(e))
+    if e.is_Symbol:
+        return names.get(e, str(e))
+    rec = lambda a: index_code(a, names, syntax)  # noqa: E731
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(rec(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(rec(a) for a in e.args) + ")"
+    if isinstance(e, FloorDiv):
+        return f"({rec(e.args[0])} {syntax.floordiv} {rec(e.args[1])})"
+    if isinstance(e, ModIndex):
+        return f"({rec(e.args[0])} % {rec(e.args[1])})"
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        f = syntax.minimum if isinstance(e, sympy.Min) else syntax.maximum
+        out = rec(e.args[0])
+        for a in e.args[1:]:
+            out = f"{f}({out}, {rec(a)})"
+        return out
+    raise NotImplementedError(f"index expression {e} ({type(e).__name__})")

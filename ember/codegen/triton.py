@@ -174,29 +174,9 @@ def literal(v, dtype: torch.dtype) -> str:
     return str(int(v))
 
 
-def index_code(e, names: dict) -> str:
-    """Triton expression of a sympy index (all terms non-negative where // and % appear, as in cpp.py)."""
-    if isinstance(e, IndirectSymbol):
-        return names[e]
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return names.get(e, str(e))
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(index_code(a, names) for a in e.args) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(index_code(a, names) for a in e.args) + ")"
-    if isinstance(e, FloorDiv):
-        return f"({index_code(e.args[0], names)} // {index_code(e.args[1], names)})"
-    if isinstance(e, ModIndex):
-        return f"({index_code(e.args[0], names)} % {index_code(e.args[1], names)})"
-    if isinstance(e, (sympy.Min, sympy.Max)):
-        f = "tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum"
-        out = index_code(e.args[0], names)
-        for a in e.args[1:]:
-            out = f"{f}({out}, {index_code(a, names)})"
-        return out
-    raise NotImplementedError(f"index expression {e} ({type(e).__name__})")
+# Triton expression of a sympy index
+index_code = functools.partial(ir.index_code, syntax=ir.IndexSyntax("//", "tl.minimum", "tl.maximum"))
+
 
 
 class Body:
