@@ -13,7 +13,7 @@ silently wrong. A graph the tracer cannot make functional runs as it is (eager),
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.fx

@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from ember.codegen import ir
-from ember.codegen.ir import Expr, FloorDiv, IndirectSymbol, ModIndex
+from ember.codegen.ir import Expr, IndirectSymbol
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
 
 CTYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",

@@ -25,7 +25,6 @@ import inspect
 import keyword
 import linecache
 import operator
-import sys
 import types
 import warnings
 import weakref
@@ -37,7 +36,7 @@ import torch.fx
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import check_tensor
 from ember.frontend.interpreter import (
-    PY312, Capture, ConstTable, Frame, StopCapture, instructions, is_namedtuple_cls, is_structseq_cls, where,
+    Capture, ConstTable, Frame, StopCapture, instructions, is_namedtuple_cls, where,
 )
 from ember.frontend.values import GradExit as _GradExit
 from ember.frontend.values import (
@@ -461,7 +460,7 @@ class EntryCodegen:
                 writes.append((f"{v.source}.cell_contents = {{}}", self.expr(v.contents)))
         for (_gid, name), (g, x) in self.cap.global_writes.items():
             writes.append((f"{self.consts.ref(g)}[{name!r}] = {{}}", self.expr(x)))
-        for t in getattr(self.cap, "tensor_grad_writes", []):
+        for t in self.cap.tensor_grad_writes:
             writes.append((f"{t.source}.grad = {{}}", "None"))
         temps = []
         for _target, value in writes:
@@ -488,7 +487,6 @@ class EntryCodegen:
                       and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
         in_try = len(grad_withs) != len(covering)  # only grad-mode `with` blocks are handled across a break
         restore = f"___torch._C._set_grad_enabled({grad_withs[0].prev})" if grad_withs else None
-        nulls = tuple(i for i, v in enumerate(frame.stack) if isinstance(v, NullV))
         args_of = lambda st: ", ".join(st + local_exprs)  # noqa: E731
 
         def go(offset: int, st: list[str], compiled: bool = True) -> str:

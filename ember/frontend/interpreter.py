@@ -19,7 +19,6 @@ import dis
 import enum
 import functools
 import inspect
-import itertools
 import keyword
 import math
 import operator
@@ -178,6 +177,7 @@ class Capture:
         self.keepalive: list = []
         self.mutables: list[V] = []  # lists/dicts/sets/objects/cells with a source that may be mutated
         self.global_writes: dict[tuple[int, str], tuple[dict, V]] = {}
+        self.tensor_grad_writes: list[TensorV] = []  # `p.grad = None` on graph inputs
         self.tensor_constants: dict[int, torch.Tensor] = {}
         self.op_count = 0
         self.grad_enabled = torch.is_grad_enabled()
@@ -1705,7 +1705,6 @@ class Frame:
             return
         if isinstance(obj, TensorV) and name == "grad" and obj.source is not None and \
                 isinstance(value, ConstV) and value.value is None:
-            self.cap.tensor_grad_writes = getattr(self.cap, "tensor_grad_writes", [])
             self.cap.tensor_grad_writes.append(obj)
             return
         raise Unsupported(f"setting attribute {name!r} of {self.type_name(obj)}", self.where())
