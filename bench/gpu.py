@@ -45,23 +45,8 @@ class Workload:
     iters: int = 50
 
 
-def ember_gpu_backend(mode: str | None):
-    """ember's pipeline on the GPU: ember.autograd (ATen forward/backward) -> loop IR -> Triton kernels, and for
-    mode="reduce-overhead" each compiled graph replayed as a CUDA graph. (Until ember_backend.compile_aten
-    routes CUDA graphs to ember.codegen.triton and the frontend passes the mode to backends, the bench
-    composes it here.)"""
-    from ember.autograd import aot_module
-    from ember.codegen.triton import compile_aten
-    from ember.runtime.cudagraphs import aot_compilers
-
-    def ember_gpu(gm, example_inputs):
-        fw, bw = aot_compilers(compile_aten) if mode == "reduce-overhead" else (compile_aten, compile_aten)
-        return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
-    return ember_gpu
-
-
 def ember_compile(fn, mode=None):
-    return ember.compile(fn, mode=mode, backend=ember_gpu_backend(mode))
+    return ember.compile(fn, mode=mode)
 
 
 def compilers():

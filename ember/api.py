@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from ember.backends import backend_name, lookup_backend
+from ember.backends import backend_name, lookup_backend, with_mode
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 VALID_OPTIONS = ("model", "fullgraph", "dynamic", "backend", "mode", "options", "disable")
@@ -71,7 +71,8 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     _check_mode(mode)
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
-    cfg = Config(lookup_backend(backend), backend_name(backend), fullgraph, dynamic, mode, options)
+    cfg = Config(with_mode(lookup_backend(backend), mode, options), backend_name(backend), fullgraph, dynamic, mode,
+                 options)
 
     def wrap(m: Callable):
         if disable:

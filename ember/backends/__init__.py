@@ -48,17 +48,35 @@ def backend_name(backend: str | Backend) -> str:
     return backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
 
 
+def _ember(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None = None,
+           options: dict | None = None) -> Callable:
+    from ember.backends.ember_backend import compile_graph  # imported on first use: codegen is heavy
+    return compile_graph(gm, example_inputs, mode=mode, options=options)
+
+
+def with_mode(backend: Backend, mode: str | None, options: dict | None) -> Backend:
+    """The backend as ember.compile calls it: like torch.compile, `mode` (unless default) and `options` are
+    passed on as keyword arguments, so a backend that takes neither gets neither."""
+    kwargs = {}
+    if mode not in (None, "default"):
+        kwargs["mode"] = mode
+    if options:
+        kwargs["options"] = options
+    if not kwargs:
+        return backend
+
+    def backend_with_mode(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        return backend(gm, example_inputs, **kwargs)
+    backend_with_mode.__name__ = getattr(backend, "__name__", type(backend).__name__)
+    return backend_with_mode
+
+
 @register_backend
-def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+def eager(gm: torch.fx.GraphModule, example_inputs: list, **_mode_and_options) -> Callable:
     return gm.forward
 
 
-def _ember(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    from ember.backends.ember_backend import compile_graph  # imported on first use: codegen is heavy
-    return compile_graph(gm, example_inputs)
-
-
-def _aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+def _aot_eager(gm: torch.fx.GraphModule, example_inputs: list, **_mode_and_options) -> Callable:
     from ember.autograd import aot_eager
     return aot_eager(gm, example_inputs)
 

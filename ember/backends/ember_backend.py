@@ -1,9 +1,12 @@
-"""The "ember" backend: autograd (ember.autograd) -> decompositions -> loop IR -> fused C++/OpenMP kernels.
+"""The "ember" backend: autograd (ember.autograd) -> decompositions -> loop IR -> fused kernels: C++/OpenMP
+for CPU graphs (compile_aten here), Triton for CUDA graphs (ember.codegen.triton.compile_aten).
 
-compile_graph(gm, example_inputs, options=None) is the backend; compile_aten is the inner compiler that the
-autograd layer calls on each ATen-level graph (forward and backward). options (ember.compile(options=...)):
-  {"fallback": "eager"}  a graph whose generated code fails to build runs eagerly (logged) instead of raising
-(the frontend does not pass options to backends yet: ember.compile(options=...) will reach here once it does.)
+compile_graph(gm, example_inputs, mode=None, options=None) is the backend; the compile_aten functions are the
+inner compilers the autograd layer calls on each ATen-level graph (forward and backward).
+mode (ember.compile(mode=...)): "reduce-overhead" and "max-autotune" replay CUDA graphs (ember.runtime.cudagraphs).
+options (ember.compile(options=...)):
+  {"fallback": "eager"}         a graph whose generated code fails to build runs eagerly (logged), not raising
+  {"triton.cudagraphs": False}  no CUDA graphs under mode="reduce-overhead" / "max-autotune"
 """
 from __future__ import annotations
 
@@ -22,21 +25,36 @@ code_log = get_logger("output_code")
 STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0, "internal_errors": 0}
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
-    """The backend entry point (torch.compile's custom-backend contract)."""
-    options = options or {}
-    inner = lambda g, ex: compile_aten(g, ex, options)  # noqa: E731
-    try:
-        from ember.autograd import aot_module
-    except ImportError:
-        aot_module = None
-    if aot_module is not None:
-        return aot_module(gm, example_inputs, fw_compiler=inner, bw_compiler=inner)
-    if _is_aten(gm):
-        return inner(gm, example_inputs)
-    fallback_log.debug("graph runs eagerly: torch-level graph and ember.autograd (the ATen tracer) is not available")
-    STATS["eager_graphs"] += 1
-    return gm.forward
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None = None,
+                  options: dict | None = None) -> Callable:
+    """The backend entry point (torch.compile's custom-backend contract, with its `mode` and `options`).
+
+    Each ATen graph (forward, backward) goes to the C++ code generator, or to the Triton one when it works on
+    CUDA tensors; mode="reduce-overhead" / "max-autotune" replay the CUDA ones as CUDA graphs."""
+    from ember.autograd import aot_module
+    options = dict(options or {})
+
+    def inner(g: torch.fx.GraphModule, ex: list) -> Callable:
+        if _on_cuda(g, ex):
+            from ember.codegen import triton
+            return triton.compile_aten(g, ex, options)
+        return compile_aten(g, ex, options)
+
+    if mode in ("reduce-overhead", "max-autotune") and _on_cuda(gm, example_inputs) \
+            and options.get("triton.cudagraphs", True):
+        from ember.runtime.cudagraphs import aot_compilers
+        fw, bw = aot_compilers(inner)
+        return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
+    return aot_module(gm, example_inputs, fw_compiler=inner, bw_compiler=inner)
+
+
+def _on_cuda(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+    """Whether a graph computes on the GPU: a CUDA input, or (a graph with no tensor inputs) a CUDA value."""
+    import torch.utils._pytree as pytree
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs):
+        return True
+    return any(isinstance(v, torch.Tensor) and v.is_cuda
+               for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val")))
 
 
 def _is_aten(gm: torch.fx.GraphModule) -> bool:

@@ -154,6 +154,30 @@ def test_ember_valid_modes_accepted(mode):
     assert_same(x * 2, cf(x))
 
 
+@pytest.mark.parametrize("mode,options,expected", [
+    (None, None, {}), ("default", None, {}), ("reduce-overhead", None, {"mode": "reduce-overhead"}),
+    ("max-autotune", {"fallback": "eager"}, {"mode": "max-autotune", "options": {"fallback": "eager"}}),
+    (None, {"fallback": "eager"}, {"options": {"fallback": "eager"}})])
+def test_ember_mode_and_options_reach_backend_as_torch_compile_passes_them(mode, options, expected):
+    seen = []
+
+    def backend(gm, example_inputs, **kwargs):
+        seen.append(kwargs)
+        return gm.forward
+    cf = ember.compile(lambda x: x.cos() * 2, backend=backend, mode=mode, options=options)
+    x = rand(3)
+    assert_same(x.cos() * 2, cf(x))
+    assert seen == [expected]
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_ember_backend_modes_on_cpu_compile_normally(mode):
+    lin = nn.Linear(8, 4)
+    cf = ember.compile(lin, mode=mode)
+    x = rand(5, 8)
+    assert_same(lin(x), cf(x))
+
+
 def test_ember_options_must_be_dict():
     with pytest.raises(TypeError, match="dict"):
         ember.compile(lambda x: x, options=[1])
