@@ -116,12 +116,20 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
                   len(part.backward.graph.nodes), len(part.saved), part.saved_bytes, len(part.recomputed))
         return _Artifact(meta, fw_compiler(part.forward, inputs), name, part, bw_compiler)
 
+    # The frontend guards every input's metadata and the grad mode before it calls a graph, so a graph it
+    # captured (gm.meta["ember_guarded"]) is only ever called with the example's signature: no need to
+    # recompute it per call (a module's hundreds of parameters made that a visible part of each call).
+    guarded = isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_guarded", False)
+
     def run(*args):
         inputs = [*args, *lifted()]
-        key = _signature(inputs)
-        if key not in artifacts:
-            artifacts[key] = build(inputs)
-        art = artifacts[key]
+        if guarded:
+            art = artifacts[example_key]
+        else:
+            key = _signature(inputs)
+            if key not in artifacts:
+                artifacts[key] = build(inputs)
+            art = artifacts[key]
         if art is None:
             return gm(*args)
         if art.training:
@@ -133,7 +141,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     # Build now for the example inputs (the frontend calls a backend right before the first run), so an inner
     # compiler's error surfaces while compiling; other signatures are built on their first call.
     example = [*example_inputs, *lifted()]
-    artifacts[_signature(example)] = build(example)
+    example_key = _signature(example)
+    artifacts[example_key] = build(example)
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
     return run
 

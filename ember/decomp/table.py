@@ -691,8 +691,7 @@ def _bn_eval(x, w, b, rm, rv, momentum, eps):
         y = P.mul(y, _bn_shape(w, x))
     if b is not None:
         y = P.add(y, _bn_shape(b, x))
-    empty = P.const(0, x.dtype, [0])
-    return y, empty, empty
+    return (y,) + tuple(P.const(0, v.dtype, list(v.shape)) for v in out()[1:])
 
 
 # Train-mode batch norm stays an ATen call: through 120 train-mode BatchNorms (densenet121 at batch 2) the
@@ -723,8 +722,9 @@ def _bn_train(x, w, b, rm, rv, training, momentum, eps):
 @reg(aten.native_batch_norm.default)
 def _native_bn(x, w, b, rm, rv, training, momentum, eps):
     if not training:
+        # save_mean/save_invstd are unused in eval mode; their shape differs by device (CUDA: [C], CPU: [0])
         y, _, _ = _bn_eval(x, w, b, rm, rv, momentum, eps)
-        return y, P.const(0, x.dtype, [0]), P.const(0, x.dtype, [0])
+        return (y,) + tuple(P.const(0, v.dtype, list(v.shape)) for v in out()[1:])
     if rm is not None or rv is not None:
         return NotImplemented  # updates running stats in place: only the functional form is compiled
     return _bn_train(x, w, b, P.const(0, x.dtype, [x.size[1]]), P.const(0, x.dtype, [x.size[1]]), True, 0.0, eps)[:3]

@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
-from ember.frontend.guards import check_tensor
+from ember.frontend.guards import check_tensor, share_paths
 from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, instructions, is_namedtuple_cls, where,
 )
@@ -324,6 +324,7 @@ class EntryCodegen:
                 root.register_buffer(n.target, n.meta["tensor"], persistent=False)
         gm = torch.fx.GraphModule(root, cap.graph, class_name="GraphModule")
         gm.meta["ember_where"] = _code_where(self.fc.code)
+        gm.meta["ember_guarded"] = True   # called only with inputs matching example_inputs' metadata, grad mode
         example_inputs = [inp.real for inp in cap.inputs]
         if enabled("graph"):
             log_graph.debug("graph of %s (%s):\n%s", self.fc.name, _code_where(self.fc.code), gm.print_readable(False))
@@ -560,6 +561,10 @@ class EntryCodegen:
         self.namespace.update(self.consts.objs)
         params = ", ".join(fc.params)
         cond = " and ".join(guards) if guards else "True"
+        lines = list(self.lines)
+        first = lines[:1] if lines and lines[0].startswith("___o = ___graph(") else []
+        cond, first = share_paths(cond, first)
+        lines[:len(first)] = first
         src = [f"def ___entry({params}):",
                "    try:",
                f"        ___ok = {cond}",
@@ -567,7 +572,7 @@ class EntryCodegen:
                "        return ___MISS",
                "    if not ___ok:",
                "        return ___MISS"]
-        src += ["    " + line for line in self.lines]
+        src += ["    " + line for line in lines]
         text = "\n".join(src) + "\n"
         if enabled("guards"):
             log_guards.debug("entry for %s (%s):\n%s", fc.name, _code_where(fc.code), text)
