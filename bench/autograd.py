@@ -3,7 +3,7 @@
 Counted with torch.autograd.graph.saved_tensors_hooks around one forward: every tensor packed for backward,
 deduplicated by storage (a tensor saved by two ops is held once), split into parameters/buffers and activations
 (everything else: what a partitioner can choose to save or recompute). On CUDA also the peak memory of one
-training step above the memory held before it (torch.cuda.max_memory_allocated).
+training step above the memory held before it (torch.cuda.max_memory_allocated), gradients set to None first.
 
     PYTHONPATH=. .venv/bin/python bench/autograd.py [--device cuda] [--no-inductor]
 """
@@ -47,9 +47,13 @@ def saved_bytes(call, params: list[torch.Tensor]) -> tuple[int, int, int]:
     return acts, prms, count[0]
 
 
-def peak_step_bytes(call, device) -> int | None:
+def peak_step_bytes(call, params: list[torch.Tensor], device) -> int | None:
+    """Peak memory of one step above what was held before it, the step starting as the tutorial's does:
+    after opt.zero_grad(set_to_none=True) (zero_grad's default), so each system allocates its gradients."""
     if device.type != "cuda":
         return None
+    for p in params:
+        p.grad = None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -112,7 +116,7 @@ def main():
             for _ in range(2):                      # warm up (compile) outside the measurement
                 to_loss(fn(*inputs)).backward()
             acts, prms, n = saved_bytes(lambda: to_loss(fn(*inputs)), plist)
-            peak = peak_step_bytes(lambda: to_loss(fn(*inputs)), device)
+            peak = peak_step_bytes(lambda: to_loss(fn(*inputs)), plist, device)
             results[sys_name] = (acts, prms, n, peak)
         rows.append((name, results))
         del params

@@ -203,6 +203,46 @@ class _OriginInterpreter(torch.fx.Interpreter):
         finally:
             self.stamp.origin = {}
 
+    def call_function(self, target, args, kwargs):
+        if target is torch.nn.functional.scaled_dot_product_attention:
+            fused = _cuda_fused_sdpa(*args, **kwargs)
+            if fused is not None:
+                return fused
+        return super().call_function(target, args, kwargs)
+
+
+def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False):
+    """F.scaled_dot_product_attention on CUDA as the fused kernel eager would run, or None (the op decomposes as
+    usual). The op picks its kernel inside C++ from the inputs; on fake tensors that choice falls back to the math
+    path (bmm + softmax) whenever a mask is given, although eager runs the memory-efficient kernel on the real
+    ones. So the choice is made here with torch.backends.cuda's public checks, and the mask prepared as the op
+    prepares it for that kernel (boolean -> additive float, last dimension padded to 16 elements)."""
+    if not (isinstance(query, torch.Tensor) and query.is_cuda and not enable_gqa) or query.dim() != 4:
+        return None
+    try:
+        params = torch.backends.cuda.SDPAParams(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+        if not (torch.backends.cuda.mem_efficient_sdp_enabled() and
+                torch.backends.cuda.can_use_efficient_attention(params)):
+            return None
+        if torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.can_use_flash_attention(params):
+            return None          # eager prefers flash; the op's own path gets there
+    except Exception:            # older torch without these checks, or fake tensors they cannot read
+        return None
+    bias = attn_mask
+    if bias is not None:
+        if bias.dtype == torch.bool:
+            bias = torch.zeros(bias.shape, dtype=query.dtype, device=query.device).masked_fill(
+                bias.logical_not(), float("-inf"))
+        s = key.shape[-2]
+        if bias.stride(-1) != 1 or any(st % 16 for st in bias.stride()[:-1]):
+            pad = (-s) % 16
+            bias = torch.nn.functional.pad(bias, (0, pad))[..., :s]
+        bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], s)
+    need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, need_lse, dropout_p, is_causal, scale=scale)[0]
+
 
 class _Recorder(TorchDispatchMode):
     """Records every ATen op into `graph`, functionalized (see the module docstring)."""

@@ -131,3 +131,38 @@ def test_empty_tensors_and_empty_reductions():
 def test_argmax_over_size_one_and_scalar():
     compile_and_check(lambda x: (x.argmax(), x.argmin(0)), rand(()))
     compile_and_check(lambda x: (x.argmax(1), x.argmax()), rand(5, 1))
+
+
+@pytest.mark.skipif(not CUDA, reason="the fused attention kernels need a GPU")
+@pytest.mark.parametrize("mask", ["none", "float", "bool"])
+def test_cuda_sdpa_with_mask_stays_the_fused_kernel_eager_runs(mask):
+    """A mask used to send the traced op down the math path (bmm + softmax) while eager ran the fused kernel."""
+    import ember
+    from ember.autograd.trace import trace_forward
+    q, k, v = (torch.randn(2, 4, 37, 64, device="cuda") for _ in range(3))
+    m = {"none": None, "float": torch.randn(2, 1, 37, 37, device="cuda"),
+         "bool": torch.rand(37, 37, device="cuda") > 0.3}[mask]
+    if m is not None and m.dtype == torch.bool:
+        m[:, 0] = True             # no fully masked row (NaN in eager and in ember alike)
+
+    def f(q, k, v, m):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    seen = []
+
+    def backend(gm, ex):
+        g, _ = trace_forward(gm, ex)
+        seen.extend(str(n.target) for n in g.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    with torch.no_grad():
+        ember.compile(f, backend=backend)(q, k, v, m)
+        assert "aten._scaled_dot_product_efficient_attention.default" in seen
+        torch.testing.assert_close(ember.compile(f)(q, k, v, m), f(q, k, v, m))
+    qg = q.clone().requires_grad_()
+    out = ember.compile(f)(qg, k, v, m)
+    out.sum().backward()
+    qe = q.clone().requires_grad_()
+    f(qe, k, v, m).sum().backward()
+    torch.testing.assert_close(out, f(q, k, v, m))
+    torch.testing.assert_close(qg.grad, qe.grad)
