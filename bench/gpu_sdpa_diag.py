@@ -37,3 +37,10 @@ with FakeTensorMode():
     fq = torch.randn(8, 12, 128, 64, device="cuda")
     print("fake cuda sdp choice:", torch.ops.aten._fused_sdp_choice(fq, fq, fq))
 print("real sdp choice:", torch.ops.aten._fused_sdp_choice(q, q, q))
+with FakeTensorMode():
+    fq = torch.randn(2, 4, 37, 64, device="cuda")
+    fm = torch.randn(2, 1, 37, 37, device="cuda")
+    p = torch.backends.cuda.SDPAParams(fq, fq, fq, fm, 0.0, False, False)
+    print("fake can_use_efficient with mask:", torch.backends.cuda.can_use_efficient_attention(p, True))
+rq, rm = torch.randn(2, 4, 37, 64, device="cuda"), torch.randn(2, 1, 37, 37, device="cuda")
+print("real sdp choice with mask:", torch.ops.aten._fused_sdp_choice(rq, rq, rq, rm))

@@ -299,6 +299,44 @@ def _inner_index(m: Member, rflat) -> dict:
             for v, s, st in zip(r, m.inner, strides)}
 
 
+def split_few_row_groups(sched: Schedule) -> Schedule:
+    """Split groups of few rows into their independent parts.
+
+    The scheduler joins independent buffers into one group when their row counts match (horizontal fusion);
+    a contiguous buffer is one row, so unrelated pointwise buffers of different sizes became one group of one
+    row: one Triton program looping over every member (a GPT-2 backward kernel ran 75M elements in a single
+    program, 4.6 ms). On a GPU the parallelism is across rows, so a group with fewer rows than the GPU has SMs
+    is split into its connected parts (members joined by reads); each part gets the shape that suits it
+    (a lone pointwise part is flat). Parts keep the order of their first members."""
+    items = []
+    for it in sched.items:
+        if not isinstance(it, FusedGroup) or len(it.members) < 2 or int(it.numel) >= _sm_count() \
+                or group_shape(it) == FLAT:
+            items.append(it)
+            continue
+        part_of: dict[str, int] = {}
+        parts: list[list] = []
+        for m in it.members:
+            joined = sorted({part_of[r] for r in m.reads if r in part_of})
+            if not joined:
+                parts.append([m])
+                k = len(parts) - 1
+            else:
+                k = joined[0]
+                for j in joined[1:]:            # m connects earlier parts: merge them into the first
+                    parts[k].extend(parts[j])
+                    for x in parts[j]:
+                        part_of[x.buf.name] = k
+                    parts[j] = []
+                parts[k].append(m)
+            part_of[m.buf.name] = k
+        order = {id(m): i for i, m in enumerate(it.members)}
+        for members in parts:
+            if members:
+                items.append(FusedGroup(it.numel, sorted(members, key=lambda m: order[id(m)])))
+    return Schedule(items, sched.lowered, sched.buffers)
+
+
 def group_shape(group: FusedGroup) -> str:
     pointwise = all(not m.is_reduction for m in group.members)
     same_r = len({_rsize(m) for m in group.members}) == 1
@@ -845,7 +883,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     t0 = time.perf_counter()
     try:
         low, out_spec, _ = lower.lower(gm, example_inputs)
-        sched = schedule.schedule(low)
+        sched = split_few_row_groups(schedule.schedule(low))
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
         call = compile_schedule(sched, lambda args: gm(*args), device)
     except (lower.Unsupported, NotImplementedError) as e:

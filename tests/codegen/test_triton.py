@@ -157,7 +157,7 @@ def test_cuda_sdpa_with_mask_stays_the_fused_kernel_eager_runs(mask):
 
     with torch.no_grad():
         ember.compile(f, backend=backend)(q, k, v, m)
-        assert "aten._scaled_dot_product_efficient_attention.default" in seen
+        assert "aten._scaled_dot_product_efficient_attention.default" in seen, [x for x in seen if "mm" in x]
         torch.testing.assert_close(ember.compile(f)(q, k, v, m), f(q, k, v, m))
     qg = q.clone().requires_grad_()
     out = ember.compile(f)(qg, k, v, m)
@@ -166,3 +166,21 @@ def test_cuda_sdpa_with_mask_stays_the_fused_kernel_eager_runs(mask):
     f(qe, k, v, m).sum().backward()
     torch.testing.assert_close(out, f(q, k, v, m))
     torch.testing.assert_close(qg.grad, qe.grad)
+
+
+def test_unrelated_buffers_of_one_row_become_separate_flat_kernels():
+    """Horizontal fusion joined unrelated contiguous buffers (one row each) into one group: a single Triton
+    program looped over all of them. On the GPU each independent part must be its own (flat) kernel."""
+    from ember.codegen import lower, schedule, triton as tb
+    a, b = torch.randn(1000, device=DEV), torch.randn(30, 100, device=DEV)
+
+    def f(a, b):
+        return a.sin() * 2, b.cos() + 1, (a * 3).sum()
+    gm, _ = trace_aten(f, [a, b])
+    low, _, _ = lower.lower(gm, [a, b])
+    sched = tb.split_few_row_groups(schedule.schedule(low))
+    groups = [g for g in sched.items if isinstance(g, schedule.FusedGroup)]
+    assert all(len({tb._rsize(m) for m in g.members}) == 1 for g in groups), [
+        [m.buf.name for m in g.members] for g in groups]
+    assert sum(tb.group_shape(g) == tb.FLAT for g in groups) >= 2
+    compile_and_check(f, a, b)
