@@ -217,7 +217,7 @@ def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     usual). The op picks its kernel inside C++ from the inputs; on fake tensors that choice falls back to the math
     path (bmm + softmax) whenever a mask is given, although eager runs the memory-efficient kernel on the real
     ones. So the choice is made here with torch.backends.cuda's public checks, and the mask prepared as the op
-    prepares it for that kernel (boolean -> additive float, last dimension padded to 16 elements)."""
+    prepares it for that kernel (boolean -> additive float, broadcast to batch x heads)."""
     if not (isinstance(query, torch.Tensor) and query.is_cuda and not enable_gqa) or query.dim() != 4:
         return None
     try:
@@ -231,14 +231,14 @@ def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         return None
     bias = attn_mask
     if bias is not None:
+        if key.shape[-2] % (16 // query.element_size()):
+            # the kernel needs the bias rows 16-byte aligned; eager pads a view for it, but the code generator
+            # may hand the extern call a compact copy instead: leave such shapes to the math path
+            return None
         if bias.dtype == torch.bool:
             bias = torch.zeros(bias.shape, dtype=query.dtype, device=query.device).masked_fill(
                 bias.logical_not(), float("-inf"))
-        s = key.shape[-2]
-        if bias.stride(-1) != 1 or any(st % 16 for st in bias.stride()[:-1]):
-            pad = (-s) % 16
-            bias = torch.nn.functional.pad(bias, (0, pad))[..., :s]
-        bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], s)
+        bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[-2])
     need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     return torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, bias, need_lse, dropout_p, is_causal, scale=scale)[0]

@@ -139,9 +139,9 @@ def test_cuda_sdpa_with_mask_stays_the_fused_kernel_eager_runs(mask):
     """A mask used to send the traced op down the math path (bmm + softmax) while eager ran the fused kernel."""
     import ember
     from ember.autograd.trace import trace_forward
-    q, k, v = (torch.randn(2, 4, 37, 64, device="cuda") for _ in range(3))
-    m = {"none": None, "float": torch.randn(2, 1, 37, 37, device="cuda"),
-         "bool": torch.rand(37, 37, device="cuda") > 0.3}[mask]
+    q, k, v = (torch.randn(2, 4, 40, 64, device="cuda") for _ in range(3))
+    m = {"none": None, "float": torch.randn(2, 1, 40, 40, device="cuda"),
+         "bool": torch.rand(40, 40, device="cuda") > 0.3}[mask]
     if m is not None and m.dtype == torch.bool:
         m[:, 0] = True             # no fully masked row (NaN in eager and in ember alike)
 
