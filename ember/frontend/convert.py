@@ -36,7 +36,7 @@ import torch.fx
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import check_tensor, share_paths
 from ember.frontend.interpreter import (
-    Capture, ConstTable, Frame, StopCapture, instructions, is_namedtuple_cls, where,
+    Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
 )
 from ember.frontend.values import GradExit as _GradExit
 from ember.frontend.values import (
@@ -155,6 +155,7 @@ class FrameCompiler:
     def capture(self, frame_args: tuple) -> Entry:
         stop_at: dict[int, str] = {}
         prev_grad = torch.is_grad_enabled()
+        prev_autocast = autocast_state()
         for _attempt in range(64):
             consts = ConstTable()
             cap = Capture(consts)
@@ -183,6 +184,8 @@ class FrameCompiler:
                 _emit("break", name=self.name, reason=u.reason, where=where_)
             finally:
                 torch._C._set_grad_enabled(prev_grad)
+                if autocast_state() != prev_autocast:   # a capture stopped inside an autocast block
+                    restore_autocast(prev_autocast)
         return self.fallback_entry(Capture(ConstTable()), "too many graph breaks")
 
     def fallback_entry(self, cap: Capture, reason: str) -> Entry:
@@ -716,7 +719,8 @@ def _has_effect(node: torch.fx.Node) -> bool:
     name = t if isinstance(t, str) else getattr(t, "__name__", "")
     if name.endswith("_") and not name.endswith("__") or t in _INPLACE_OPERATORS:
         return True
-    if t is torch._C._set_grad_enabled or "out" in node.kwargs:
+    if t in (torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
+             torch.amp.autocast_mode._exit_autocast) or "out" in node.kwargs:
         return True
     return any(w in name for w in _RANDOM_WORDS)
 

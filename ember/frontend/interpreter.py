@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ember.errors import Unsupported
 from ember.frontend.guards import Guards
 from ember.frontend.values import (
-    NULL, GradExit, PartialV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
+    NULL, AutocastCtxV, AutocastExitV, GradExit, PartialV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
     NullV, ObjV, SetV, SuperV, TensorV, TupleV, V,
 )
 
@@ -96,6 +96,19 @@ COMPILING_PROBES = {getattr(torch.compiler, n) for n in ("is_compiling", "is_dyn
 STATE_PROBES = {getattr(torch._C, n) for n in ("_is_tracing", "_get_tracing_state", "_get_cudnn_enabled",
                                                "_get_mkldnn_enabled", "is_grad_enabled", "_is_torch_function_enabled",
                                                "_is_functional_tensor") if hasattr(torch._C, n)}
+def autocast_state() -> dict:
+    """{device type: (enabled, dtype)} of autocast, for the guards and to restore it after a capture."""
+    return {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")}
+
+
+def restore_autocast(state: dict) -> None:
+    for d, (on, dt) in state.items():
+        torch.set_autocast_enabled(d, on)
+        torch.set_autocast_dtype(d, dt)
+
+
+AUTOCAST_CLASSES = {torch.autocast: None, torch.amp.autocast: None, torch.cpu.amp.autocast: "cpu",
+                    torch.cuda.amp.autocast: "cuda"}   # the last two: the deprecated per-device spellings
 OUTPUT_MODULES = {"logging", "warnings"}  # their calls may write output: graph breaks, as print
 DICT_VIEWS = {type({}.keys()), type({}.values()), type({}.items()), type(collections.OrderedDict().keys()),
               type(collections.OrderedDict().values()), type(collections.OrderedDict().items())}
@@ -182,6 +195,14 @@ class Capture:
         self.op_count = 0
         self.grad_enabled = torch.is_grad_enabled()
         self.guards.add(f"___torch.is_grad_enabled() is {self.grad_enabled}", cost=1)
+        # a graph captured outside torch.autocast has no casts: reused inside one it would compute in the wrong
+        # dtype (and the reverse), so the autocast state at entry is guarded like the grad mode
+        if not torch._C._is_any_autocast_enabled():
+            self.guards.add("___torch._C._is_any_autocast_enabled() is False", cost=1)
+        else:
+            self.guards.add(" and ".join(
+                f"___torch.is_autocast_enabled({d!r}) is {on} and ___torch.get_autocast_dtype({d!r}) is "
+                f"{consts.ref(dt)}" for d, (on, dt) in autocast_state().items()), cost=2)
 
     # -- wrapping real values ---------------------------------------------------------------------------
     def wrap(self, value: Any, source: str | None) -> V:
@@ -1042,12 +1063,46 @@ class Frame:
             self.push(GradModeExitV(prev))
             self.push(ConstV(None))
             return
+        if isinstance(ctx, AutocastCtxV):
+            self.push(self.enter_autocast(ctx))
+            self.push(ConstV(None))
+            return
         enter = self.getattr(ctx, "__enter__")
         exit_ = self.getattr(ctx, "__exit__")
         if not isinstance(enter, BoundV) or not isinstance(exit_, BoundV):
             raise Unsupported(f"context manager {type(ctx).__name__} is not supported", self.where())
         self.push(exit_)
         self.push(self.call(enter, [], {}))
+
+    def enter_autocast(self, ctx: AutocastCtxV) -> AutocastExitV:
+        """An autocast block inside the graph: _enter_autocast/_exit_autocast nodes around it (the ATen tracer
+        runs them, so the casts autocast inserts reach the ATen graph), and the real context entered while
+        capturing, so the fake tensors' dtypes are autocast's."""
+        node = self.cap.graph.call_function(torch.amp.autocast_mode._enter_autocast, ctx.args)
+        real = torch.amp.autocast(*ctx.args)
+        real.__enter__()
+        return AutocastExitV(node, real)
+
+    def exit_autocast(self, v: AutocastExitV) -> V:
+        self.cap.graph.call_function(torch.amp.autocast_mode._exit_autocast, (v.node,))
+        v.ctx.__exit__(None, None, None)
+        return ConstV(None)
+
+    def autocast_args(self, device: str | None, args: list[V], kwargs: dict[str, V]) -> AutocastCtxV:
+        a = [self.const_value(x) for x in args]
+        kw = {k: self.const_value(x) for k, x in kwargs.items()}
+        if device is None:
+            sig = ("device_type", "dtype", "enabled", "cache_enabled")
+        else:   # torch.cuda.amp.autocast(enabled, dtype, cache_enabled)
+            sig = ("enabled", "dtype", "cache_enabled")
+            kw["device_type"] = device
+            kw.setdefault("dtype", torch.get_autocast_dtype(device) if len(a) < 2 else a[1])
+        kw.update(zip(sig, a))
+        dev = kw["device_type"]
+        dtype = kw.get("dtype") or torch.get_autocast_dtype(dev)
+        cache = kw.get("cache_enabled")
+        return AutocastCtxV((dev, dtype, bool(kw.get("enabled", True)),
+                             torch.is_autocast_cache_enabled() if cache is None else bool(cache)))
 
     def set_grad(self, enabled: bool):
         if enabled != self.cap.grad_enabled:
@@ -1729,6 +1784,8 @@ class Frame:
         if isinstance(fn, GradModeExitV):
             self.set_grad(fn.prev)
             return ConstV(None)
+        if isinstance(fn, AutocastExitV):
+            return self.exit_autocast(fn)
         if isinstance(fn, (ObjV, ConstV)):
             return self.call_value(fn, fn.value, args, kwargs)
         if isinstance(fn, NewObjV):
@@ -1750,6 +1807,8 @@ class Frame:
             return self.concrete(f, args, kwargs)
         if f in (torch.no_grad, torch.enable_grad):
             return GradModeCtxV(f is torch.enable_grad, None)
+        if _hashable(f) and f in AUTOCAST_CLASSES:
+            return self.autocast_args(AUTOCAST_CLASSES[f], args, kwargs)
         if f is torch.set_grad_enabled:
             enabled = self.const_value(args[0] if args else kwargs["mode"])
             prev = self.cap.grad_enabled

@@ -16,6 +16,7 @@ in terms of sources.
   BoundV    a method bound to a V (user method, Tensor method, builtin method of a container)
   SuperV    the result of super()
   GradModeExitV  the __exit__ of a grad-mode context (no_grad/enable_grad/set_grad_enabled) on the stack
+  AutocastCtxV / AutocastExitV  torch.autocast(...) before __enter__ / its __exit__ on the stack
 """
 from __future__ import annotations
 
@@ -168,6 +169,22 @@ class SuperV(V):
 @dataclasses.dataclass(eq=False)
 class GradModeExitV(V):
     prev: bool
+    source: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class AutocastCtxV(V):
+    """torch.autocast(device_type, dtype, enabled, cache_enabled) before __enter__, arguments known at capture."""
+    args: tuple
+    source: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class AutocastExitV(V):
+    """The __exit__ of an autocast block entered in the graph: its _enter_autocast node, and the real context
+    entered for the capture (the fake tensors' dtypes follow it)."""
+    node: Any
+    ctx: Any
     source: str | None = None
 
 
