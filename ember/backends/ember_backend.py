@@ -7,6 +7,8 @@ mode (ember.compile(mode=...)): "reduce-overhead" and "max-autotune" replay CUDA
 options (ember.compile(options=...)):
   {"fallback": "eager"}         a graph whose generated code fails to build runs eagerly (logged), not raising
   {"triton.cudagraphs": False}  no CUDA graphs under mode="reduce-overhead" / "max-autotune"
+  {"max_autotune": True}        matmul templates with fused epilogues where they time faster (ember.codegen.
+                                mm_template); on by default under mode="max-autotune" / "max-autotune-no-cudagraphs"
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
     CUDA tensors; mode="reduce-overhead" / "max-autotune" replay the CUDA ones as CUDA graphs."""
     from ember.autograd import aot_module
     options = dict(options or {})
+    if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
+        options.setdefault("max_autotune", True)
 
     def inner(g: torch.fx.GraphModule, ex: list) -> Callable:
         if _on_cuda(g, ex):

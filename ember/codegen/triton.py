@@ -693,7 +693,17 @@ def generate(sched: Schedule) -> tuple[str, list]:
     """The Python module of a schedule's kernels, and per group (kernel name, args, config, grid)."""
     parts, kernels, seen = [PRELUDE], [], set()
     for it in sched.items:
-        if isinstance(it, FusedGroup) and not is_empty(it):
+        if getattr(it, "template", None) is not None:     # mm_template.TemplateGroup (max-autotune)
+            src, args, (m_, n_) = it.template
+            bm, bn, bk, warps, stages = it.config
+            cfg = {"BM": bm, "BN": bn, "BK": bk, "num_warps": warps, "num_stages": stages}
+            grid = math.ceil(m_ / bm) * math.ceil(n_ / bn)
+            name, text = _canonical(src, args + [m.buf.name for m in it.members])
+            if name not in seen:
+                seen.add(name)
+                parts.append(text)
+            kernels.append((it, name, args, cfg, grid))
+        elif isinstance(it, FusedGroup) and not is_empty(it):
             src, args, cfg, grid = kernel_source(it, sched, "KERNEL")
             name, text = _canonical(src, args + [m.buf.name for m in it.members])
             if name not in seen:   # identical kernels (repeated layers) are compiled once
@@ -885,6 +895,9 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         low, out_spec, _ = lower.lower(gm, example_inputs)
         sched = split_few_row_groups(schedule.schedule(low))
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
+        if (options or {}).get("max_autotune"):
+            from ember.codegen import mm_template
+            sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
         call = compile_schedule(sched, lambda args: gm(*args), device)
     except (lower.Unsupported, NotImplementedError) as e:
         fallback_log.warning("graph runs eagerly (Triton backend): %s: %s", type(e).__name__, e)

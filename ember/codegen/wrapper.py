@@ -73,7 +73,8 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     # lifetimes: the last item that reads each buffer; outputs and buffers fallbacks saw never die
     last, pinned = {}, {o.buffer for o in low.outputs if isinstance(o, TensorArg)}
     for j, it in enumerate(sched.items):
-        reads = it.inputs if isinstance(it, ExternBuffer) else set().union(*(m.reads for m in it.members))
+        reads = it.inputs if isinstance(it, ExternBuffer) else \
+            set().union(*(m.reads for m in it.members), getattr(it, "extra_reads", ()))
         for r in reads:
             last[r] = j
         if isinstance(it, ExternBuffer) and it.fallback:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 
-TOPICS = ("graph", "guards", "recompiles", "graph_breaks", "output_code", "fallbacks", "autograd", "bytecode")
+TOPICS = ("graph", "guards", "recompiles", "graph_breaks", "output_code", "fallbacks", "autograd", "bytecode", "autotune")
 _root = logging.getLogger("ember")
 
 

@@ -184,3 +184,43 @@ def test_unrelated_buffers_of_one_row_become_separate_flat_kernels():
         [m.buf.name for m in g.members] for g in groups]
     assert sum(tb.group_shape(g) == tb.FLAT for g in groups) >= 2
     compile_and_check(f, a, b)
+
+
+@pytest.mark.parametrize("case", ["addmm_gelu", "mm_relu_residual", "mm_transposed_weight"])
+def test_max_autotune_matmul_template_fuses_the_epilogue(case):
+    """mode="max-autotune": a Triton matmul with the following pointwise ops in its epilogue (here forced, as
+    the interpreter cannot time; on a GPU the template is timed against the library call)."""
+    from ember.codegen import mm_template
+    from ember.codegen.triton import compile_aten
+    a, w, b, r = torch.randn(33, 40, device=DEV), torch.randn(40, 24, device=DEV), torch.randn(24, device=DEV), \
+        torch.randn(33, 24, device=DEV)
+    fns = {"addmm_gelu": lambda a, w, b, r: (torch.nn.functional.gelu(torch.addmm(b, a, w)) * 2,),
+           "mm_relu_residual": lambda a, w, b, r: (torch.relu(a @ w) + r,),
+           "mm_transposed_weight": lambda a, w, b, r: (torch.sigmoid(a @ w.t().contiguous().t()) - b,)}
+    xs = [a, w, b, r]
+    gm, ref = trace_aten(fns[case], xs)
+    compiled = compile_aten(gm, xs, {"max_autotune": True, "max_autotune.force": (16, 16, 16, 4, 1)})
+    groups = [k[0] for k in compiled.compiled.kernels]
+    assert any(isinstance(g, mm_template.TemplateGroup) for g in groups), compiled.compiled.kernel_source[-2000:]
+    # IEEE products in another summation order than the library's
+    torch.testing.assert_close(compiled(*xs)[0], ref[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not CUDA, reason="timing the template against the library call needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_autotune_times_template_against_library_and_caches_the_choice(dtype, tmp_path):
+    import json
+
+    from ember.codegen import mm_template
+    from ember.codegen.triton import compile_aten
+    a, w, b = (torch.randn(512, 768, device="cuda", dtype=dtype), torch.randn(768, 1024, device="cuda", dtype=dtype),
+               torch.randn(1024, device="cuda", dtype=dtype))
+    gm, ref = trace_aten(lambda a, w, b: (torch.nn.functional.gelu(torch.addmm(b, a, w)),), [a, w, b])
+    compiled = compile_aten(gm, [a, w, b], {"max_autotune": True})
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(compiled(a, w, b)[0], ref[0], **tol)
+    with open(mm_template._choices_path()) as f:
+        choices = json.load(f)
+    assert len(choices) == 1    # timed once, the winner (a config, or None for the library call) recorded
+    used = any(isinstance(k[0], mm_template.TemplateGroup) for k in compiled.compiled.kernels)
+    assert used == (list(choices.values())[0] is not None)
