@@ -47,15 +47,6 @@ class Guards:
         return [e for _, e in sorted(self.items, key=lambda item: item[0])]
 
 
-def _path(node: ast.AST) -> bool:
-    """An attribute/subscript chain rooted at a name: `mod._modules['features']._parameters['weight']`."""
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
-        if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
-            return False
-        node = node.value
-    return isinstance(node, ast.Name)
-
-
 def share_paths(cond: str, after: list[str]) -> tuple[str, list[str]]:
     """Evaluate each attribute path the guards read once: its first evaluation binds a local (`:=`) that later
     reads use, in the guards and in `after` (statements that run right after the guards passed, before any
@@ -65,19 +56,39 @@ def share_paths(cond: str, after: list[str]) -> tuple[str, list[str]]:
     tree = ast.parse(cond, mode="eval")
     rest = [ast.parse(s, mode="exec") for s in after]
     counts: dict[str, int] = {}
+    keys: dict[int, str] = {}   # id(path node) -> its text, built from its parent's (ast.unparse per node was
+    # quadratic in the chain length: most of a densenet capture's time)
+
+    def path_key(node: ast.AST) -> str | None:
+        """The text of an attribute/subscript chain rooted at a name (None when node is not one)."""
+        if isinstance(node, ast.Name):
+            return node.id
+        if id(node) in keys:
+            return keys[id(node)]
+        k = None
+        if isinstance(node, ast.Attribute):
+            inner = path_key(node.value)
+            k = None if inner is None else f"{inner}.{node.attr}"
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            inner = path_key(node.value)
+            k = None if inner is None else f"{inner}[{node.slice.value!r}]"
+        keys[id(node)] = k
+        return k
+
     for t in [tree, *rest]:
         for node in ast.walk(t):
-            if isinstance(node, (ast.Attribute, ast.Subscript)) and _path(node):
-                key = ast.unparse(node)
-                counts[key] = counts.get(key, 0) + 1
+            if isinstance(node, (ast.Attribute, ast.Subscript)):
+                key = path_key(node)
+                if key is not None:
+                    counts[key] = counts.get(key, 0) + 1
     shared = {k for k, n in counts.items() if n > 1}
     if not shared:
         return cond, after
     bound: dict[str, str] = {}
 
     def rewrite(node: ast.AST, conditional: bool, top: bool = False) -> ast.AST:
-        if isinstance(node, (ast.Attribute, ast.Subscript)) and _path(node):
-            key = ast.unparse(node)
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and keys.get(id(node)) is not None:
+            key = keys[id(node)]
             if key in bound:
                 return ast.Name(bound[key], ast.Load())
             node.value = rewrite(node.value, conditional)
@@ -112,8 +123,8 @@ def share_paths(cond: str, after: list[str]) -> tuple[str, list[str]]:
     done = set(bound)
 
     def use(node: ast.AST) -> ast.AST:  # `after` only reads names bound by the guards, binds none
-        if isinstance(node, (ast.Attribute, ast.Subscript)) and _path(node):
-            key = ast.unparse(node)
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and keys.get(id(node)) is not None:
+            key = keys[id(node)]
             if key in done:
                 return ast.Name(bound[key], ast.Load())
         for field, value in ast.iter_fields(node):
