@@ -39,8 +39,9 @@ from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, instructions, is_namedtuple_cls, where,
 )
 from ember.frontend.values import GradExit as _GradExit
+from ember.frontend.values import NoOpCtx as _NoOpCtx
 from ember.frontend.values import (
-    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NullV, ObjV, PartialV, SetV,
+    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV, PartialV, SetV,
     SuperV, TensorV, TupleV, V,
 )
 from ember.tools.logs import enabled, get_logger
@@ -154,10 +155,13 @@ class FrameCompiler:
 
     def capture(self, frame_args: tuple) -> Entry:
         stop_at: dict[int, str] = {}
+        break_guards: list[str] = []
         prev_grad = torch.is_grad_enabled()
+        consts = ConstTable()  # shared by the attempts: break_guards name its constants
         for _attempt in range(64):
-            consts = ConstTable()
             cap = Capture(consts)
+            for g in break_guards:
+                cap.guards.add(g, 1)
             local_vars = {}
             for name, param, value in zip(self.argnames, self.params, frame_args):
                 local_vars[name] = cap.wrap(value, param)
@@ -179,6 +183,7 @@ class FrameCompiler:
                 if self.cfg.fullgraph:
                     raise GraphBreakError(_break_message(u.reason, where_)) from None
                 stop_at[inst.offset] = f"{u.reason} ({where_})"
+                break_guards += u.holds_while
                 log_breaks.debug("graph break in %s at %s: %s", self.name, where_, u.reason)
                 _emit("break", name=self.name, reason=u.reason, where=where_)
             finally:
@@ -426,6 +431,8 @@ class EntryCodegen:
         if isinstance(v, GradModeCtxV):
             return f"___torch.set_grad_enabled({v.enabled})" if v.prev is not None else \
                 f"___torch.{'enable_grad' if v.enabled else 'no_grad'}()"
+        if isinstance(v, NoOpCtxV):  # entered during capture as nothing: its __exit__ does nothing either
+            return f"{c(_NoOpCtx)}()"
         if isinstance(v, SuperV):
             return f"super({c(v.cls)}, {self.expr(v.obj)})"
         if isinstance(v, NullV):
