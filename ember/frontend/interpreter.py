@@ -96,7 +96,14 @@ COMPILING_PROBES = {getattr(torch.compiler, n) for n in ("is_compiling", "is_dyn
                     if hasattr(torch.compiler, n)} - {getattr(torch.compiler, "is_exporting", None)}
 STATE_PROBES = {getattr(torch._C, n) for n in ("_is_tracing", "_get_tracing_state", "_get_cudnn_enabled",
                                                "_get_mkldnn_enabled", "is_grad_enabled", "_is_torch_function_enabled",
-                                               "_is_functional_tensor") if hasattr(torch._C, n)}
+                                               "_is_functional_tensor",
+                                               # fixed once set (torch.utils.rename_privateuse1_backend): asked by
+                                               # torch.optim when it picks the foreach implementation
+                                               "_get_privateuse1_backend_name") if hasattr(torch._C, n)}
+
+# The wrapper torch._disable_dynamo puts around torch functions torch.compile must not trace (Optimizer.zero_grad,
+# state_dict...): ember runs them as Python too rather than interpreting torch._dynamo's own code.
+TORCH_DISABLED_CODE = torch._disable_dynamo(lambda: None).__code__
 
 
 def optim_helpers() -> tuple:
@@ -1811,6 +1818,8 @@ class Frame:
             return ConstV(True)  # libraries take their compile-friendly paths, as under torch.compile
         if f in STATE_PROBES:
             return self.concrete(f, args, kwargs)
+        if isinstance(f, types.FunctionType) and f.__code__ is TORCH_DISABLED_CODE:
+            raise Unsupported(f"{f.__qualname__} is marked torch._disable_dynamo: it runs in Python", self.where())
         if isinstance(f, types.FunctionType) and f.__module__ == "torch.optim.optimizer":
             get_value, stack_if_compiling = optim_helpers()
             if f is get_value:
