@@ -41,8 +41,8 @@ from ember.frontend.interpreter import (
 from ember.frontend.values import GradExit as _GradExit
 from ember.frontend.values import NoOpCtx as _NoOpCtx
 from ember.frontend.values import (
-    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV, PartialV, SetV,
-    SuperV, TensorV, TupleV, V,
+    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV,
+    PartialV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
 )
 from ember.tools.logs import enabled, get_logger
 
@@ -270,7 +270,7 @@ class EntryCodegen:
     # -- the graph --------------------------------------------------------------------------------------
     def call_graph(self, live: list[V]) -> None:
         cap = self.cap
-        needed: list[TensorV] = []
+        needed: list[TensorV | PyFloatV] = []
         seen = set()
 
         def visit(v, depth=0):
@@ -280,6 +280,8 @@ class EntryCodegen:
             if isinstance(v, TensorV):
                 if v.source is None:
                     needed.append(v)
+            elif isinstance(v, PyFloatV):
+                needed.append(v)
             elif isinstance(v, (ListV, TupleV, SetV, IterV)):
                 for x in (v.items if not isinstance(v, IterV) else v.remaining()):
                     visit(x, depth + 1)
@@ -364,6 +366,8 @@ class EntryCodegen:
             if v.source is not None:
                 return v.source
             return f"___o[{self.outputs[id(v)]}]"
+        if isinstance(v, PyFloatV):  # a float64 0-d graph output: .item() is the Python float, exactly
+            return f"___o[{self.outputs[id(v)]}].item()"
         if isinstance(v, ConstV):
             x = v.value
             if x is None or type(x) in (bool, int, str, bytes) or (type(x) is float and x == x and
