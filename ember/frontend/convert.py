@@ -39,7 +39,7 @@ from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, instructions, is_namedtuple_cls, where,
 )
 from ember.frontend.values import GradExit as _GradExit
-from ember.frontend.values import NoOpCtx as _NoOpCtx
+from ember.frontend.values import noop_exit as _noop_exit
 from ember.frontend.values import (
     BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV,
     PartialV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
@@ -436,7 +436,9 @@ class EntryCodegen:
             return f"___torch.set_grad_enabled({v.enabled})" if v.prev is not None else \
                 f"___torch.{'enable_grad' if v.enabled else 'no_grad'}()"
         if isinstance(v, NoOpCtxV):  # entered during capture as nothing: its __exit__ does nothing either
-            return f"{c(_NoOpCtx)}()"
+            if v.exit:
+                return c(_noop_exit)
+            return f"{c(v.cls)}(*{c(v.args[0])}, **{c(v.args[1])})"
         if isinstance(v, SuperV):
             return f"super({c(v.cls)}, {self.expr(v.obj)})"
         if isinstance(v, NullV):

@@ -1075,7 +1075,7 @@ class Frame:
             self.push(ConstV(None))
             return
         if isinstance(ctx, NoOpCtxV):
-            self.push(ctx)  # its own __exit__: calling it does nothing (see call)
+            self.push(NoOpCtxV(ctx.cls, ctx.args, exit=True))  # its __exit__: calling it does nothing (see call)
             self.push(ctx)  # record_function.__enter__ returns self
             return
         enter = self.getattr(ctx, "__enter__")
@@ -1797,8 +1797,8 @@ class Frame:
         if isinstance(fn, GradModeExitV):
             self.set_grad(fn.prev)
             return ConstV(None)
-        if isinstance(fn, NoOpCtxV):
-            return ConstV(None)  # the __exit__ of a no-op context (BEFORE_WITH pushed the context itself)
+        if isinstance(fn, NoOpCtxV) and fn.exit:
+            return ConstV(None)  # the __exit__ of a no-op context
         if isinstance(fn, (ObjV, ConstV)):
             return self.call_value(fn, fn.value, args, kwargs)
         if isinstance(fn, NewObjV):
@@ -1829,7 +1829,8 @@ class Frame:
         if f is torch.autograd.profiler.record_function:
             # A profiler range: no effect on values, so it is left out of the graph (torch.compile drops it too);
             # the range is then missing from profiles of compiled code.
-            return NoOpCtxV(f.__name__)
+            return NoOpCtxV(f, (tuple(self.const_value(a) for a in args),
+                                {k: self.const_value(v) for k, v in kwargs.items()}))
         if f in (torch.no_grad, torch.enable_grad):
             return GradModeCtxV(f is torch.enable_grad, None)
         if f is torch.set_grad_enabled:
@@ -1896,7 +1897,7 @@ class Frame:
         """A PyFloatV or a Python number as a float64 0-d tensor of the graph."""
         if isinstance(v, PyFloatV):
             return TensorV(v.node, v.fake)
-        if isinstance(v, ConstV) and type(v.value) in (int, float, bool):
+        if isinstance(v, ConstV) and type(v.value) in (int, float, bool) and abs(v.value) < 2 ** 53:
             return self.cap.record("call_function", torch.full, ((), float(v.value)), {"dtype": torch.float64},
                                    self.where())
         raise Unsupported(f"a {self.type_name(v)} in Python float arithmetic", self.where())
@@ -1919,8 +1920,7 @@ class Frame:
         if isinstance(other, (PyFloatV, ConstV)):
             # Python's float ops raise on a zero divisor or an overflowing pow where the tensor ops give inf; the
             # floats this meets (an optimizer's bias corrections) never reach either.
-            if isinstance(b, ConstV) and base in (operator.truediv, operator.pow) and b.value == 0 and \
-                    base is operator.truediv:
+            if base is operator.truediv and isinstance(b, ConstV) and b.value == 0:
                 raise Unsupported("division of a Python float by zero", self.where())
             r = self.cap.record("call_function", PY_FLOAT_OPS[base], (self.py_float_tensor(a), self.py_float_tensor(b)),
                                 {}, self.where())

@@ -199,7 +199,9 @@ class GradModeCtxV(V):
 class NoOpCtxV(V):
     """A context manager whose effect ember leaves out of the graph (torch.autograd.profiler.record_function: a
     profiler annotation, no effect on values; torch.compile drops it too). Entered and exited as nothing."""
-    name: str
+    cls: type
+    args: tuple  # (args, kwargs) it was made with: a break rebuilds it as a real one
+    exit: bool = False  # the __exit__ BEFORE_WITH pushes, rather than the context
     source: str | None = None
 
 
@@ -236,14 +238,6 @@ class GradExit:
         return False
 
 
-class NoOpCtx:
-    """At run time: a NoOpCtxV on the stack of a graph break, as both the context and its __exit__."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def __call__(self, *exc):
-        return False
+def noop_exit(*exc) -> bool:
+    """At run time: the __exit__ of a NoOpCtxV entered during capture, on the stack of a graph break."""
+    return False

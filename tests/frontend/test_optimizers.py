@@ -274,3 +274,29 @@ def test_train_step_graphs_are_stable_and_exact():
         graphs.append(rec.graphs)
     assert graphs[1] == graphs[2], f"call 3 compiled again: {rec.describe()}"
     assert any(has_target(gm, "lerp_") for gm in rec.gms), f"no graph updates exp_avg: {rec.describe()}"
+
+
+
+def test_record_function_as_a_decorator_inside():
+    """record_function(...)(fn) made inside the compiled function decorates fn (not an __exit__): it breaks."""
+    def f(x):
+        g = torch.autograd.profiler.record_function("decorated")(torch.cos)
+        return g(x) + 1
+
+    cf = compile(f, Recorder())
+    x = torch.randn(4)
+    torch.testing.assert_close(cf(x), f(x), **EXACT)
+
+
+def test_break_inside_record_function():
+    """A break inside the block: the rest of the frame runs as Python, with the block's (no-op) exit."""
+    def f(x):
+        with torch.autograd.profiler.record_function("outer"):
+            y = x.sin()
+            print("inside")
+            y = y * 2
+        return y + 1
+
+    cf = compile(f, Recorder())
+    x = torch.randn(4)
+    torch.testing.assert_close(cf(x), f(x), **EXACT)
