@@ -202,6 +202,7 @@ class Capture:
         self.global_writes: dict[tuple[int, str], tuple[dict, V]] = {}
         self.tensor_grad_writes: list[TensorV] = []  # `p.grad = None` on graph inputs
         self.tensor_constants: dict[int, torch.Tensor] = {}
+        self.py_float_consts: dict[str, TensorV] = {}  # float.hex(c) -> its float64 0-d node (Frame.py_float_tensor)
         self.op_count = 0
         self.grad_enabled = torch.is_grad_enabled()
         self.guards.add(f"___torch.is_grad_enabled() is {self.grad_enabled}", cost=1)
@@ -1897,9 +1898,12 @@ class Frame:
         """A PyFloatV or a Python number as a float64 0-d tensor of the graph."""
         if isinstance(v, PyFloatV):
             return TensorV(v.node, v.fake)
-        if isinstance(v, ConstV) and type(v.value) in (int, float, bool) and abs(v.value) < 2 ** 53:
-            return self.cap.record("call_function", torch.full, ((), float(v.value)), {"dtype": torch.float64},
-                                   self.where())
+        if isinstance(v, ConstV) and (type(v.value) is float or type(v.value) in (int, bool) and abs(v.value) < 2 ** 53):
+            key = float(v.value).hex()  # not the float: 0.0 == -0.0
+            if key not in self.cap.py_float_consts:
+                self.cap.py_float_consts[key] = self.cap.record(
+                    "call_function", torch.full, ((), float(v.value)), {"dtype": torch.float64}, self.where())
+            return self.cap.py_float_consts[key]
         raise Unsupported(f"a {self.type_name(v)} in Python float arithmetic", self.where())
 
     def check_scalar_partner(self, t: V) -> None:
