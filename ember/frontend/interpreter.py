@@ -1891,7 +1891,8 @@ class Frame:
             return x  # a Python number: returned as is, as in eager
         if x.fake.dim() != 0 or not x.fake.is_floating_point() or x.fake.requires_grad:
             raise Unsupported("_get_value of a tensor that is not a 0-d float (its .item())", self.where())
-        r = self.cap.record("call_method", "to", (x, torch.float64), {"copy": True}, self.where())
+        # on the CPU, as a Python float given to a tensor op is (a CUDA tensor takes a CPU 0-d operand)
+        r = self.cap.record("call_method", "to", (x, "cpu", torch.float64), {"copy": True}, self.where())
         return PyFloatV(r.node, r.fake)
 
     def py_float_tensor(self, v: V) -> TensorV:
@@ -1902,7 +1903,8 @@ class Frame:
             key = float(v.value).hex()  # not the float: 0.0 == -0.0
             if key not in self.cap.py_float_consts:
                 self.cap.py_float_consts[key] = self.cap.record(
-                    "call_function", torch.full, ((), float(v.value)), {"dtype": torch.float64}, self.where())
+                    "call_function", torch.full, ((), float(v.value)), {"dtype": torch.float64, "device": "cpu"},
+                    self.where())
             return self.cap.py_float_consts[key]
         raise Unsupported(f"a {self.type_name(v)} in Python float arithmetic", self.where())
 
