@@ -1899,7 +1899,8 @@ class Frame:
         """A PyFloatV or a Python number as a float64 0-d tensor of the graph."""
         if isinstance(v, PyFloatV):
             return TensorV(v.node, v.fake)
-        if isinstance(v, ConstV) and (type(v.value) is float or type(v.value) in (int, bool) and abs(v.value) < 2 ** 53):
+        if isinstance(v, ConstV) and (type(v.value) is float or
+                                      type(v.value) in (int, bool) and abs(v.value) < 2 ** 53):
             key = float(v.value).hex()  # not the float: 0.0 == -0.0
             if key not in self.cap.py_float_consts:
                 self.cap.py_float_consts[key] = self.cap.record(
