@@ -28,7 +28,10 @@ class Unsupported(Exception):
     Never escapes to the user: it becomes a graph break or an eager fallback (or GraphBreakError under fullgraph).
     """
 
-    def __init__(self, reason: str, where: str = ""):
+    def __init__(self, reason: str, where: str = "", holds_while: tuple[str, ...] = ()):
         self.reason = reason
         self.where = where
+        # guard expressions under which the reason stands (e.g. "an optimizer's state is not created yet"): the
+        # entry that breaks here gets them too, so a later call where they fail captures again
+        self.holds_while = holds_while
         super().__init__(f"{reason} ({where})" if where else reason)

@@ -62,6 +62,7 @@ class TraceError(Exception):
 class InputMutation:
     input_index: int   # which placeholder the program mutated in place
     output_index: int  # which graph output holds its final value
+    grad_enabled: bool = True  # the grad mode the program wrote it under (an optimizer step: off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +96,7 @@ class _Base:
     node: torch.fx.Node
     input_index: int | None = None
     version: int = 0
+    grad_enabled: bool = True  # the grad mode of its last write (the copy back into the input runs under it)
 
 
 @dataclasses.dataclass
@@ -448,6 +450,7 @@ class _Recorder(TorchDispatchMode):
         else:
             base.node = self._scatter(base, rec, new, t, chain)
         base.version += 1
+        base.grad_enabled = torch.is_grad_enabled()
         if not rec.chain:
             rec.node, rec.version = new, base.version   # else: re-derived from the base on next read
 
@@ -581,7 +584,7 @@ def _mutations(rec: _Recorder, first_output: int) -> tuple[list[InputMutation], 
     muts, nodes, fakes = [], [], []
     for b in rec.bases:
         if b.input_index is not None and b.version > 0:
-            muts.append(InputMutation(b.input_index, first_output + len(nodes)))
+            muts.append(InputMutation(b.input_index, first_output + len(nodes), b.grad_enabled))
             nodes.append(b.node)
             fakes.append(b.fake)
     return muts, nodes, fakes
@@ -664,7 +667,10 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     for m in meta.mutations:
         dst, src = inputs[m.input_index], outs[m.output_index]
         if dst is not src:
-            dst.copy_(src)      # under the caller's grad mode: a write into a tensor needing grad is recorded
+            # under the grad mode of the program's own write: recorded by autograd where eager's was, and a
+            # parameter written under no_grad (an optimizer step) stays a leaf
+            with torch.set_grad_enabled(m.grad_enabled):
+                dst.copy_(src)
     flat = []
     for s in meta.outputs:
         if s.kind == "graph":

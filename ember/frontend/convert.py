@@ -39,9 +39,10 @@ from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
 )
 from ember.frontend.values import GradExit as _GradExit
+from ember.frontend.values import noop_exit as _noop_exit
 from ember.frontend.values import (
-    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NullV, ObjV, PartialV, SetV,
-    SuperV, TensorV, TupleV, V,
+    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV,
+    PartialV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
 )
 from ember.tools.logs import enabled, get_logger
 
@@ -154,11 +155,14 @@ class FrameCompiler:
 
     def capture(self, frame_args: tuple) -> Entry:
         stop_at: dict[int, str] = {}
+        break_guards: list[str] = []
         prev_grad = torch.is_grad_enabled()
         prev_autocast = autocast_state()
+        consts = ConstTable()  # shared by the attempts: break_guards name its constants
         for _attempt in range(64):
-            consts = ConstTable()
             cap = Capture(consts)
+            for g in break_guards:
+                cap.guards.add(g, 1)
             local_vars = {}
             for name, param, value in zip(self.argnames, self.params, frame_args):
                 local_vars[name] = cap.wrap(value, param)
@@ -180,6 +184,7 @@ class FrameCompiler:
                 if self.cfg.fullgraph:
                     raise GraphBreakError(_break_message(u.reason, where_)) from None
                 stop_at[inst.offset] = f"{u.reason} ({where_})"
+                break_guards += u.holds_while
                 log_breaks.debug("graph break in %s at %s: %s", self.name, where_, u.reason)
                 _emit("break", name=self.name, reason=u.reason, where=where_)
             finally:
@@ -268,7 +273,7 @@ class EntryCodegen:
     # -- the graph --------------------------------------------------------------------------------------
     def call_graph(self, live: list[V]) -> None:
         cap = self.cap
-        needed: list[TensorV] = []
+        needed: list[TensorV | PyFloatV] = []
         seen = set()
 
         def visit(v, depth=0):
@@ -278,6 +283,8 @@ class EntryCodegen:
             if isinstance(v, TensorV):
                 if v.source is None:
                     needed.append(v)
+            elif isinstance(v, PyFloatV):
+                needed.append(v)
             elif isinstance(v, (ListV, TupleV, SetV, IterV)):
                 for x in (v.items if not isinstance(v, IterV) else v.remaining()):
                     visit(x, depth + 1)
@@ -362,6 +369,8 @@ class EntryCodegen:
             if v.source is not None:
                 return v.source
             return f"___o[{self.outputs[id(v)]}]"
+        if isinstance(v, PyFloatV):  # a float64 0-d graph output: .item() is the Python float, exactly
+            return f"___o[{self.outputs[id(v)]}].item()"
         if isinstance(v, ConstV):
             x = v.value
             if x is None or type(x) in (bool, int, str, bytes) or (type(x) is float and x == x and
@@ -429,6 +438,10 @@ class EntryCodegen:
         if isinstance(v, GradModeCtxV):
             return f"___torch.set_grad_enabled({v.enabled})" if v.prev is not None else \
                 f"___torch.{'enable_grad' if v.enabled else 'no_grad'}()"
+        if isinstance(v, NoOpCtxV):  # entered during capture as nothing: its __exit__ does nothing either
+            if v.exit:
+                return c(_noop_exit)
+            return f"{c(v.cls)}(*{c(v.args[0])}, **{c(v.args[1])})"
         if isinstance(v, SuperV):
             return f"super({c(v.cls)}, {self.expr(v.obj)})"
         if isinstance(v, NullV):

@@ -19,6 +19,7 @@ import dis
 import enum
 import functools
 import inspect
+import itertools
 import keyword
 import math
 import operator
@@ -33,8 +34,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ember.errors import Unsupported
 from ember.frontend.guards import Guards
 from ember.frontend.values import (
-    NULL, AutocastCtxV, AutocastExitV, GradExit, PartialV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
-    NullV, ObjV, SetV, SuperV, TensorV, TupleV, V,
+    NULL, AutocastCtxV, AutocastExitV, GradExit, PartialV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV,
+    GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
 )
 
 PY312 = sys.version_info >= (3, 12)
@@ -95,7 +96,31 @@ COMPILING_PROBES = {getattr(torch.compiler, n) for n in ("is_compiling", "is_dyn
                     if hasattr(torch.compiler, n)} - {getattr(torch.compiler, "is_exporting", None)}
 STATE_PROBES = {getattr(torch._C, n) for n in ("_is_tracing", "_get_tracing_state", "_get_cudnn_enabled",
                                                "_get_mkldnn_enabled", "is_grad_enabled", "_is_torch_function_enabled",
-                                               "_is_functional_tensor") if hasattr(torch._C, n)}
+                                               "_is_functional_tensor",
+                                               # fixed once set (torch.utils.rename_privateuse1_backend): asked by
+                                               # torch.optim when it picks the foreach implementation
+                                               "_get_privateuse1_backend_name") if hasattr(torch._C, n)}
+
+# The wrapper torch._disable_dynamo puts around torch functions torch.compile must not trace (Optimizer.zero_grad,
+# state_dict...): ember runs them as Python too rather than interpreting torch._dynamo's own code.
+TORCH_DISABLED_CODE = torch._disable_dynamo(lambda: None).__code__
+
+
+def optim_helpers() -> tuple:
+    """torch.optim's `_get_value` and `_stack_if_compiling`, whose eager behavior ember keeps although
+    is_compiling() is True (see Frame.optim_get_value); (None, None) until torch.optim is loaded (lazily)."""
+    mod = sys.modules.get("torch.optim.optimizer")
+    return (getattr(mod, "_get_value", None), getattr(mod, "_stack_if_compiling", None)) if mod else (None, None)
+
+
+# Python float arithmetic as float64 0-d tensor ops: the same IEEE double operations (pow: both reach the C
+# library's pow; a 1-element float64 tensor takes the kernels' scalar path)
+PY_FLOAT_OPS = {operator.add: torch.add, operator.sub: torch.sub, operator.mul: torch.mul,
+                operator.truediv: torch.div, operator.pow: torch.pow}
+REFLECTED = {operator.add: "__radd__", operator.sub: "__rsub__", operator.mul: "__rmul__",
+             operator.truediv: "__rtruediv__"}
+
+
 def autocast_state() -> dict:
     """{device type: (enabled, dtype)} of autocast, for the guards and to restore it after a capture."""
     return {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")}
@@ -192,6 +217,7 @@ class Capture:
         self.global_writes: dict[tuple[int, str], tuple[dict, V]] = {}
         self.tensor_grad_writes: list[TensorV] = []  # `p.grad = None` on graph inputs
         self.tensor_constants: dict[int, torch.Tensor] = {}
+        self.py_float_consts: dict[str, TensorV] = {}  # float.hex(c) -> its float64 0-d node (Frame.py_float_tensor)
         self.op_count = 0
         self.grad_enabled = torch.is_grad_enabled()
         self.guards.add(f"___torch.is_grad_enabled() is {self.grad_enabled}", cost=1)
@@ -363,6 +389,15 @@ class Capture:
         if isinstance(out, CONST_TYPES):
             return ConstV(out)
         raise Unsupported(f"an op returned {type(out).__name__}")
+
+
+def _has_py_float(args, kwargs) -> bool:
+    items = [*args, *kwargs.values()]
+    return any(isinstance(x, PyFloatV) or isinstance(x, (ListV, TupleV)) and _has_py_float(x.items, {}) for x in items)
+
+
+def _all_py_floats(v) -> bool:
+    return isinstance(v, (ListV, TupleV)) and bool(v.items) and all(isinstance(x, PyFloatV) for x in v.items)
 
 
 def _ident(source: str) -> str:
@@ -1067,6 +1102,10 @@ class Frame:
             self.push(self.enter_autocast(ctx))
             self.push(ConstV(None))
             return
+        if isinstance(ctx, NoOpCtxV):
+            self.push(NoOpCtxV(ctx.cls, ctx.args, exit=True))  # its __exit__: calling it does nothing (see call)
+            self.push(ctx)  # record_function.__enter__ returns self
+            return
         enter = self.getattr(ctx, "__enter__")
         exit_ = self.getattr(ctx, "__exit__")
         if not isinstance(enter, BoundV) or not isinstance(exit_, BoundV):
@@ -1338,6 +1377,10 @@ class Frame:
         raise Unsupported(f"`in` on {self.type_name(container)}", self.where())
 
     def unary(self, fn, v: V) -> V:
+        if isinstance(v, PyFloatV) and fn in (operator.neg, operator.pos):
+            r = self.cap.record("call_function", torch.neg if fn is operator.neg else torch.clone,
+                                (self.py_float_tensor(v),), {}, self.where())
+            return PyFloatV(r.node, r.fake)
         if isinstance(v, TensorV):
             return self.cap.record("call_function", fn, (v,), {}, self.where())
         if isinstance(v, ConstV):
@@ -1348,6 +1391,8 @@ class Frame:
         raise Unsupported(f"{fn.__name__} of {self.type_name(v)}", self.where())
 
     def binary(self, fn, a: V, b: V, inplace: bool) -> V:
+        if isinstance(a, PyFloatV) or isinstance(b, PyFloatV):
+            return self.py_float_binary(fn, a, b, inplace)
         if isinstance(a, TensorV) or isinstance(b, TensorV):
             if isinstance(a, TensorV) and inplace:
                 self.cap.record("call_function", fn, (a, b), {}, self.where())
@@ -1469,6 +1514,8 @@ class Frame:
             return obj.items[k]
         if isinstance(obj, ConstV):
             return self.concrete(operator.getitem, [obj, idx], {})
+        if isinstance(obj, ObjV) and isinstance(obj.value, dict) and isinstance(idx, TensorV):
+            return self.tensor_keyed_item(obj, idx)
         if isinstance(obj, ObjV):
             m = obj.value
             if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
@@ -1490,8 +1537,32 @@ class Frame:
             if isinstance(m, BoundV) and isinstance(m.func, types.FunctionType):
                 return self.call(m, [idx], {})
         if isinstance(obj, ObjV) and isinstance(obj.value, type):
-            return ObjV(obj.value[self.const_value(idx)])  # typing generics like list[int]
+            return ObjV(obj.value[self.type_arg(idx)])  # typing generics like list[int], list[Tensor]
         raise Unsupported(f"indexing {self.type_name(obj)}", self.where())
+
+    def tensor_keyed_item(self, obj: ObjV, idx: TensorV) -> V:
+        """d[t] for a dict keyed by tensors that are graph inputs (an optimizer's `state`, keyed by parameters):
+        the value is read through `dict.get(d, <t's source>)`, so each call looks it up with the tensor found at
+        that source, and the value's own guards (type and keys) fail when it is missing. A missing key (a
+        defaultdict's lazy state creation) is left to Python."""
+        real = next((inp.real for inp in self.cap.inputs if inp.node is idx.node), None)
+        if real is None or idx.source is None or obj.source is None or any(
+                _lookup_static(type(obj.value), m) is not getattr(dict, m) for m in ("__getitem__", "__contains__")):
+            raise Unsupported(f"indexing {self.type_name(obj)} with a tensor made in the graph", self.where())
+        if real not in obj.value:
+            # a defaultdict creating the value (an optimizer's lazy state): Python does it; once the key exists,
+            # the entry that broke here misses and the next call captures the lookup
+            raise Unsupported(f"{type(obj.value).__name__}[tensor] of a missing key (a write, left to Python)",
+                              self.where(), holds_while=(f"{idx.source} not in {obj.source}",))
+        return self.cap.wrap(obj.value[real], f"{self.cap.consts.ref(dict.get)}({obj.source}, {idx.source})")
+
+    def type_arg(self, v: V):
+        """The argument of a generic alias (list[Tensor], dict[str, int]): classes are ObjV, not constants."""
+        if isinstance(v, ObjV) and isinstance(v.value, (type, types.GenericAlias)):
+            return v.value
+        if isinstance(v, TupleV):
+            return tuple(self.type_arg(x) for x in v.items)
+        return self.const_value(v)
 
     def index_arg(self, idx: V):
         if isinstance(idx, (TensorV, ConstV)):
@@ -1786,6 +1857,8 @@ class Frame:
             return ConstV(None)
         if isinstance(fn, AutocastExitV):
             return self.exit_autocast(fn)
+        if isinstance(fn, NoOpCtxV) and fn.exit:
+            return ConstV(None)  # the __exit__ of a no-op context
         if isinstance(fn, (ObjV, ConstV)):
             return self.call_value(fn, fn.value, args, kwargs)
         if isinstance(fn, NewObjV):
@@ -1805,6 +1878,19 @@ class Frame:
             return ConstV(True)  # libraries take their compile-friendly paths, as under torch.compile
         if f in STATE_PROBES:
             return self.concrete(f, args, kwargs)
+        if isinstance(f, types.FunctionType) and f.__code__ is TORCH_DISABLED_CODE:
+            raise Unsupported(f"{f.__qualname__} is marked torch._disable_dynamo: it runs in Python", self.where())
+        if isinstance(f, types.FunctionType) and f.__module__ == "torch.optim.optimizer":
+            get_value, stack_if_compiling = optim_helpers()
+            if f is get_value:
+                return self.optim_get_value(args[0])
+            if f is stack_if_compiling:
+                return args[0]  # eager keeps the list of Python floats (consumers: record_py_float_call)
+        if f is torch.autograd.profiler.record_function:
+            # A profiler range: no effect on values, so it is left out of the graph (torch.compile drops it too);
+            # the range is then missing from profiles of compiled code.
+            return NoOpCtxV(f, (tuple(self.const_value(a) for a in args),
+                                {k: self.const_value(v) for k, v in kwargs.items()}))
         if f in (torch.no_grad, torch.enable_grad):
             return GradModeCtxV(f is torch.enable_grad, None)
         if _hashable(f) and f in AUTOCAST_CLASSES:
@@ -1855,6 +1941,110 @@ class Frame:
             return self.concrete(f, args, kwargs)
         raise Unsupported(f"call to {_callable_name(f)} (not a torch op and not Python ember can inline)",
                           self.where())
+
+    # -- Python floats computed in the graph (PyFloatV) ---------------------------------------------------
+    def optim_get_value(self, x: V) -> V:
+        """torch.optim's `_get_value(step)`: `step.item()` in eager (the step count as a Python float), `step`
+        itself under torch.compile (is_compiling() is True here too). Returning the float32 tensor would compute
+        the bias corrections in float32 where eager computes them in double, so results would differ; the float
+        becomes a PyFloatV instead, exact, and the optimizer step stays one graph (.item() would break it)."""
+        if not isinstance(x, TensorV):
+            return x  # a Python number: returned as is, as in eager
+        if x.fake.dim() != 0 or not x.fake.is_floating_point() or x.fake.requires_grad:
+            raise Unsupported("_get_value of a tensor that is not a 0-d float (its .item())", self.where())
+        # on the CPU, as a Python float given to a tensor op is (a CUDA tensor takes a CPU 0-d operand)
+        r = self.cap.record("call_method", "to", (x, "cpu", torch.float64), {"copy": True}, self.where())
+        return PyFloatV(r.node, r.fake)
+
+    def py_float_tensor(self, v: V) -> TensorV:
+        """A PyFloatV or a Python number as a float64 0-d tensor of the graph."""
+        if isinstance(v, PyFloatV):
+            return TensorV(v.node, v.fake)
+        if isinstance(v, ConstV) and (type(v.value) is float or
+                                      type(v.value) in (int, bool) and abs(v.value) < 2 ** 53):
+            key = float(v.value).hex()  # not the float: 0.0 == -0.0
+            if key not in self.cap.py_float_consts:
+                self.cap.py_float_consts[key] = self.cap.record(
+                    "call_function", torch.full, ((), float(v.value)), {"dtype": torch.float64, "device": "cpu"},
+                    self.where())
+            return self.cap.py_float_consts[key]
+        raise Unsupported(f"a {self.type_name(v)} in Python float arithmetic", self.where())
+
+    def check_scalar_partner(self, t: V) -> None:
+        """A Python float given to a tensor op becomes a 0-d double tensor (a "wrapped number"); a PyFloatV is
+        one too, but without the flag, which only matters for type promotion: with a floating tensor of one
+        dimension or more both leave the result's dtype to that tensor, and the kernels read the scalar the same
+        way. Anything else (a 0-d or integer tensor) would promote differently."""
+        if not (isinstance(t, TensorV) and t.fake.dim() >= 1 and t.fake.is_floating_point()):
+            raise Unsupported("a Python float computed in the graph used with a 0-d or non-float tensor "
+                              "(type promotion would differ from eager's)", self.where())
+
+    def py_float_binary(self, fn, a: V, b: V, inplace: bool) -> V:
+        base = INPLACE_TO_BINARY.get(fn, fn)
+        if base not in PY_FLOAT_OPS:
+            raise Unsupported(f"operator {base.__name__} on a Python float computed in the graph (needs its value)",
+                              self.where())
+        other = b if isinstance(a, PyFloatV) else a
+        if isinstance(other, (PyFloatV, ConstV)):
+            # Python's float ops raise on a zero divisor or an overflowing pow where the tensor ops give inf; the
+            # floats this meets (an optimizer's bias corrections) never reach either.
+            if base is operator.truediv and isinstance(b, ConstV) and b.value == 0:
+                raise Unsupported("division of a Python float by zero", self.where())
+            r = self.cap.record("call_function", PY_FLOAT_OPS[base], (self.py_float_tensor(a), self.py_float_tensor(b)),
+                                {}, self.where())
+            return PyFloatV(r.node, r.fake)
+        if base not in REFLECTED:
+            raise Unsupported(f"operator {base.__name__} of a tensor and a Python float computed in the graph",
+                              self.where())
+        self.check_scalar_partner(other)
+        if isinstance(a, TensorV):  # tensor OP float: Tensor.__op__ (in place: Tensor.__iop__)
+            out = self.cap.record("call_function", fn if inplace else base, (a, self.py_float_tensor(b)), {},
+                                  self.where())
+            return a if inplace else out
+        # float OP tensor: float.__op__ returns NotImplemented, so Python calls Tensor.__rop__ (for /, that is
+        # reciprocal() * float, not a division)
+        return self.cap.record("call_method", REFLECTED[base], (b, self.py_float_tensor(a)), {}, self.where())
+
+    def record_py_float_call(self, kind: str, target, name: str, args: list[V], kwargs: dict) -> V:
+        """A torch op given Python floats computed in the graph: recorded only where the same op on float64 0-d
+        tensors computes what eager computes with the floats (addcdiv's value, foreach scalar lists)."""
+        where_ = self.where()
+        to_t = self.py_float_tensor
+        if name in ("addcdiv", "addcdiv_") and len(args) in (3, 4) and set(kwargs) <= {"value"}:
+            self_v, t1, t2 = args[:3]
+            value = kwargs.get("value", args[3] if len(args) == 4 else None)
+            if not isinstance(value, PyFloatV) or not all(isinstance(t, TensorV) for t in (self_v, t1, t2)) or \
+                    len({t.fake.dtype for t in (self_v, t1, t2)}) != 1:
+                raise Unsupported(f"{name} with a Python float computed in the graph", where_)
+            self.check_scalar_partner(t1)
+            # the kernel computes self + value * t1 / t2 in the tensors' dtype, left to right
+            q = self.cap.record("call_function", operator.truediv,
+                                (self.cap.record("call_function", operator.mul, (t1, to_t(value)), {}, where_), t2),
+                                {}, where_)
+            if kind == "call_method" and name.endswith("_"):
+                self.cap.record("call_method", "add_", (self_v, q), {}, where_)
+                return self_v
+            return self.cap.record("call_function", torch.add, (self_v, q), {}, where_)
+        base = name.rstrip("_")
+        if kind == "call_function" and base in ("_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div") \
+                and len(args) == 2 and _all_py_floats(args[1]) and set(kwargs) <= {"alpha"} and \
+                not _has_py_float([], kwargs):
+            for t in self.iterate(args[0]):
+                self.check_scalar_partner(t)
+            # the scalar-list overload runs `x[i] op= s[i]` per tensor; the tensor-list one `x[i] op= s_t[i]`
+            return self.cap.record(kind, target, (args[0], ListV([to_t(x) for x in self.iterate(args[1])])),
+                                   kwargs, where_)
+        if kind == "call_function" and name in ("_foreach_addcdiv", "_foreach_addcdiv_") and len(args) == 4 and \
+                not kwargs and _all_py_floats(args[3]) and not _has_py_float(args[:3], {}):
+            for t in self.iterate(args[1]):
+                self.check_scalar_partner(t)
+            scalars = ListV([to_t(x) for x in self.iterate(args[3])])
+            q = self.cap.record(kind, torch._foreach_div,
+                                (self.cap.record(kind, torch._foreach_mul, (args[1], scalars), {}, where_), args[2]),
+                                {}, where_)
+            return self.cap.record(kind, torch._foreach_add_ if name.endswith("_") else torch._foreach_add,
+                                   (args[0], q), {}, where_)
+        raise Unsupported(f"{name} of a Python float computed in the graph (needs its value)", where_)
 
     def module_traversal(self, mod_v: ObjV, name: str, args: list[V], kwargs: dict) -> V:
         """nn.Module.children(), parameters(), named_modules()...: walked at capture time, each item with its
@@ -1913,6 +2103,8 @@ class Frame:
         return self.cap.wrap(r, src)
 
     def call_torch(self, f, name: str, args: list[V], kwargs: dict) -> V:
+        if _has_py_float(args, kwargs):
+            return self.record_py_float_call("call_function", f, name, args, kwargs)
         has_tensor = _any_tensor(args) or _any_tensor(list(kwargs.values()))
         if has_tensor or name in FACTORIES:
             return self.cap.record("call_function", f, tuple(args), kwargs, self.where())
@@ -1929,6 +2121,8 @@ class Frame:
         if isinstance(self_v, TensorV):
             if name in TENSOR_METHODS_UNSUPPORTED:
                 raise Unsupported(f"Tensor.{name}() needs the tensor's value in Python", self.where())
+            if _has_py_float(args, kwargs):
+                return self.record_py_float_call("call_method", name, name, [self_v, *args], kwargs)
             out = self.cap.record("call_method", name, (self_v, *args), kwargs, self.where())
             if name.endswith("_") and not name.endswith("__") and isinstance(out, TensorV):
                 return self_v  # in-place methods return self
@@ -2329,6 +2523,8 @@ def _classes(v: V):
 
 
 def _static_type(fr: Frame, v: V) -> type:
+    if isinstance(v, PyFloatV):
+        return float
     if isinstance(v, TensorV):
         if v.source is not None:
             for inp in fr.cap.inputs:
@@ -2391,6 +2587,14 @@ def _zip(fr, args, kwargs):
         if len(lens) > 1:
             raise Unsupported("zip(strict=True) of unequal lengths", fr.where())
     return IterV([TupleV(list(t)) for t in zip(*[fr.iterate(a) for a in args])])
+
+
+def _chain(fr, args, kwargs):
+    return IterV([x for a in args for x in fr.iterate(a)])
+
+
+def _chain_from_iterable(fr, args, kwargs):
+    return IterV([x for a in fr.iterate(args[0]) for x in fr.iterate(a)])
 
 
 def _reversed(fr, args, kwargs):
@@ -2727,4 +2931,5 @@ BUILTIN_HANDLERS = {
     round: _round, id: _id, map: _map, filter: _filter, object.__new__: _object_new,
     object.__setattr__: _object_setattr, dataclasses.fields: _dataclass_fields, print: _print,
     collections.OrderedDict: _ordered_dict, copy.deepcopy: _copy(True), copy.copy: _copy(False), functools.reduce: _reduce, inspect.signature: _signature,
+    itertools.chain: _chain, itertools.chain.from_iterable: _chain_from_iterable,
 }

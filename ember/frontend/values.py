@@ -17,6 +17,8 @@ in terms of sources.
   SuperV    the result of super()
   GradModeExitV  the __exit__ of a grad-mode context (no_grad/enable_grad/set_grad_enabled) on the stack
   AutocastCtxV / AutocastExitV  torch.autocast(...) before __enter__ / its __exit__ on the stack
+  PyFloatV  a Python float computed in the graph (an optimizer's step count), as a float64 0-d tensor
+  NoOpCtxV  a context manager left out of the graph (profiler record_function); its __exit__ on the stack too
 """
 from __future__ import annotations
 
@@ -41,6 +43,20 @@ class TensorV(V):
 
     def python_type(self):
         return type(self.fake) if not isinstance(self.fake, torch._subclasses.FakeTensor) else torch.Tensor
+
+
+@dataclasses.dataclass(eq=False)
+class PyFloatV(V):
+    """A Python float whose value is known only when the graph runs: `_get_value(state['step'])` in torch.optim,
+    which is `step.item()` in eager. It lives in the graph as a float64 0-d tensor (the exact value of the
+    float), and only what keeps Python float semantics bit for bit is recorded on it (ember.frontend.interpreter:
+    Frame.py_float_binary / record_py_float_call); anything else needs its value, so it breaks the graph."""
+    node: torch.fx.Node
+    fake: torch.Tensor
+    source: str | None = None
+
+    def python_type(self):
+        return float
 
 
 @dataclasses.dataclass(eq=False)
@@ -197,6 +213,16 @@ class GradModeCtxV(V):
 
 
 @dataclasses.dataclass(eq=False)
+class NoOpCtxV(V):
+    """A context manager whose effect ember leaves out of the graph (torch.autograd.profiler.record_function: a
+    profiler annotation, no effect on values; torch.compile drops it too). Entered and exited as nothing."""
+    cls: type
+    args: tuple  # (args, kwargs) it was made with: a break rebuilds it as a real one
+    exit: bool = False  # the __exit__ BEFORE_WITH pushes, rather than the context
+    source: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
 class PartialV(V):
     """functools.partial(func, *args, **kwargs) made during capture."""
     func: V
@@ -227,3 +253,8 @@ class GradExit:
     def __call__(self, *exc):
         torch._C._set_grad_enabled(self.prev)
         return False
+
+
+def noop_exit(*exc) -> bool:
+    """At run time: the __exit__ of a NoOpCtxV entered during capture, on the stack of a graph break."""
+    return False
