@@ -179,6 +179,21 @@ index_code = functools.partial(ir.index_code, syntax=ir.IndexSyntax("//", "tl.mi
 
 
 
+def _scalar_offset(off) -> bool:
+    """An offset that is the same for every lane: only indirect indices, each computed from one element."""
+    ind = off.atoms(IndirectSymbol)
+    return bool(ind) and not (off.free_symbols - ind) and all(_scalar_expr(s.value) for s in ind)
+
+
+def _scalar_expr(e: Expr) -> bool:
+    for x in e.walk():
+        if x.op == "load" and x.args[1].free_symbols and not _scalar_offset(x.args[1]):
+            return False
+        if x.op == "index" and x.args[0].free_symbols:
+            return False
+    return True
+
+
 class Body:
     """Straight-line Triton for Exprs, one statement per DAG node (Exprs are interned: CSE by identity)."""
 
@@ -229,6 +244,9 @@ class Body:
             code = self.offset(off)
             if not off.free_symbols:  # one element for the whole program (a seed, a scalar tensor)
                 v = f"tl.load({name} + {code})"
+            elif _scalar_offset(off):  # one element at an index read from memory (index_select of one index):
+                # a scalar pointer takes a scalar mask only
+                v = f"tl.load({name} + {code}, ({code} >= 0) & ({code} < {self.extents[name]}), other=0)"
             else:
                 # Both sides of a `where` are evaluated here (C++ evaluates one): a load that may fall outside
                 # its buffer (cat, pad, gather) is masked to it. Provably in-range loads keep the plain mask,

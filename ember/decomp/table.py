@@ -618,22 +618,28 @@ def _logsumexp(x, dim, keepdim=False):
     return P.add(s, m if keepdim else P.squeeze(m, dims))
 
 
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 @reg(aten._softmax.default)
 def _softmax(x, dim, half_to_float=False):
     if x.ndim == 0:
         return P.const(1.0, odt())
-    x = P.reuse(P.cast(x, odt()), 3)
+    # 16-bit inputs are computed in float32 and rounded once, as eager's kernels accumulate (a float16/bfloat16
+    # row sum that reached memory between kernels lost the digits log_softmax keeps near 0)
+    x = P.reuse(P.cast(x, _acc(odt())), 3)
     e = P.reuse(P.unary("exp", P.sub(x, P.reduce("max", x, [dim], True))), 2)
-    return P.div(e, P.reduce("sum", e, [dim], True))
+    return P.cast(P.div(e, P.reduce("sum", e, [dim], True)), odt())
 
 
 @reg(aten._log_softmax.default)
 def _log_softmax(x, dim, half_to_float=False):
     if x.ndim == 0:
         return P.const(0.0, odt())
-    x = P.reuse(P.cast(x, odt()), 3)
+    x = P.reuse(P.cast(x, _acc(odt())), 3)
     shifted = P.sub(x, P.reduce("max", x, [dim], True))
-    return P.sub(shifted, P.unary("log", P.reduce("sum", P.unary("exp", shifted), [dim], True)))
+    return P.cast(P.sub(shifted, P.unary("log", P.reduce("sum", P.unary("exp", shifted), [dim], True))), odt())
 
 
 @reg(aten._softmax_backward_data.default)

@@ -224,3 +224,20 @@ def test_max_autotune_times_template_against_library_and_caches_the_choice(dtype
     assert len(choices) == 1    # timed once, the winner (a config, or None for the library call) recorded
     used = any(isinstance(k[0], mm_template.TemplateGroup) for k in compiled.compiled.kernels)
     assert used == (list(choices.values())[0] is not None)
+
+
+def test_one_element_gathered_by_an_index_read_from_memory():
+    """index_select of a 1-element index: the pointer is a scalar, so its load takes a scalar mask (a block mask
+    there did not compile on the GPU)."""
+    x, i = torch.randn(1, device=DEV), torch.zeros(1, dtype=torch.long, device=DEV)
+    compile_and_check(lambda x, i: torch.index_select(x, 0, i), x, i)
+    x, i = torch.randn(7, 5, device=DEV), torch.tensor([3], device=DEV)
+    compile_and_check(lambda x, i: torch.index_select(x, 0, i) * 2, x, i)
+
+
+@pytest.mark.skipif(not CUDA, reason="eager's CPU kernel rounds max + log(sum) to bfloat16 before subtracting, "
+                    "its CUDA kernel does not (ember follows the CUDA one; the interpreter compares with the CPU)")
+def test_bfloat16_log_softmax_near_zero_computed_in_float32():
+    x = torch.randn(5, 5, device=DEV).to(torch.bfloat16)
+    x[:, 0] += 12     # rows where one element dominates: log_softmax near 0 there
+    compile_and_check(lambda x: (torch.log_softmax(x, 0), torch.log_softmax(x, 1), torch.softmax(x, 0)), x)

@@ -34,7 +34,6 @@ KNOWN_GAPS = {
     "test_breaks_flow.py::test_side_effect_order_across_breaks[se_print_order_with_nested_prints-<lambda>]":
         _INNER_FUNCTION,
     "test_python.py::test_python_program[p_deque_counter]": "collections.deque is not modeled: it breaks the graph",
-    "test_python.py::test_autocast_inside_graph[cuda]": "torch.autocast is not captured yet: it breaks the graph",
 }
 NOT_STRICT = {"test_breaks_flow.py::test_generator_program[g_zip_generators]"}  # passes on Python 3.12
 

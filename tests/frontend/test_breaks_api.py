@@ -231,7 +231,9 @@ def test_ember_logs_env_switches_topic_on():
         "ember.compile(f, backend='eager')(torch.randn(3))\n"
     )
     root = pathlib.Path(__file__).resolve().parents[2]
-    env = dict(os.environ, EMBER_LOGS="graph_breaks", PYTHONPATH=str(root))
+    # the repository first, then whatever the caller had (the GPU machine finds `bytecode` through PYTHONPATH)
+    path = os.pathsep.join([str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = dict(os.environ, EMBER_LOGS="graph_breaks", PYTHONPATH=path)
     p = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "graph_breaks" in p.stderr and "<string>:4" in p.stderr, p.stderr

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The session's closing device runs (the `device` tool), in two commands of under 10 minutes each:
+#   bash bench/gpu_final.sh tests   # GPU tests: frontend on Python 3.12, Triton, CUDA graphs, optimizers,
+#                                   # the Triton OpInfo subset (float32, bfloat16); autograd peak memory
+#   bash bench/gpu_final.sh bench   # bench/gpu.py: eager, Inductor and ember on every row but the training one
+#   bash bench/gpu_final.sh train   # the densenet121 training row (Inductor's compile alone takes ~3 minutes)
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD EMBER_CACHE_DIR=/tmp/ember_cache PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+case "${1:-tests}" in
+tests)
+  timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider tests/frontend tests/test_rules.py tests/runtime \
+    tests/codegen/test_triton.py tests/codegen/test_triton_opinfo.py tests/codegen/test_hfuse.py 2>&1 \
+    | tee "$OUT/tests.log" | grep -E "passed|failed|FAIL|Error" | tail -25
+  timeout 150 python3 bench/autograd.py --device cuda --no-inductor 2>&1 | grep -v Warn | tee "$OUT/autograd.log" | tail -7 ;;
+bench)
+  timeout 580 python3 bench/gpu.py --only pointwise,adam,"infer, reduce","infer, default",resnet50,bert,gpt2 \
+    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | tail -22 ;;
+train)
+  timeout 580 python3 bench/gpu.py --only "train step" --columns "${2:-eager,ember}" 2>&1 | tee "$OUT/train.log" \
+    | grep -v -i warn | tail -8 ;;
+esac
