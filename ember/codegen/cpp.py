@@ -220,9 +220,10 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     """C++ of one group: `extern "C" void name(pointers..., int64_t* err)`; returns (source, buffer args)."""
     reads = sorted(set().union(*(m.reads for m in group.members)) - {m.buf.name for m in group.members if m.local}
                    - {m.buf.name for m in group.members if m.is_reduction})
-    writes = [m.buf.name for m in group.members if not m.local]
+    writes = [m.target for m in group.members if not m.local]  # an in-place member writes its input's pointer
     args = list(dict.fromkeys(reads + writes))
     ptrs = {n: n for n in args}
+    ptrs.update({m.buf.name: m.target for m in group.members if m.dest})
     params = ", ".join(f"{'const ' if n not in writes else ''}{CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
                        for n in args)
     total = group.numel * max(max((ir.prod(m.inner) for m in group.members), default=1), 1)
@@ -288,7 +289,7 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list
     for m in ms:
         v = b.emit(m.body)
         off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
-        b.lines.append(f"{bind}{m.buf.name}[{index_code(ir.simplify_index(off), {})}] = {v};")
+        b.lines.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {v};")
         b.forward[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
     return [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"] + head + b.lines + close
 

@@ -41,6 +41,11 @@ class Member:
     reads: set
     local: bool = False  # read only inside the group, never stored: a reduction (a register) or, with
     # schedule(row_buffers=True), a pointwise row (a per-thread row buffer)
+    dest: str = ""  # the buffer the store writes: buf.name, or the graph input it updates in place
+
+    @property
+    def target(self) -> str:
+        return self.dest or self.buf.name
 
     @property
     def is_reduction(self) -> bool:
@@ -65,6 +70,7 @@ class Schedule:
     items: list  # FusedGroup | ExternBuffer, in execution order
     lowered: object  # the LoweredGraph
     buffers: dict  # name -> Buffer (every buffer that exists at run time, extern outputs included)
+    inplace: dict = dataclasses.field(default_factory=dict)  # buffer name -> input name its kernel writes into
 
 
 def reads_of(e: Expr) -> set:
@@ -209,9 +215,12 @@ def _default_rows(buf) -> int:
     return ir.prod(buf.size[:-1])
 
 
-def schedule(lowered, row_buffers: bool = False) -> Schedule:
+def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) -> Schedule:
     """Group `lowered`'s buffers into FusedGroups and extern calls. row_buffers: pointwise rows read only inside
-    their group become `local` too (the backend keeps them per row: C++ uses a per-thread stack array)."""
+    their group become `local` too (the backend keeps them per row: C++ uses a per-thread stack array).
+    mutations: (input index, output index) pairs, the graph outputs that the caller copies back into inputs
+    (ember.autograd's input mutations); those computed by a kernel are written into the input directly where
+    that is safe (`Schedule.inplace`, see `_write_in_place`)."""
     buffers = {b.name: b for b in lowered.inputs}
     for name, t in lowered.constants.items():
         buffers[name] = ir.InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0)
@@ -272,6 +281,10 @@ def schedule(lowered, row_buffers: bool = False) -> Schedule:
             items.append(FusedGroup(_default_rows(b), [m]))
             member_of[b.name], where[b.name] = m, len(items) - 1
 
+    for it in items:
+        if isinstance(it, FusedGroup):
+            _order_independent(it)
+
     # reductions read only in their own group, at their own row, stay in registers
     readers: dict[str, set] = {}
     for j, it in enumerate(items):
@@ -292,4 +305,68 @@ def schedule(lowered, row_buffers: bool = False) -> Schedule:
                     size = ir.prod(m.inner) * ir.itemsize(m.buf.dtype)
                     if scratch + size <= SCRATCH_BYTES:
                         m.local, scratch = True, scratch + size
-    return Schedule(items, lowered, buffers)
+    sched = Schedule(items, lowered, buffers)
+    for ii, oi in mutations or []:
+        _write_in_place(sched, ii, oi, where, member_of)
+    return sched
+
+
+def _order_independent(g: FusedGroup) -> None:
+    """A group whose members read nothing from each other (horizontal fusion: e.g. one optimizer update per
+    parameter) runs its members ordered by inner loop sizes, first seen first, so the members over the same
+    range are adjacent: C++ runs them in one loop, Triton in one program range."""
+    names = {m.buf.name for m in g.members}
+    if len(g.members) < 3 or any(m.reads & names for m in g.members):
+        return
+    first: dict = {}
+    for m in g.members:
+        first.setdefault(tuple(m.inner), len(first))
+    g.members.sort(key=lambda m: first[tuple(m.inner)])
+
+
+def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
+    """Let the kernel computing graph output `oi`, the new value of input `ii`, store into the input itself
+    (no fresh buffer, no copy after the graph) when nothing can tell the difference:
+    - the output is a buffer a group computes, with the input's layout, returned once and as a whole;
+    - nothing reads the input's old value after that group: no later group, no extern call, no graph output;
+    - inside the group, every member reading the input reads exactly the element being written, over the
+      same loops, and runs no later than the writer (so each element is read before it is overwritten, by
+      the same thread / program), and no member reads the new value back from memory."""
+    low = sched.lowered
+    if not (0 <= ii < len(low.inputs) and 0 <= oi < len(low.outputs)):
+        return
+    inp, out = low.inputs[ii], low.outputs[oi]
+    if inp is None or not isinstance(out, TensorArg) or out.buffer not in member_of:
+        return
+    m = member_of[out.buffer]
+    b = m.buf
+    layout = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), int(b.offset))
+    if not isinstance(b, Pointwise) or m.local or m.dest or b.dtype != inp.dtype or m.body is None \
+            or layout != (tuple(out.size), tuple(out.stride), out.offset) \
+            or layout[:2] != (tuple(int(s) for s in inp.size), tuple(int(s) for s in inp.stride)) \
+            or inp.name in sched.inplace.values():
+        return
+    outs = [o.buffer for o in low.outputs if isinstance(o, TensorArg)]
+    if outs.count(b.name) != 1 or inp.name in outs:
+        return
+    j = where[b.name]
+    for k, it in enumerate(sched.items):
+        if isinstance(it, ExternBuffer):
+            if inp.name in it.inputs:
+                return
+        elif k > j and any(inp.name in x.reads for x in it.members):
+            return
+    group = sched.items[j]
+    pos = group.members.index(m)
+    for k, x in enumerate(group.members):
+        if b.name in x.reads:
+            return
+        if inp.name not in x.reads:
+            continue
+        if k > pos or tuple(x.inner) != tuple(m.inner):
+            return
+        for e in x.body.walk():
+            if e.op == "load" and e.args[0] == inp.name and sympy.expand(e.args[1] - m.store) != 0:
+                return
+    m.dest = inp.name
+    sched.inplace[b.name] = inp.name

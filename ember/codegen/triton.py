@@ -845,7 +845,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     t0 = time.perf_counter()
     try:
         low, out_spec, _ = lower.lower(gm, example_inputs)
-        sched = schedule.schedule(low)
+        sched = schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations"))
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
         call = compile_schedule(sched, lambda args: gm(*args), device)
     except (lower.Unsupported, NotImplementedError) as e:
