@@ -308,7 +308,7 @@ class _Recorder(TorchDispatchMode):
                 written = list(_UNDECLARED_WRITES[func])
         if written:
             return self._mutation(func, args, kwargs, written)
-        out = func(*args, **kwargs)
+        out = _fake_call(func, args, kwargs)
         if not _tensors(out):
             return out                                 # prim.device, size queries: nothing to record
         node = self._record(func, args, kwargs, out)
@@ -347,7 +347,7 @@ class _Recorder(TorchDispatchMode):
             raise TraceError(f"{func}: an optional argument it writes into is None")
         fnames = {a.name for a in fop._schema.arguments}
         fargs, fkwargs = _split(fop._schema, {k: v for k, v in bound.items() if k in fnames})
-        fout = fop(*fargs, **fkwargs)
+        fout = _fake_call(fop, fargs, fkwargs)
         node = self._record(fop, fargs, fkwargs, fout)
         results = list(fout) if isinstance(fout, tuple) else [fout]
         per_result = []                                # node (or list of nodes) per functional result
@@ -425,6 +425,18 @@ class _Recorder(TorchDispatchMode):
                 cur, new, list(t.shape), list(t.stride()), t.storage_offset() - base.fake.storage_offset()))
         node.meta["val"] = base.fake
         return node
+
+
+def _fake_call(func, args, kwargs):
+    """func on fake tensors. The foreach ops' fake kernels refuse a CPU `scalars` tensor (the optimizers' stacked
+    step sizes, `_foreach_addcdiv.Tensor`): their results are shaped like `self`, made here instead."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as e:
+        if not (func._schema.name.startswith("aten::_foreach_add") and "scalars" in str(e)
+                and func._overloadname == "Tensor"):
+            raise
+        return [torch.empty_like(t) for t in args[0]]
 
 
 def _same_layout(t: torch.Tensor, base: torch.Tensor) -> bool:

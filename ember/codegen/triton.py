@@ -7,7 +7,10 @@ The second printer beside cpp.py, over the same loop IR. A group is printed in o
          one 1-D range over all numel*R elements, `BLOCK` per program. The row/inner indices are
          substituted as div/mod of the flat index and simplified back (sympy), so contiguous buffers
          get plainly contiguous offsets and Triton emits 16-byte vector loads.
-  rows   anything with a reduction (or members of different inner sizes): a [XBLOCK, RBLOCK] tile, each
+  foreach  pointwise members over ranges of different sizes, none reading another (horizontal fusion, e.g.
+         an optimizer step over parameters of several shapes): one flat range per size, laid end to end
+         over the program ids (`if pid < end0: ... elif pid < end1: ...`), so N parameters are one launch.
+  rows   anything with a reduction (or members reading each other): a [XBLOCK, RBLOCK] tile, each
          program owning whole rows. Persistent when the longest inner range fits one RBLOCK (the row lives
          in registers, all members share it); looped otherwise (each member loops over its row with an
          [XBLOCK, RBLOCK] accumulator, reduced at the end). Members run in order; a reduction member's
@@ -50,6 +53,7 @@ TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 PERSISTENT_MAX_R = 4096     # longest row kept whole in registers
 FLAT = "flat"
+FOREACH = "foreach"
 ROWS = "rows"
 
 PRELUDE = '''import triton
@@ -304,7 +308,9 @@ def group_shape(group: FusedGroup) -> str:
     same_r = len({_rsize(m) for m in group.members}) == 1
     names = {m.buf.name for m in group.members}
     internal = any(m.reads & names for m in group.members)
-    return FLAT if pointwise and same_r and not internal else ROWS
+    if pointwise and not internal:
+        return FLAT if same_r else FOREACH
+    return ROWS
 
 
 @functools.lru_cache(maxsize=None)
@@ -314,7 +320,7 @@ def _sm_count() -> int:
 
 def launch_config(shape: str, rows: int, rmax: int) -> dict:
     """Block sizes and warps from the sizes (the heuristics; ember.runtime.autotune may refine flat ones)."""
-    if shape == FLAT:
+    if shape in (FLAT, FOREACH):
         total = rows * rmax
         block = 1024 if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
@@ -343,7 +349,7 @@ def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
     member that could not be inlined is stored (to a scratch buffer, see `inline_locals`)."""
     reductions = {m.buf.name for m in group.members if m.is_reduction}
     reads = sorted(set().union(*(m.reads for m in group.members)) - reductions)
-    writes = [m.buf.name for m in group.members if not (m.local and m.is_reduction)]
+    writes = [m.target for m in group.members if not (m.local and m.is_reduction)]  # in place: the input
     return list(dict.fromkeys(reads + writes)), writes
 
 
@@ -398,6 +404,8 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, l
     if shape == FLAT:
         src = _flat_kernel(group, name, args, rows, rmax, i64, extents)
         grid = math.ceil(rows * rmax / cfg["BLOCK"])
+    elif shape == FOREACH:
+        src, grid = _foreach_kernel(group, name, args, rows, cfg["BLOCK"], i64, extents)
     else:
         src = _rows_kernel(group, name, args, rows, cfg, i64, extents)
         grid = math.ceil(rows / cfg["XBLOCK"])
@@ -432,28 +440,52 @@ def _store(m: Member, value: str, offset: str, mask: str, shape: str) -> str:
         offset = f"{offset} + 0 * {'xindex' if shape == '[BLOCK]' else 'x0'}"
     if _is_literal(value):  # a constant: give it the tile's shape
         value = f"tl.full({shape}, {value}, {t})"
-    return f"tl.store({m.buf.name} + {offset}, ({value}).to({t}), {mask})"
+    return f"tl.store({m.target} + {offset}, ({value}).to({t}), {mask})"
 
 
 def _flat_kernel(group, name, args, rows, rsize, i64, extents) -> list[str]:
-    total = rows * rsize
     L = _header(group, name, args, ["BLOCK"])
-    ind = "    "
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
-    L.append(f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)")
-    L.append(f"{ind}xmask = xindex < {total}")
+    return L + _flat_range(group.members, pid, rows, rsize, extents, "    ")
+
+
+def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str = "t") -> list[str]:
+    """Members over rows x rsize as one flat range, program `pid` taking BLOCK elements of it."""
+    total = rows * rsize
+    L = [f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)", f"{ind}xmask = xindex < {total}"]
     i = sympy.Symbol("xindex", integer=True, nonnegative=True)
     ranges = {i: total}
-    for m in group.members:
+    for m in members:
         subst = {X0: FloorDiv(i, rsize) if rows > 1 else sympy.Integer(0)}
         subst.update(_inner_index(m, ModIndex(i, rsize) if rows > 1 else i))
         body = _substitute(m.body, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
         b = Body({}, "xmask", ind, ranges, extents)
+        b.prefix = prefix
         v = b.emit(body)
         L += b.lines
         L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
     return L
+
+
+def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[list[str], int]:
+    """Independent pointwise members of different sizes: one flat range per size, one after the other over
+    the program ids. A member keeps its place among those of its size (an in-place writer stays after the
+    readers of its input's old values, which read the same elements and so have its size)."""
+    by_size: dict = {}
+    for m in group.members:
+        by_size.setdefault(_rsize(m), []).append(m)
+    L = _header(group, name, args, ["BLOCK"])
+    L.append("    pid = tl.program_id(0).to(tl.int64)" if i64 else "    pid = tl.program_id(0)")
+    start = 0
+    for k, (rsize, members) in enumerate(by_size.items()):
+        n = math.ceil(rows * rsize / block)
+        if n == 0:
+            continue
+        L.append(f"    {'if' if start == 0 else 'elif'} pid < {start + n}:")
+        L += _flat_range(members, f"(pid - {start})", rows, rsize, extents, "        ", prefix=f"s{k}_")
+        start += n
+    return L, start
 
 
 def _substitute(e: Expr, subst: dict, ranges: dict) -> Expr:

@@ -931,15 +931,21 @@ def _foreach(fop: torch._ops.OpOverload):
         for a, is_list in zip(args, listed):
             if is_list and len(a) != n:
                 return NotImplemented
-        if kind == "Tensor" and any(isinstance(a, TensorBox) and a.ndim > 0 for a, lst in zip(args, listed)
-                                    if not lst):
-            return NotImplemented  # addcmul/addcdiv's 1-D `scalars` tensor: one value per list element
+        # addcmul/addcdiv's `Tensor` overload: a 1-D `scalars` tensor, one value per list element (optimizers
+        # pass their per-parameter step sizes so when compiling)
+        per_elem = [kind == "Tensor" and name == "scalars" and isinstance(a, TensorBox) and a.ndim == 1
+                    for a, name in zip(args, names)]
+        if kind == "Tensor" and any(name == "scalars" and not pe for name, pe in zip(names, per_elem)):
+            return NotImplemented
+        if any(p and args[k].size[0] != n for k, p in enumerate(per_elem)):
+            return NotImplemented
         g = ir.GRAPH
         res = []
         try:
             for i in range(n):
                 g.val = vals[i]
-                ai = [a[i] if lst else a for a, lst in zip(args, listed)]
+                ai = [a[i] if lst else TABLE[aten.select.int](a, 0, i) if pe else a
+                      for a, lst, pe in zip(args, listed, per_elem)]
                 ki = {k: (v[i] if listed[names.index(k)] else v) for k, v in kwargs.items()}
                 r = TABLE[per[0]](*ai, **ki)
                 if r is NotImplemented:
