@@ -286,12 +286,14 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list
     inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
     head, bind, close = _loops(inner, ind, parallel_inner)
     b = Body(ptrs, scalars, bind, rows)
+    stores = []
     for m in ms:
         v = b.emit(m.body)
         off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
-        b.lines.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {v};")
+        stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {v};")
         b.forward[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
-    return [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"] + head + b.lines + close
+    # stores last: every load of the iteration comes first (an input updated in place is read before written)
+    return [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"] + head + b.lines + stores + close
 
 
 def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:

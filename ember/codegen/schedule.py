@@ -61,6 +61,14 @@ class FusedGroup:
     def name(self):
         return "kernel_" + "_".join(m.buf.name for m in self.members[:4])
 
+    @property
+    def independent(self) -> bool:
+        """Pointwise members that read nothing from each other (horizontal fusion). Backends run the members
+        over the same inner loops as one loop / program range that loads everything before storing anything
+        (so an in-place writer may sit before readers of its input's old values)."""
+        names = {m.buf.name for m in self.members}
+        return all(not m.is_reduction and not (m.reads & names) for m in self.members)
+
     def origins(self) -> list:
         return list(dict.fromkeys(o for m in self.members for o in m.buf.origins))
 
@@ -315,8 +323,7 @@ def _order_independent(g: FusedGroup) -> None:
     """A group whose members read nothing from each other (horizontal fusion: e.g. one optimizer update per
     parameter) runs its members ordered by inner loop sizes, first seen first, so the members over the same
     range are adjacent: C++ runs them in one loop, Triton in one program range."""
-    names = {m.buf.name for m in g.members}
-    if len(g.members) < 3 or any(m.reads & names for m in g.members):
+    if len(g.members) < 3 or not g.independent:
         return
     first: dict = {}
     for m in g.members:
@@ -330,8 +337,9 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
     - the output is a buffer a group computes, with the input's layout, returned once and as a whole;
     - nothing reads the input's old value after that group: no later group, no extern call, no graph output;
     - inside the group, every member reading the input reads exactly the element being written, over the
-      same loops, and runs no later than the writer (so each element is read before it is overwritten, by
-      the same thread / program), and no member reads the new value back from memory."""
+      same loops, and runs no later than the writer or shares its loop in an `independent` group (so each
+      element is read before it is overwritten, by the same thread / program), and no member reads the new
+      value back from memory."""
     low = sched.lowered
     if not (0 <= ii < len(low.inputs) and 0 <= oi < len(low.outputs)):
         return
@@ -363,7 +371,7 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
             return
         if inp.name not in x.reads:
             continue
-        if k > pos or tuple(x.inner) != tuple(m.inner):
+        if (k > pos and not group.independent) or tuple(x.inner) != tuple(m.inner):
             return
         for e in x.body.walk():
             if e.op == "load" and e.args[0] == inp.name and sympy.expand(e.args[1] - m.store) != 0:

@@ -246,6 +246,8 @@ class Body:
                 v += ".to(tl.float32)"
             return self.var(v)
         if x.op == "index":
+            if not x.args[0].free_symbols:  # a constant index (a select of one element): a python int has no .to
+                return literal(int(x.args[0]), x.dtype)
             return self.var(f"({self.offset(x.args[0])}).to({TL[x.dtype]})" if x.dtype != torch.bool
                             else f"({self.offset(x.args[0])}) != 0")
         a = [self.names[id(y)] if isinstance(y, Expr) else y for y in x.args]
@@ -455,17 +457,18 @@ def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str =
     L = [f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)", f"{ind}xmask = xindex < {total}"]
     i = sympy.Symbol("xindex", integer=True, nonnegative=True)
     ranges = {i: total}
+    b = Body({}, "xmask", ind, ranges, extents)  # one body: members share their loads (CSE)
+    b.prefix = prefix
+    stores = []
     for m in members:
         subst = {X0: FloorDiv(i, rsize) if rows > 1 else sympy.Integer(0)}
         subst.update(_inner_index(m, ModIndex(i, rsize) if rows > 1 else i))
         body = _substitute(m.body, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
-        b = Body({}, "xmask", ind, ranges, extents)
-        b.prefix = prefix
         v = b.emit(body)
-        L += b.lines
-        L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
-    return L
+        stores.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
+    # stores last: every load comes first (an input updated in place is read before it is written)
+    return L + b.lines + stores
 
 
 def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[list[str], int]:
@@ -862,6 +865,7 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) 
     call.namespace["_empty"] = functools.partial(torch.empty_strided, device=device)
     call.kernel_source = source
     call.kernels = kernels
+    call.sched = sched
     if code_log.isEnabledFor(10):
         code_log.debug("triton kernels (%d):\n%s\nhost program:\n%s", len(kernels), source[len(PRELUDE):],
                        call.source)
