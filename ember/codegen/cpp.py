@@ -272,7 +272,8 @@ def _blocks(members: list) -> list[list]:
     out = []
     for m in members:
         prev = out[-1] if out else None
-        if prev and not m.is_reduction and not prev[0].is_reduction and tuple(prev[0].inner) == tuple(m.inner):
+        if prev and not m.is_reduction and not prev[0].is_reduction and tuple(prev[0].inner) == tuple(m.inner) \
+                and prev[0].block == m.block:
             stores = {p.buf.name: p.store for p in prev}
             loads = [x for x in m.body.walk() if x.op == "load" and x.args[0] in stores]
             if all(sympy.expand(x.args[1] - stores[x.args[0]]) == 0 for x in loads):

@@ -42,6 +42,7 @@ class Member:
     local: bool = False  # read only inside the group, never stored: a reduction (a register) or, with
     # schedule(row_buffers=True), a pointwise row (a per-thread row buffer)
     dest: str = ""  # the buffer the store writes: buf.name, or the graph input it updates in place
+    block: int = 0  # in an `independent` group: members of one block run in one loop (C++) / range (Triton)
 
     @property
     def target(self) -> str:
@@ -321,14 +322,30 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
 
 def _order_independent(g: FusedGroup) -> None:
     """A group whose members read nothing from each other (horizontal fusion: e.g. one optimizer update per
-    parameter) runs its members ordered by inner loop sizes, first seen first, so the members over the same
-    range are adjacent: C++ runs them in one loop, Triton in one program range."""
-    if len(g.members) < 3 or not g.independent:
+    parameter) is split into blocks: members over the same loops that read a common buffer (the updates of
+    one parameter: new param, exp_avg, exp_avg_sq all read its grad). Members are ordered by inner loop sizes
+    then block, first seen first. C++ runs a block as one loop (its loads shared; separate loops per block keep
+    the streams of one loop few), Triton runs all blocks of a size in one program range."""
+    if len(g.members) < 2 or not g.independent:
         return
-    first: dict = {}
-    for m in g.members:
-        first.setdefault(tuple(m.inner), len(first))
-    g.members.sort(key=lambda m: first[tuple(m.inner)])
+    parent = list(range(len(g.members)))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+    owner: dict = {}
+    for i, m in enumerate(g.members):
+        for r in m.reads:
+            j = owner.setdefault((tuple(m.inner), r), i)
+            parent[find(i)] = find(j)
+    first_size: dict = {}
+    first_block: dict = {}
+    for i, m in enumerate(g.members):
+        first_size.setdefault(tuple(m.inner), len(first_size))
+        m.block = first_block.setdefault(find(i), len(first_block) + 1)
+    g.members.sort(key=lambda m: (first_size[tuple(m.inner)], m.block))
 
 
 def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
@@ -337,7 +354,7 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
     - the output is a buffer a group computes, with the input's layout, returned once and as a whole;
     - nothing reads the input's old value after that group: no later group, no extern call, no graph output;
     - inside the group, every member reading the input reads exactly the element being written, over the
-      same loops, and runs no later than the writer or shares its loop in an `independent` group (so each
+      same loops, and runs no later than the writer or shares its block in an `independent` group (so each
       element is read before it is overwritten, by the same thread / program), and no member reads the new
       value back from memory."""
     low = sched.lowered
@@ -371,7 +388,7 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
             return
         if inp.name not in x.reads:
             continue
-        if (k > pos and not group.independent) or tuple(x.inner) != tuple(m.inner):
+        if (k > pos and not (group.independent and x.block == m.block)) or tuple(x.inner) != tuple(m.inner):
             return
         for e in x.body.walk():
             if e.op == "load" and e.args[0] == inp.name and sympy.expand(e.args[1] - m.store) != 0:
