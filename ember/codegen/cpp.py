@@ -198,16 +198,20 @@ class Body:
         return self.var(f.format(*a), x.dtype)
 
 
-def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True):
+def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True, team: bool = False):
     """Open a loop nest over `inner` (parallel: OpenMP threads on the outermost loop, simd on the innermost,
-    `clause` the reduction clause of both); returns (opening lines, body indent, closing lines)."""
+    `clause` the reduction clause of both; team: inside a parallel region already, the loop is shared out
+    with no barrier after it); returns (opening lines, body indent, closing lines)."""
     lines, closes, r = [], [], rvars(len(inner))
+    par = "for" if team else "parallel for"
+    if team:
+        clause += " nowait"
     for k, (v, n) in enumerate(zip(r, inner)):
         first, last = k == 0, k == len(inner) - 1
         if first and last and parallel:
-            lines.append(f"{indent}#pragma omp parallel for simd{clause}" if simd else f"{indent}#pragma omp parallel for{clause}")
+            lines.append(f"{indent}#pragma omp {par} simd{clause}" if simd else f"{indent}#pragma omp {par}{clause}")
         elif first and parallel:
-            lines.append(f"{indent}#pragma omp parallel for{clause}")
+            lines.append(f"{indent}#pragma omp {par}{clause}")
         elif last and simd:
             lines.append(f"{indent}#pragma omp simd{clause}")
         lines.append(f"{indent}for (int64_t {v} = 0; {v} < {int(n)}; {v}++) {{")
@@ -251,13 +255,21 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     else:
         lines.append(f"{ind}{{ const int64_t x0 = 0; (void)x0;")
         ind += "  "
+    # one row of elementwise blocks (an optimizer step): one parallel region, each block's loop shared out
+    # with no barrier between blocks (nothing one block writes is read by another)
+    team = group.numel == 1 and parallel and group.elementwise and len(group.members) > 1
+    if team:
+        lines += [ind + "#pragma omp parallel", ind + "{"]
+        ind += "  "
     scalars: dict = {}
     for block in _blocks(group.members):
         if block[0].is_reduction:
             lines += _member(block[0], ptrs, scalars, ind, parallel and group.numel == 1, rows)
             scalars[block[0].buf.name] = f"{block[0].buf.name}_v"
         else:
-            lines += _pointwise_block(block, ptrs, scalars, ind, parallel and group.numel == 1, rows)
+            lines += _pointwise_block(block, ptrs, scalars, ind, parallel and group.numel == 1, rows, team)
+    if team:
+        lines.append(ind[:-2] + "}")
     if group.numel > 1 and rows:
         lines += ["    }", "  }"]
     else:
@@ -283,9 +295,9 @@ def _blocks(members: list) -> list[list]:
     return out
 
 
-def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
+def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: bool = False) -> list[str]:
     inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
-    head, bind, close = _loops(inner, ind, parallel_inner)
+    head, bind, close = _loops(inner, ind, parallel_inner, team=team)
     b = Body(ptrs, scalars, bind, rows)
     stores = []
     for m in ms:

@@ -42,7 +42,7 @@ class Member:
     local: bool = False  # read only inside the group, never stored: a reduction (a register) or, with
     # schedule(row_buffers=True), a pointwise row (a per-thread row buffer)
     dest: str = ""  # the buffer the store writes: buf.name, or the graph input it updates in place
-    block: int = 0  # in an `independent` group: members of one block run in one loop (C++) / range (Triton)
+    block: int = 0  # in an `elementwise` group: members of one block run in one loop (C++) / range (Triton)
 
     @property
     def target(self) -> str:
@@ -63,12 +63,25 @@ class FusedGroup:
         return "kernel_" + "_".join(m.buf.name for m in self.members[:4])
 
     @property
-    def independent(self) -> bool:
-        """Pointwise members that read nothing from each other (horizontal fusion). Backends run the members
-        over the same inner loops as one loop / program range that loads everything before storing anything
-        (so an in-place writer may sit before readers of its input's old values)."""
-        names = {m.buf.name for m in self.members}
-        return all(not m.is_reduction and not (m.reads & names) for m in self.members)
+    def elementwise(self) -> bool:
+        """Pointwise members that read from each other only the element the other computes in the same
+        iteration (same inner loops, its store offset): e.g. an optimizer update of every parameter. Backends
+        run the members of a `block` as one loop / program range that takes members' values from registers
+        and loads everything before storing anything (so an in-place writer may sit before readers of its
+        input's old values)."""
+        if getattr(self, "_elementwise", None) is None:
+            by_name = {m.buf.name: m for m in self.members}
+            ok = True
+            for m in self.members:
+                if m.is_reduction or m.body is None:
+                    ok = False
+                    break
+                for x in m.body.walk():
+                    p = by_name.get(x.args[0]) if x.op == "load" else None
+                    if p is not None and (tuple(p.inner) != tuple(m.inner) or sympy.expand(x.args[1] - p.store) != 0):
+                        ok = False
+            self._elementwise = ok
+        return self._elementwise
 
     def origins(self) -> list:
         return list(dict.fromkeys(o for m in self.members for o in m.buf.origins))
@@ -292,7 +305,7 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
 
     for it in items:
         if isinstance(it, FusedGroup):
-            _order_independent(it)
+            _order_elementwise(it)
 
     # reductions read only in their own group, at their own row, stay in registers
     readers: dict[str, set] = {}
@@ -320,13 +333,14 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
     return sched
 
 
-def _order_independent(g: FusedGroup) -> None:
-    """A group whose members read nothing from each other (horizontal fusion: e.g. one optimizer update per
-    parameter) is split into blocks: members over the same loops that read a common buffer (the updates of
-    one parameter: new param, exp_avg, exp_avg_sq all read its grad). Members are ordered by inner loop sizes
-    then block, first seen first. C++ runs a block as one loop (its loads shared; separate loops per block keep
-    the streams of one loop few), Triton runs all blocks of a size in one program range."""
-    if len(g.members) < 2 or not g.independent:
+def _order_elementwise(g: FusedGroup) -> None:
+    """An `elementwise` group (horizontal fusion: e.g. one optimizer update per parameter) is split into
+    blocks: members over the same loops that read a common buffer or each other (the updates of one
+    parameter: new param, exp_avg, exp_avg_sq all read its grad). Members are ordered by inner loop sizes,
+    then block, first seen first (a block keeps its members' order: producers first). C++ runs a block as
+    one loop (its loads shared; a loop per block keeps the streams of one loop few), Triton runs all blocks
+    of a size in one program range."""
+    if len(g.members) < 2 or not g.elementwise:
         return
     parent = list(range(len(g.members)))
 
@@ -335,9 +349,12 @@ def _order_independent(g: FusedGroup) -> None:
             parent[i] = parent[parent[i]]
             i = parent[i]
         return i
-    owner: dict = {}
+    owner: dict = {m.buf.name: i for i, m in enumerate(g.members)}
     for i, m in enumerate(g.members):
         for r in m.reads:
+            if r in owner:  # reads another member (at the element it computes)
+                parent[find(i)] = find(owner[r])
+                continue
             j = owner.setdefault((tuple(m.inner), r), i)
             parent[find(i)] = find(j)
     first_size: dict = {}
@@ -354,9 +371,9 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
     - the output is a buffer a group computes, with the input's layout, returned once and as a whole;
     - nothing reads the input's old value after that group: no later group, no extern call, no graph output;
     - inside the group, every member reading the input reads exactly the element being written, over the
-      same loops, and runs no later than the writer or shares its block in an `independent` group (so each
-      element is read before it is overwritten, by the same thread / program), and no member reads the new
-      value back from memory."""
+      same loops, and runs no later than the writer or shares its block in an `elementwise` group (so each
+      element is read before it is overwritten, by the same thread / program); a member reading the new
+      value shares the writer's block there (it takes the value from a register)."""
     low = sched.lowered
     if not (0 <= ii < len(low.inputs) and 0 <= oi < len(low.outputs)):
         return
@@ -384,11 +401,11 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
     group = sched.items[j]
     pos = group.members.index(m)
     for k, x in enumerate(group.members):
-        if b.name in x.reads:
+        if b.name in x.reads and not (group.elementwise and x.block == m.block):
             return
         if inp.name not in x.reads:
             continue
-        if (k > pos and not (group.independent and x.block == m.block)) or tuple(x.inner) != tuple(m.inner):
+        if (k > pos and not (group.elementwise and x.block == m.block)) or tuple(x.inner) != tuple(m.inner):
             return
         for e in x.body.walk():
             if e.op == "load" and e.args[0] == inp.name and sympy.expand(e.args[1] - m.store) != 0:

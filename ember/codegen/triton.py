@@ -310,7 +310,7 @@ def group_shape(group: FusedGroup) -> str:
     same_r = len({_rsize(m) for m in group.members}) == 1
     names = {m.buf.name for m in group.members}
     internal = any(m.reads & names for m in group.members)
-    if pointwise and not internal:
+    if pointwise and (not internal or group.elementwise):  # reads of each other: values forwarded in registers
         return FLAT if same_r else FOREACH
     return ROWS
 
@@ -460,10 +460,15 @@ def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str =
     b = Body({}, "xmask", ind, ranges, extents)  # one body: members share their loads (CSE)
     b.prefix = prefix
     stores = []
+    values: dict = {}  # member name -> its value Expr: an elementwise group's members read each other's element
     for m in members:
         subst = {X0: FloorDiv(i, rsize) if rows > 1 else sympy.Integer(0)}
         subst.update(_inner_index(m, ModIndex(i, rsize) if rows > 1 else i))
-        body = _substitute(m.body, subst, ranges)
+        mbody = m.body
+        for name in m.reads & values.keys():
+            mbody = _replace_loads(mbody, name, values[name])
+        values[m.buf.name] = mbody
+        body = _substitute(mbody, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
         v = b.emit(body)
         stores.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))

@@ -61,6 +61,16 @@ def adam_scalar_path(params, grads, exp_avgs, exp_avg_sqs, steps, lr=0.01):
     torch._foreach_addcdiv_(params, exp_avgs, denom, [-lr / 0.3] * len(params))
 
 
+def adam_per_parameter(params, grads, exp_avgs, exp_avg_sqs, lr=0.01, b1=0.9, b2=0.999, eps=1e-8, t=3):
+    """Adam written per parameter with in-place tensor methods (bench/cpu.py's adam_by_hand): the new
+    exp_avg_sq is read again by the parameter update, so it is a buffer the update reads (not recomputed)."""
+    bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        m.lerp_(g, 1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        p.addcdiv_(m, (v.sqrt() / (bc2 ** 0.5)).add_(eps), value=-lr / bc1)
+
+
 def sgd_momentum(params, grads, bufs, lr=0.01, momentum=0.9, dampening=0.0, weight_decay=0.0):
     """torch.optim.sgd._multi_tensor_sgd with existing momentum buffers."""
     if weight_decay != 0:
@@ -189,6 +199,27 @@ def test_ten_same_size_parameters_one_kernel_one_loop_each():
         assert body.count("[r0] = ") == 3 and body.count("arg") == 4 + 3, body  # 4 loads, 3 in-place stores
 
 
+def test_adam_per_parameter_methods_in_place_one_parallel_region():
+    """Members reading each other's element (the realized new exp_avg_sq) still form one block per parameter;
+    all three updates are written in place, and the blocks share one OpenMP region with no barrier between."""
+    shapes = [(128, 256)] * 4 + [(256,)] * 2
+    n = len(shapes)
+    state = adam_state(shapes)[:4 * n]
+    gm = flat_graph(adam_per_parameter, 4, n)
+    run = ember_backend.compile_graph(gm, clones(state))
+    for _ in range(2):
+        mine, ref = clones(state), clones(state)
+        run(*mine)
+        adam_per_parameter(*split(ref, 4))
+        assert_all_close(mine, ref)
+        state = mine
+    compiled = forward_of(run)
+    assert len(compiled.kernels) == 1
+    assert len(compiled.sched.inplace) == 3 * n
+    assert compiled.source.count("#pragma omp parallel\n") == 1
+    assert compiled.source.count("#pragma omp for simd nowait") == n
+
+
 def test_old_value_read_at_another_index_is_not_overwritten():
     """x is updated in place, but the graph also needs x's old value transposed: the same kernel reads other
     elements of x than it writes, so the new value must go to a fresh buffer (and be copied back)."""
@@ -256,8 +287,8 @@ def test_overlapping_inputs_run_the_functional_graph():
 def test_ember_compile_of_foreach_update_on_lists():
     """Through the frontend: lists of tensors passed as arguments (whatever it captures must stay exact)."""
     import ember
-    n = len(SHAPES)
     state = adam_state(SHAPES)
+    before = dict(ember_backend.STATS)
     f = ember.compile(adam_scalar_path)
     for _ in range(2):
         mine, ref = clones(state), clones(state)
@@ -265,6 +296,8 @@ def test_ember_compile_of_foreach_update_on_lists():
         adam_scalar_path(*split(ref, 5))
         assert_all_close(mine, ref)
         state = mine
+    assert ember_backend.STATS["graphs"] - before["graphs"] == 1
+    assert ember_backend.STATS["kernels"] - before["kernels"] == 1
 
 
 # --------------------------------------------------------------------------------------------------- Triton
@@ -292,6 +325,23 @@ def test_triton_adam_is_one_launch_in_place(path, monkeypatch, tmp_path):
     assert len(call.kernels) == 1, "one launch for every parameter's update"
     assert "elif pid <" in call.kernel_source     # program ids split over the sizes
     assert len(call.sched.inplace) >= 3 * n
+
+
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+def test_triton_adam_per_parameter_forwards_values(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    dev = "cuda" if CUDA else "cpu"
+    shapes = [(24, 40), (40,), (24, 40)]
+    n = len(shapes)
+    state = adam_state(shapes, device=dev)[:4 * n]
+    run = triton_compile(flat_graph(adam_per_parameter, 4, n), clones(state))
+    mine, ref = clones(state), clones(state)
+    run(*mine)
+    adam_per_parameter(*split(ref, 4))
+    assert_all_close(mine, ref)
+    call = forward_of(run)
+    assert len(call.kernels) == 1 and "elif pid <" in call.kernel_source
+    assert len(call.sched.inplace) == 3 * n
 
 
 @pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
