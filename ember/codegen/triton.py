@@ -7,8 +7,8 @@ The second printer beside cpp.py, over the same loop IR. A group is printed in o
          one 1-D range over all numel*R elements, `BLOCK` per program. The row/inner indices are
          substituted as div/mod of the flat index and simplified back (sympy), so contiguous buffers
          get plainly contiguous offsets and Triton emits 16-byte vector loads.
-  foreach  pointwise members over ranges of different sizes, none reading another (horizontal fusion, e.g.
-         an optimizer step over parameters of several shapes): one flat range per size, laid end to end
+  foreach  pointwise members over ranges of different sizes, or of several blocks of an `elementwise` group
+         (horizontal fusion, e.g. an optimizer step): one flat range per (size, block), laid end to end
          over the program ids (`if pid < end0: ... elif pid < end1: ...`), so N parameters are one launch.
   rows   anything with a reduction (or members reading each other): a [XBLOCK, RBLOCK] tile, each
          program owning whole rows. Persistent when the longest inner range fits one RBLOCK (the row lives
@@ -307,7 +307,7 @@ def _inner_index(m: Member, rflat) -> dict:
 
 def group_shape(group: FusedGroup) -> str:
     pointwise = all(not m.is_reduction for m in group.members)
-    same_r = len({_rsize(m) for m in group.members}) == 1
+    same_r = len({(_rsize(m), m.block) for m in group.members}) == 1
     names = {m.buf.name for m in group.members}
     internal = any(m.reads & names for m in group.members)
     if pointwise and (not internal or group.elementwise):  # reads of each other: values forwarded in registers
@@ -477,16 +477,17 @@ def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str =
 
 
 def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[list[str], int]:
-    """Independent pointwise members of different sizes: one flat range per size, one after the other over
-    the program ids. A member keeps its place among those of its size (an in-place writer stays after the
-    readers of its input's old values, which read the same elements and so have its size)."""
+    """Pointwise members of several sizes or blocks (schedule's `Member.block`: one parameter's updates): one
+    flat range per (size, block), one after the other over the program ids, so a program touches the few
+    tensors of one block (not every parameter's). Readers of an in-place input's old value and members
+    reading each other's element share the writer's block, hence its range."""
     by_size: dict = {}
     for m in group.members:
-        by_size.setdefault(_rsize(m), []).append(m)
+        by_size.setdefault((_rsize(m), m.block), []).append(m)
     L = _header(group, name, args, ["BLOCK"])
     L.append("    pid = tl.program_id(0).to(tl.int64)" if i64 else "    pid = tl.program_id(0)")
     start = 0
-    for k, (rsize, members) in enumerate(by_size.items()):
+    for k, ((rsize, _), members) in enumerate(by_size.items()):
         n = math.ceil(rows * rsize / block)
         if n == 0:
             continue
