@@ -130,20 +130,49 @@ index_code = functools.partial(ir.index_code,
 class Body:
     """Straight-line C++ for Exprs, one statement per DAG node (CSE by identity, since Exprs are interned)."""
 
-    def __init__(self, ptrs: dict, scalars: dict, indent: str, rows: dict):
+    def __init__(self, ptrs: dict, scalars: dict, indent: str, rows: dict, hoist: tuple | None = None):
         self.ptrs, self.scalars, self.indent, self.rows = ptrs, scalars, indent, rows
         self.forward: dict = {}  # (buffer, offset) -> C variable already holding that element
         self.lines: list[str] = []
         self.names: dict = {}
+        # hoist = (indent before the loop, its loop variables): values that do not change inside the loop
+        # (a learning rate from a scalar tensor, bias corrections from a step count) are computed before it,
+        # once, instead of per element (g++ does not hoist calls such as powf out of a simd loop)
+        self.hoist, self.pre, self.invariant = hoist, [], {}
 
     def emit(self, e: Expr) -> str:
         for x in e.walk():
             if id(x) not in self.names:
-                self.names[id(x)] = self._node(x)
+                if self.hoist is not None and self._invariant(x):
+                    lines, indent = self.lines, self.indent
+                    self.lines, self.indent = self.pre, self.hoist[0]
+                    try:
+                        self.names[id(x)] = self._node(x)
+                    finally:
+                        self.lines, self.indent = lines, indent
+                else:
+                    self.names[id(x)] = self._node(x)
         return self.names[id(e)]
 
+    def _invariant(self, x: Expr) -> bool:
+        if id(x) not in self.invariant:
+            loopvars = self.hoist[1]
+            if x.op == "load":
+                name, off = x.args
+                ok = name in self.scalars or (not (off.free_symbols & loopvars) and name not in self.rows
+                                              and (name, off) not in self.forward
+                                              and not off.atoms(IndirectSymbol))
+            elif x.op == "index":
+                ok = not (x.args[0].free_symbols & loopvars) and not x.args[0].atoms(IndirectSymbol)
+            elif x.op in ("rand", "checked_index"):
+                ok = False
+            else:
+                ok = all(self._invariant(a) for a in x.args if isinstance(a, Expr))
+            self.invariant[id(x)] = ok
+        return self.invariant[id(x)]
+
     def var(self, code: str, dtype) -> str:
-        n = f"t{len(self.lines)}"
+        n = f"{'h' if self.lines is self.pre else 't'}{len(self.lines)}"
         self.lines.append(f"{self.indent}{CTYPE[dtype]} {n} = {code};")
         return n
 
@@ -298,7 +327,7 @@ def _blocks(members: list) -> list[list]:
 def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: bool = False) -> list[str]:
     inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
     head, bind, close = _loops(inner, ind, parallel_inner, team=team)
-    b = Body(ptrs, scalars, bind, rows)
+    b = Body(ptrs, scalars, bind, rows, hoist=(ind, set(rvars(len(inner)))) if ms[0].inner else None)
     stores = []
     for m in ms:
         v = b.emit(m.body)
@@ -306,7 +335,11 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: b
         stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {v};")
         b.forward[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
     # stores last: every load of the iteration comes first (an input updated in place is read before written)
-    return [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"] + head + b.lines + stores + close
+    # hoisted values go before the loop, in a scope of their own (shared, read-only, under `omp parallel for`)
+    out = [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"]
+    if b.pre:
+        return out + [ind + "{"] + b.pre + head + b.lines + stores + close + [ind + "}"]
+    return out + head + b.lines + stores + close
 
 
 def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:

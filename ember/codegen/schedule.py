@@ -351,9 +351,13 @@ def _order_elementwise(g: FusedGroup) -> None:
         return i
     owner: dict = {m.buf.name: i for i, m in enumerate(g.members)}
     for i, m in enumerate(g.members):
+        # buffers read element by element (a scalar every update reads, like a learning rate, joins nothing)
+        streamed = {x.args[0] for x in m.body.walk() if x.op == "load" and x.args[1].free_symbols}
         for r in m.reads:
             if r in owner:  # reads another member (at the element it computes)
                 parent[find(i)] = find(owner[r])
+                continue
+            if r not in streamed:
                 continue
             j = owner.setdefault((tuple(m.inner), r), i)
             parent[find(i)] = find(j)

@@ -141,6 +141,9 @@ def test_adam_against_torch_foreach_adam(weight_decay, decoupled):
     assert len(compiled.kernels) == 1, "one kernel for every parameter's update"
     # params, exp_avg, exp_avg_sq are written by the kernel itself (the steps are read by every update)
     assert len(compiled.sched.inplace) == 3 * n
+    # the bias corrections (powf of the step) are computed once per parameter, before its loop
+    pows = [line for line in compiled.source.splitlines() if "ember_powf(" in line and "__asm__" not in line]
+    assert pows and all(line.lstrip().startswith("float h") for line in pows), pows
 
 
 def test_adam_updates_in_place_without_copies():
