@@ -9,7 +9,8 @@ The second printer beside cpp.py, over the same loop IR. A group is printed in o
          get plainly contiguous offsets and Triton emits 16-byte vector loads.
   foreach  pointwise members over ranges of different sizes, or of several blocks of an `elementwise` group
          (horizontal fusion, e.g. an optimizer step): one flat range per (size, block), laid end to end
-         over the program ids (`if pid < end0: ... elif pid < end1: ...`), so N parameters are one launch.
+         over the program ids (`if pid < end0: ...`, `if (pid >= end0) & (pid < end1): ...`), so N
+         parameters are one launch.
   rows   anything with a reduction (or members reading each other): a [XBLOCK, RBLOCK] tile, each
          program owning whole rows. Persistent when the longest inner range fits one RBLOCK (the row lives
          in registers, all members share it); looped otherwise (each member loops over its row with an
@@ -491,7 +492,8 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
         n = math.ceil(rows * rsize / block)
         if n == 0:
             continue
-        L.append(f"    {'if' if start == 0 else 'elif'} pid < {start + n}:")
+        # one flat `if` per range, not an elif chain: hundreds of parameters would nest hundreds of scf.ifs
+        L.append(f"    if pid < {start + n}:" if start == 0 else f"    if (pid >= {start}) & (pid < {start + n}):")
         L += _flat_range(members, f"(pid - {start})", rows, rsize, extents, "        ", prefix=f"s{k}_")
         start += n
     return L, start
