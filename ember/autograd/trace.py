@@ -633,9 +633,14 @@ def replay_views(t: torch.Tensor, views: tuple) -> torch.Tensor:
 
 def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     """Apply input mutations, rebuild aliased outputs and the output structure from the graph's flat outputs."""
-    for m in meta.mutations:
-        dst, src = inputs[m.input_index], outs[m.output_index]
-        if dst is not src:
+    pairs = [(inputs[m.input_index], outs[m.output_index]) for m in meta.mutations]
+    pairs = [(d, s) for d, s in pairs if d is not s]    # a compiled graph may have written the input in place
+    if len(pairs) > 1 and not (torch.is_grad_enabled() and any(d.requires_grad for d, _ in pairs)) and \
+            len({(d.device, d.dtype, s.device, s.dtype) for d, s in pairs}) == 1:
+        # many copies back (an optimizer's step counters): one foreach copy, one launch on a GPU
+        torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
+    else:
+        for dst, src in pairs:
             dst.copy_(src)      # under the caller's grad mode: a write into a tensor needing grad is recorded
     flat = []
     for s in meta.outputs:
