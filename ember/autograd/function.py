@@ -110,6 +110,10 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         # an inner compiler's errors are not fallbacks: they reach the caller (the frontend reports them)
         if not training:
             log.debug("%s: inference graph, %d nodes", name, len(aten_gm.graph.nodes))
+            # which outputs are only copied back into inputs: a code generator may write those in place (the
+            # copy in `finish` is skipped when the graph returns the input itself). Inference only: a training
+            # forward's inputs may be saved for the backward, which needs their old values.
+            aten_gm.meta["ember_input_mutations"] = [(m.input_index, m.output_index) for m in meta.mutations]
             return _Artifact(meta, fw_compiler(aten_gm, inputs), name)
         log.debug("%s: joint graph %d nodes -> forward %d, backward %d; saves %d tensors (%d bytes), "
                   "recomputes %d nodes", name, len(joint.graph.nodes), len(part.forward.graph.nodes),

@@ -350,7 +350,7 @@ class _Recorder(TorchDispatchMode):
                 written = list(_UNDECLARED_WRITES[func])
         if written:
             return self._mutation(func, args, kwargs, written)
-        out = func(*args, **kwargs)
+        out = _fake_call(func, args, kwargs)
         if not _tensors(out):
             return out                                 # prim.device, size queries: nothing to record
         node = self._record(func, args, kwargs, out)
@@ -389,7 +389,7 @@ class _Recorder(TorchDispatchMode):
             raise TraceError(f"{func}: an optional argument it writes into is None")
         fnames = {a.name for a in fop._schema.arguments}
         fargs, fkwargs = _split(fop._schema, {k: v for k, v in bound.items() if k in fnames})
-        fout = fop(*fargs, **fkwargs)
+        fout = _fake_call(fop, fargs, fkwargs)
         node = self._record(fop, fargs, fkwargs, fout)
         results = list(fout) if isinstance(fout, tuple) else [fout]
         per_result = []                                # node (or list of nodes) per functional result
@@ -468,6 +468,18 @@ class _Recorder(TorchDispatchMode):
                 cur, new, list(t.shape), list(t.stride()), t.storage_offset() - base.fake.storage_offset()))
         node.meta["val"] = base.fake
         return node
+
+
+def _fake_call(func, args, kwargs):
+    """func on fake tensors. The foreach ops' fake kernels refuse a CPU `scalars` tensor (the optimizers' stacked
+    step sizes, `_foreach_addcdiv.Tensor`): their results are shaped like `self`, made here instead."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as e:
+        if not (func._schema.name.startswith("aten::_foreach_add") and "scalars" in str(e)
+                and func._overloadname == "Tensor"):
+            raise
+        return [torch.empty_like(t) for t in args[0]]
 
 
 def _same_layout(t: torch.Tensor, base: torch.Tensor) -> bool:
@@ -664,12 +676,18 @@ def replay_views(t: torch.Tensor, views: tuple) -> torch.Tensor:
 
 def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     """Apply input mutations, rebuild aliased outputs and the output structure from the graph's flat outputs."""
-    for m in meta.mutations:
-        dst, src = inputs[m.input_index], outs[m.output_index]
-        if dst is not src:
+    pairs = [(inputs[m.input_index], outs[m.output_index], m.grad_enabled) for m in meta.mutations]
+    pairs = [(d, s, g) for d, s, g in pairs if d is not s]  # a compiled graph may have written the input in place
+    if len(pairs) > 1 and not any(g and (d.requires_grad or s.requires_grad) for d, s, g in pairs) and \
+            len({(d.device, d.dtype, s.device, s.dtype) for d, s, _ in pairs}) == 1:
+        # many copies back that autograd need not see (an optimizer's step counters): one foreach copy, one launch
+        with torch.no_grad():
+            torch._foreach_copy_([d for d, _, _ in pairs], [s for _, s, _ in pairs])
+    else:
+        for dst, src, grad_enabled in pairs:
             # under the grad mode of the program's own write: recorded by autograd where eager's was, and a
             # parameter written under no_grad (an optimizer step) stays a leaf
-            with torch.set_grad_enabled(m.grad_enabled):
+            with torch.set_grad_enabled(grad_enabled):
                 dst.copy_(src)
     flat = []
     for s in meta.outputs:

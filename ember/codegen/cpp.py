@@ -130,20 +130,49 @@ index_code = functools.partial(ir.index_code,
 class Body:
     """Straight-line C++ for Exprs, one statement per DAG node (CSE by identity, since Exprs are interned)."""
 
-    def __init__(self, ptrs: dict, scalars: dict, indent: str, rows: dict):
+    def __init__(self, ptrs: dict, scalars: dict, indent: str, rows: dict, hoist: tuple | None = None):
         self.ptrs, self.scalars, self.indent, self.rows = ptrs, scalars, indent, rows
         self.forward: dict = {}  # (buffer, offset) -> C variable already holding that element
         self.lines: list[str] = []
         self.names: dict = {}
+        # hoist = (indent before the loop, its loop variables): values that do not change inside the loop
+        # (a learning rate from a scalar tensor, bias corrections from a step count) are computed before it,
+        # once, instead of per element (g++ does not hoist calls such as powf out of a simd loop)
+        self.hoist, self.pre, self.invariant = hoist, [], {}
 
     def emit(self, e: Expr) -> str:
         for x in e.walk():
             if id(x) not in self.names:
-                self.names[id(x)] = self._node(x)
+                if self.hoist is not None and self._invariant(x):
+                    lines, indent = self.lines, self.indent
+                    self.lines, self.indent = self.pre, self.hoist[0]
+                    try:
+                        self.names[id(x)] = self._node(x)
+                    finally:
+                        self.lines, self.indent = lines, indent
+                else:
+                    self.names[id(x)] = self._node(x)
         return self.names[id(e)]
 
+    def _invariant(self, x: Expr) -> bool:
+        if id(x) not in self.invariant:
+            loopvars = self.hoist[1]
+            if x.op == "load":
+                name, off = x.args
+                ok = name in self.scalars or (not (off.free_symbols & loopvars) and name not in self.rows
+                                              and (name, off) not in self.forward
+                                              and not off.atoms(IndirectSymbol))
+            elif x.op == "index":
+                ok = not (x.args[0].free_symbols & loopvars) and not x.args[0].atoms(IndirectSymbol)
+            elif x.op in ("rand", "checked_index"):
+                ok = False
+            else:
+                ok = all(self._invariant(a) for a in x.args if isinstance(a, Expr))
+            self.invariant[id(x)] = ok
+        return self.invariant[id(x)]
+
     def var(self, code: str, dtype) -> str:
-        n = f"t{len(self.lines)}"
+        n = f"{'h' if self.lines is self.pre else 't'}{len(self.lines)}"
         self.lines.append(f"{self.indent}{CTYPE[dtype]} {n} = {code};")
         return n
 
@@ -198,16 +227,20 @@ class Body:
         return self.var(f.format(*a), x.dtype)
 
 
-def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True):
+def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True, team: bool = False):
     """Open a loop nest over `inner` (parallel: OpenMP threads on the outermost loop, simd on the innermost,
-    `clause` the reduction clause of both); returns (opening lines, body indent, closing lines)."""
+    `clause` the reduction clause of both; team: inside a parallel region already, the loop is shared out
+    with no barrier after it); returns (opening lines, body indent, closing lines)."""
     lines, closes, r = [], [], rvars(len(inner))
+    par = "for" if team else "parallel for"
+    if team:
+        clause += " nowait"
     for k, (v, n) in enumerate(zip(r, inner)):
         first, last = k == 0, k == len(inner) - 1
         if first and last and parallel:
-            lines.append(f"{indent}#pragma omp parallel for simd{clause}" if simd else f"{indent}#pragma omp parallel for{clause}")
+            lines.append(f"{indent}#pragma omp {par} simd{clause}" if simd else f"{indent}#pragma omp {par}{clause}")
         elif first and parallel:
-            lines.append(f"{indent}#pragma omp parallel for{clause}")
+            lines.append(f"{indent}#pragma omp {par}{clause}")
         elif last and simd:
             lines.append(f"{indent}#pragma omp simd{clause}")
         lines.append(f"{indent}for (int64_t {v} = 0; {v} < {int(n)}; {v}++) {{")
@@ -220,9 +253,10 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     """C++ of one group: `extern "C" void name(pointers..., int64_t* err)`; returns (source, buffer args)."""
     reads = sorted(set().union(*(m.reads for m in group.members)) - {m.buf.name for m in group.members if m.local}
                    - {m.buf.name for m in group.members if m.is_reduction})
-    writes = [m.buf.name for m in group.members if not m.local]
+    writes = [m.target for m in group.members if not m.local]  # an in-place member writes its input's pointer
     args = list(dict.fromkeys(reads + writes))
     ptrs = {n: n for n in args}
+    ptrs.update({m.buf.name: m.target for m in group.members if m.dest})
     params = ", ".join(f"{'const ' if n not in writes else ''}{CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
                        for n in args)
     total = group.numel * max(max((ir.prod(m.inner) for m in group.members), default=1), 1)
@@ -250,13 +284,21 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     else:
         lines.append(f"{ind}{{ const int64_t x0 = 0; (void)x0;")
         ind += "  "
+    # one row of elementwise blocks (an optimizer step): one parallel region, each block's loop shared out
+    # with no barrier between blocks (nothing one block writes is read by another)
+    team = group.numel == 1 and parallel and group.elementwise and len(group.members) > 1
+    if team:
+        lines += [ind + "#pragma omp parallel", ind + "{"]
+        ind += "  "
     scalars: dict = {}
     for block in _blocks(group.members):
         if block[0].is_reduction:
             lines += _member(block[0], ptrs, scalars, ind, parallel and group.numel == 1, rows)
             scalars[block[0].buf.name] = f"{block[0].buf.name}_v"
         else:
-            lines += _pointwise_block(block, ptrs, scalars, ind, parallel and group.numel == 1, rows)
+            lines += _pointwise_block(block, ptrs, scalars, ind, parallel and group.numel == 1, rows, team)
+    if team:
+        lines.append(ind[:-2] + "}")
     if group.numel > 1 and rows:
         lines += ["    }", "  }"]
     else:
@@ -271,7 +313,8 @@ def _blocks(members: list) -> list[list]:
     out = []
     for m in members:
         prev = out[-1] if out else None
-        if prev and not m.is_reduction and not prev[0].is_reduction and tuple(prev[0].inner) == tuple(m.inner):
+        if prev and not m.is_reduction and not prev[0].is_reduction and tuple(prev[0].inner) == tuple(m.inner) \
+                and prev[0].block == m.block:
             stores = {p.buf.name: p.store for p in prev}
             loads = [x for x in m.body.walk() if x.op == "load" and x.args[0] in stores]
             if all(sympy.expand(x.args[1] - stores[x.args[0]]) == 0 for x in loads):
@@ -281,16 +324,22 @@ def _blocks(members: list) -> list[list]:
     return out
 
 
-def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
+def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: bool = False) -> list[str]:
     inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
-    head, bind, close = _loops(inner, ind, parallel_inner)
-    b = Body(ptrs, scalars, bind, rows)
+    head, bind, close = _loops(inner, ind, parallel_inner, team=team)
+    b = Body(ptrs, scalars, bind, rows, hoist=(ind, set(rvars(len(inner)))) if ms[0].inner else None)
+    stores = []
     for m in ms:
         v = b.emit(m.body)
         off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
-        b.lines.append(f"{bind}{m.buf.name}[{index_code(ir.simplify_index(off), {})}] = {v};")
+        stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {v};")
         b.forward[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
-    return [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"] + head + b.lines + close
+    # stores last: every load of the iteration comes first (an input updated in place is read before written)
+    # hoisted values go before the loop, in a scope of their own (shared, read-only, under `omp parallel for`)
+    out = [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"]
+    if b.pre:
+        return out + [ind + "{"] + b.pre + head + b.lines + stores + close + [ind + "}"]
+    return out + head + b.lines + stores + close
 
 
 def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:

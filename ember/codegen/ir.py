@@ -133,6 +133,14 @@ def simplify_index(e, ranges: dict | None = None):
                     e = sympy.expand(e - kf * f - terms[m] * m + terms[m] * a)
                     changed = True
                     break
+            elif isinstance(f, ModIndex) and isinstance(f.args[0], FloorDiv):
+                # k*d*((a//d)%c) + k*(a%d) == k*(a%(d*c)): the inner dims of an unmerged contiguous index
+                (a, d), c = f.args[0].args, f.args[1]
+                m = ModIndex(a, d)
+                if m in terms and kf == terms[m] * d:
+                    e = sympy.expand(e - kf * f - terms[m] * m + terms[m] * ModIndex(a, d * c))
+                    changed = True
+                    break
     return e
 
 

@@ -41,6 +41,12 @@ class Member:
     reads: set
     local: bool = False  # read only inside the group, never stored: a reduction (a register) or, with
     # schedule(row_buffers=True), a pointwise row (a per-thread row buffer)
+    dest: str = ""  # the buffer the store writes: buf.name, or the graph input it updates in place
+    block: int = 0  # in an `elementwise` group: members of one block run in one loop (C++) / range (Triton)
+
+    @property
+    def target(self) -> str:
+        return self.dest or self.buf.name
 
     @property
     def is_reduction(self) -> bool:
@@ -56,6 +62,27 @@ class FusedGroup:
     def name(self):
         return "kernel_" + "_".join(m.buf.name for m in self.members[:4])
 
+    @property
+    def elementwise(self) -> bool:
+        """Pointwise members that read from each other only the element the other computes in the same
+        iteration (same inner loops, its store offset): e.g. an optimizer update of every parameter. Backends
+        run the members of a `block` as one loop / program range that takes members' values from registers
+        and loads everything before storing anything (so an in-place writer may sit before readers of its
+        input's old values)."""
+        if getattr(self, "_elementwise", None) is None:
+            by_name = {m.buf.name: m for m in self.members}
+            ok = True
+            for m in self.members:
+                if m.is_reduction or m.body is None:
+                    ok = False
+                    break
+                for x in m.body.walk():
+                    p = by_name.get(x.args[0]) if x.op == "load" else None
+                    if p is not None and (tuple(p.inner) != tuple(m.inner) or sympy.expand(x.args[1] - p.store) != 0):
+                        ok = False
+            self._elementwise = ok
+        return self._elementwise
+
     def origins(self) -> list:
         return list(dict.fromkeys(o for m in self.members for o in m.buf.origins))
 
@@ -65,6 +92,7 @@ class Schedule:
     items: list  # FusedGroup | ExternBuffer, in execution order
     lowered: object  # the LoweredGraph
     buffers: dict  # name -> Buffer (every buffer that exists at run time, extern outputs included)
+    inplace: dict = dataclasses.field(default_factory=dict)  # buffer name -> input name its kernel writes into
 
 
 def reads_of(e: Expr) -> set:
@@ -209,9 +237,12 @@ def _default_rows(buf) -> int:
     return ir.prod(buf.size[:-1])
 
 
-def schedule(lowered, row_buffers: bool = False) -> Schedule:
+def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) -> Schedule:
     """Group `lowered`'s buffers into FusedGroups and extern calls. row_buffers: pointwise rows read only inside
-    their group become `local` too (the backend keeps them per row: C++ uses a per-thread stack array)."""
+    their group become `local` too (the backend keeps them per row: C++ uses a per-thread stack array).
+    mutations: (input index, output index) pairs, the graph outputs that the caller copies back into inputs
+    (ember.autograd's input mutations); those computed by a kernel are written into the input directly where
+    that is safe (`Schedule.inplace`, see `_write_in_place`)."""
     buffers = {b.name: b for b in lowered.inputs}
     for name, t in lowered.constants.items():
         buffers[name] = ir.InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0)
@@ -272,6 +303,10 @@ def schedule(lowered, row_buffers: bool = False) -> Schedule:
             items.append(FusedGroup(_default_rows(b), [m]))
             member_of[b.name], where[b.name] = m, len(items) - 1
 
+    for it in items:
+        if isinstance(it, FusedGroup):
+            _order_elementwise(it)
+
     # reductions read only in their own group, at their own row, stay in registers
     readers: dict[str, set] = {}
     for j, it in enumerate(items):
@@ -292,4 +327,92 @@ def schedule(lowered, row_buffers: bool = False) -> Schedule:
                     size = ir.prod(m.inner) * ir.itemsize(m.buf.dtype)
                     if scratch + size <= SCRATCH_BYTES:
                         m.local, scratch = True, scratch + size
-    return Schedule(items, lowered, buffers)
+    sched = Schedule(items, lowered, buffers)
+    for ii, oi in mutations or []:
+        _write_in_place(sched, ii, oi, where, member_of)
+    return sched
+
+
+def _order_elementwise(g: FusedGroup) -> None:
+    """An `elementwise` group (horizontal fusion: e.g. one optimizer update per parameter) is split into
+    blocks: members over the same loops that read a common buffer or each other (the updates of one
+    parameter: new param, exp_avg, exp_avg_sq all read its grad). Members are ordered by inner loop sizes,
+    then block, first seen first (a block keeps its members' order: producers first). C++ runs a block as
+    one loop (its loads shared; a loop per block keeps the streams of one loop few), Triton runs all blocks
+    of a size in one program range."""
+    if len(g.members) < 2 or not g.elementwise:
+        return
+    parent = list(range(len(g.members)))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+    owner: dict = {m.buf.name: i for i, m in enumerate(g.members)}
+    for i, m in enumerate(g.members):
+        # buffers read element by element (a scalar every update reads, like a learning rate, joins nothing)
+        streamed = {x.args[0] for x in m.body.walk() if x.op == "load" and x.args[1].free_symbols}
+        for r in m.reads:
+            if r in owner:  # reads another member (at the element it computes)
+                parent[find(i)] = find(owner[r])
+                continue
+            if r not in streamed:
+                continue
+            j = owner.setdefault((tuple(m.inner), r), i)
+            parent[find(i)] = find(j)
+    first_size: dict = {}
+    first_block: dict = {}
+    for i, m in enumerate(g.members):
+        first_size.setdefault(tuple(m.inner), len(first_size))
+        m.block = first_block.setdefault(find(i), len(first_block) + 1)
+    g.members.sort(key=lambda m: (first_size[tuple(m.inner)], m.block))
+
+
+def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
+    """Let the kernel computing graph output `oi`, the new value of input `ii`, store into the input itself
+    (no fresh buffer, no copy after the graph) when nothing can tell the difference:
+    - the output is a buffer a group computes, with the input's layout, returned once and as a whole;
+    - nothing reads the input's old value after that group: no later group, no extern call, no graph output;
+    - inside the group, every member reading the input reads exactly the element being written, over the
+      same loops, and runs no later than the writer or shares its block in an `elementwise` group (so each
+      element is read before it is overwritten, by the same thread / program); a member reading the new
+      value shares the writer's block there (it takes the value from a register)."""
+    low = sched.lowered
+    if not (0 <= ii < len(low.inputs) and 0 <= oi < len(low.outputs)):
+        return
+    inp, out = low.inputs[ii], low.outputs[oi]
+    if inp is None or not isinstance(out, TensorArg) or out.buffer not in member_of:
+        return
+    m = member_of[out.buffer]
+    b = m.buf
+    layout = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), int(b.offset))
+    if not isinstance(b, Pointwise) or m.local or m.dest or b.dtype != inp.dtype or m.body is None \
+            or layout != (tuple(out.size), tuple(out.stride), out.offset) \
+            or layout[:2] != (tuple(int(s) for s in inp.size), tuple(int(s) for s in inp.stride)) \
+            or inp.name in sched.inplace.values():
+        return
+    outs = [o.buffer for o in low.outputs if isinstance(o, TensorArg)]
+    if outs.count(b.name) != 1 or inp.name in outs:
+        return
+    j = where[b.name]
+    for k, it in enumerate(sched.items):
+        if isinstance(it, ExternBuffer):
+            if inp.name in it.inputs:
+                return
+        elif k > j and any(inp.name in x.reads for x in it.members):
+            return
+    group = sched.items[j]
+    pos = group.members.index(m)
+    for k, x in enumerate(group.members):
+        if b.name in x.reads and not (group.elementwise and x.block == m.block):
+            return
+        if inp.name not in x.reads:
+            continue
+        if (k > pos and not (group.elementwise and x.block == m.block)) or tuple(x.inner) != tuple(m.inner):
+            return
+        for e in x.body.walk():
+            if e.op == "load" and e.args[0] == inp.name and sympy.expand(e.args[1] - m.store) != 0:
+                return
+    m.dest = inp.name
+    sched.inplace[b.name] = inp.name

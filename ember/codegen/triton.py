@@ -7,7 +7,11 @@ The second printer beside cpp.py, over the same loop IR. A group is printed in o
          one 1-D range over all numel*R elements, `BLOCK` per program. The row/inner indices are
          substituted as div/mod of the flat index and simplified back (sympy), so contiguous buffers
          get plainly contiguous offsets and Triton emits 16-byte vector loads.
-  rows   anything with a reduction (or members of different inner sizes): a [XBLOCK, RBLOCK] tile, each
+  foreach  pointwise members over ranges of different sizes, or of several blocks of an `elementwise` group
+         (horizontal fusion, e.g. an optimizer step): one flat range per (size, block), laid end to end
+         over the program ids (`if pid < end0: ...`, `if (pid >= end0) & (pid < end1): ...`), so N
+         parameters are one launch.
+  rows   anything with a reduction (or members reading each other): a [XBLOCK, RBLOCK] tile, each
          program owning whole rows. Persistent when the longest inner range fits one RBLOCK (the row lives
          in registers, all members share it); looped otherwise (each member loops over its row with an
          [XBLOCK, RBLOCK] accumulator, reduced at the end). Members run in order; a reduction member's
@@ -50,6 +54,7 @@ TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 PERSISTENT_MAX_R = 4096     # longest row kept whole in registers
 FLAT = "flat"
+FOREACH = "foreach"
 ROWS = "rows"
 
 PRELUDE = '''import triton
@@ -260,6 +265,8 @@ class Body:
                 v += ".to(tl.float32)"
             return self.var(v)
         if x.op == "index":
+            if not x.args[0].free_symbols:  # a constant index (a select of one element): a python int has no .to
+                return literal(int(x.args[0]), x.dtype)
             return self.var(f"({self.offset(x.args[0])}).to({TL[x.dtype]})" if x.dtype != torch.bool
                             else f"({self.offset(x.args[0])}) != 0")
         a = [self.names[id(y)] if isinstance(y, Expr) else y for y in x.args]
@@ -329,7 +336,7 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
     items = []
     for it in sched.items:
         if not isinstance(it, FusedGroup) or len(it.members) < 2 or int(it.numel) >= _sm_count() \
-                or group_shape(it) == FLAT:
+                or group_shape(it) != ROWS or any(m.dest for m in it.members):   # in place: keep the order
             items.append(it)
             continue
         part_of: dict[str, int] = {}
@@ -357,10 +364,12 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
 
 def group_shape(group: FusedGroup) -> str:
     pointwise = all(not m.is_reduction for m in group.members)
-    same_r = len({_rsize(m) for m in group.members}) == 1
+    same_r = len({(_rsize(m), m.block) for m in group.members}) == 1
     names = {m.buf.name for m in group.members}
     internal = any(m.reads & names for m in group.members)
-    return FLAT if pointwise and same_r and not internal else ROWS
+    if pointwise and (not internal or group.elementwise):  # reads of each other: values forwarded in registers
+        return FLAT if same_r else FOREACH
+    return ROWS
 
 
 @functools.lru_cache(maxsize=None)
@@ -370,7 +379,7 @@ def _sm_count() -> int:
 
 def launch_config(shape: str, rows: int, rmax: int) -> dict:
     """Block sizes and warps from the sizes (the heuristics; ember.runtime.autotune may refine flat ones)."""
-    if shape == FLAT:
+    if shape in (FLAT, FOREACH):
         total = rows * rmax
         block = 1024 if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
@@ -399,7 +408,7 @@ def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
     member that could not be inlined is stored (to a scratch buffer, see `inline_locals`)."""
     reductions = {m.buf.name for m in group.members if m.is_reduction}
     reads = sorted(set().union(*(m.reads for m in group.members)) - reductions)
-    writes = [m.buf.name for m in group.members if not (m.local and m.is_reduction)]
+    writes = [m.target for m in group.members if not (m.local and m.is_reduction)]  # in place: the input
     return list(dict.fromkeys(reads + writes)), writes
 
 
@@ -454,6 +463,8 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, l
     if shape == FLAT:
         src = _flat_kernel(group, name, args, rows, rmax, i64, extents)
         grid = math.ceil(rows * rmax / cfg["BLOCK"])
+    elif shape == FOREACH:
+        src, grid = _foreach_kernel(group, name, args, rows, cfg["BLOCK"], i64, extents)
     else:
         src = _rows_kernel(group, name, args, rows, cfg, i64, extents)
         grid = math.ceil(rows / cfg["XBLOCK"])
@@ -488,28 +499,60 @@ def _store(m: Member, value: str, offset: str, mask: str, shape: str) -> str:
         offset = f"{offset} + 0 * {'xindex' if shape == '[BLOCK]' else 'x0'}"
     if _is_literal(value):  # a constant: give it the tile's shape
         value = f"tl.full({shape}, {value}, {t})"
-    return f"tl.store({m.buf.name} + {offset}, ({value}).to({t}), {mask})"
+    return f"tl.store({m.target} + {offset}, ({value}).to({t}), {mask})"
 
 
 def _flat_kernel(group, name, args, rows, rsize, i64, extents) -> list[str]:
-    total = rows * rsize
     L = _header(group, name, args, ["BLOCK"])
-    ind = "    "
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
-    L.append(f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)")
-    L.append(f"{ind}xmask = xindex < {total}")
+    return L + _flat_range(group.members, pid, rows, rsize, extents, "    ")
+
+
+def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str = "t") -> list[str]:
+    """Members over rows x rsize as one flat range, program `pid` taking BLOCK elements of it."""
+    total = rows * rsize
+    L = [f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)", f"{ind}xmask = xindex < {total}"]
     i = sympy.Symbol("xindex", integer=True, nonnegative=True)
     ranges = {i: total}
-    for m in group.members:
+    b = Body({}, "xmask", ind, ranges, extents)  # one body: members share their loads (CSE)
+    b.prefix = prefix
+    stores = []
+    values: dict = {}  # member name -> its value Expr: an elementwise group's members read each other's element
+    for m in members:
         subst = {X0: FloorDiv(i, rsize) if rows > 1 else sympy.Integer(0)}
         subst.update(_inner_index(m, ModIndex(i, rsize) if rows > 1 else i))
-        body = _substitute(m.body, subst, ranges)
+        mbody = m.body
+        for name in m.reads & values.keys():
+            mbody = _replace_loads(mbody, name, values[name])
+        values[m.buf.name] = mbody
+        body = _substitute(mbody, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
-        b = Body({}, "xmask", ind, ranges, extents)
         v = b.emit(body)
-        L += b.lines
-        L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
-    return L
+        stores.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
+    # stores last: every load comes first (an input updated in place is read before it is written)
+    return L + b.lines + stores
+
+
+def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[list[str], int]:
+    """Pointwise members of several sizes or blocks (schedule's `Member.block`: one parameter's updates): one
+    flat range per (size, block), one after the other over the program ids, so a program touches the few
+    tensors of one block (not every parameter's). Readers of an in-place input's old value and members
+    reading each other's element share the writer's block, hence its range."""
+    by_size: dict = {}
+    for m in group.members:
+        by_size.setdefault((_rsize(m), m.block), []).append(m)
+    L = _header(group, name, args, ["BLOCK"])
+    L.append("    pid = tl.program_id(0).to(tl.int64)" if i64 else "    pid = tl.program_id(0)")
+    start = 0
+    for k, ((rsize, _), members) in enumerate(by_size.items()):
+        n = math.ceil(rows * rsize / block)
+        if n == 0:
+            continue
+        # one flat `if` per range, not an elif chain: hundreds of parameters would nest hundreds of scf.ifs
+        L.append(f"    if pid < {start + n}:" if start == 0 else f"    if (pid >= {start}) & (pid < {start + n}):")
+        L += _flat_range(members, f"(pid - {start})", rows, rsize, extents, "        ", prefix=f"s{k}_")
+        start += n
+    return L, start
 
 
 def _substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
@@ -896,6 +939,7 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) 
     call.namespace["_empty"] = functools.partial(torch.empty_strided, device=device)
     call.kernel_source = source
     call.kernels = kernels
+    call.sched = sched
     if code_log.isEnabledFor(10):
         code_log.debug("triton kernels (%d):\n%s\nhost program:\n%s", len(kernels), source[len(PRELUDE):],
                        call.source)
@@ -911,7 +955,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     t0 = time.perf_counter()
     try:
         low, out_spec, _ = lower.lower(gm, example_inputs)
-        sched = split_few_row_groups(schedule.schedule(low))
+        sched = split_few_row_groups(schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations")))
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
         if (options or {}).get("max_autotune"):
             from ember.codegen import mm_template

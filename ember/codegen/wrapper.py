@@ -21,6 +21,13 @@ def _restride(t: torch.Tensor, stride) -> torch.Tensor:
     return out
 
 
+def _overlap(args: list, written: tuple) -> bool:
+    """Whether an input in `written` shares a storage with any other input."""
+    ptrs = [a.untyped_storage().data_ptr() for a in args]
+    mine = {ptrs[i] for i in written}
+    return len(mine) < len(written) or sum(p in mine for p in ptrs) > len(written)
+
+
 class Wrapper:
     def __init__(self, sched: Schedule):
         self.sched = sched
@@ -66,6 +73,12 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     checks = [f"not isinstance({b.name}, _Tensor) or "
               f"{b.name}.shape != {tuple(int(s) for s in b.size)} or {b.name}.stride() != "
               f"{tuple(int(s) for s in b.stride)} or {b.name}.dtype != {w.const(b.dtype)}" for b in low.inputs]
+    if sched.inplace:
+        # an input written in place must not share memory with another input (then the kernels would read
+        # values already overwritten): such a call runs the functional graph, whose results are copied back
+        w.globals["_overlap"] = _overlap
+        written = sorted({names.index(d) for d in sched.inplace.values()})
+        checks.append(f"_overlap(args, {tuple(written)})")
     if checks:
         L.append(f"    if {' or '.join(checks)}:")
         L.append("        return _fallback(args)")
@@ -87,6 +100,9 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
                 if m.local:
                     continue
                 b = m.buf
+                if m.dest:  # written in place into a graph input (schedule._write_in_place)
+                    L.append(f"    {b.name} = {m.dest}  # updated in place")
+                    continue
                 key = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
                 if free.get(key):
                     L.append(f"    {b.name} = {free[key].pop()}  # reuses a dead buffer")

@@ -291,6 +291,9 @@ def cat(xs: Sequence[TensorBox], dim: int, dtype: torch.dtype) -> TensorBox:
     xs = [cast(x, dtype) for x in xs]
 
     def loader(idx):
+        if isinstance(idx[dim], sympy.Integer):  # a known position (a select of one element): that piece only
+            k = max(j for j, s in enumerate(starts) if s <= int(idx[dim]))
+            return xs[k].loader([i - starts[k] if d == dim else i for d, i in enumerate(idx)])
         e = None
         for x, s in reversed(list(zip(xs, starts))):
             sub = [i - s if d == dim else i for d, i in enumerate(idx)]

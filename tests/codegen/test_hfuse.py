@@ -1,0 +1,365 @@
+"""Optimizer steps: torch._foreach_* graphs that update their inputs in place (params, exp_avg, exp_avg_sq, step,
+momentum buffers). Checked against eager (torch.optim's own foreach functions where they run eagerly) on fresh
+random inputs: every mutated input and every output, dtypes included. Also checked: the update is one kernel
+for all parameters (horizontal fusion), the kernels write the inputs in place (no copy back), and in-place
+writes are refused where a later read needs the old value.
+
+The Triton tests run the printed kernels in Triton's interpreter when there is no GPU (TRITON_INTERPRET=1)."""
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+import torch.fx
+from torch.optim.adam import adam as eager_adam
+from torch.optim.sgd import sgd as eager_sgd
+
+from ember.autograd import aot_module
+from ember.backends import ember_backend
+
+CUDA = torch.cuda.is_available()
+if not CUDA and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"   # read by Triton when it is imported
+TRITON = importlib.util.find_spec("triton") is not None and (CUDA or os.environ.get("TRITON_INTERPRET") == "1")
+SHAPES = [(48, 32), (32,), (16, 48), (5, 7, 3), (7,)]
+
+
+# --------------------------------------------------------------------------------------------- the updates
+def adam_compiled_path(params, grads, exp_avgs, exp_avg_sqs, steps, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8,
+                       weight_decay=0.0, decoupled=False):
+    """torch.optim.adam._multi_tensor_adam as it runs under a compiler (capturable=False): bias corrections
+    from the step tensors, the step sizes stacked into one tensor (`_foreach_addcdiv.Tensor`)."""
+    torch._foreach_add_(steps, 1)
+    if weight_decay != 0:
+        if decoupled:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        else:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    bc1 = [1 - beta1 ** s for s in steps]
+    bc2 = [1 - beta2 ** s for s in steps]
+    step_size = torch.stack([(lr / bc) * -1 for bc in bc1])
+    bc2_sqrt = [bc ** 0.5 for bc in bc2]
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, bc2_sqrt)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, step_size)
+
+
+def adam_scalar_path(params, grads, exp_avgs, exp_avg_sqs, steps, lr=0.01):
+    """Adam with python-float bias corrections (as eager foreach Adam computes them): Scalar overloads only."""
+    torch._foreach_add_(steps, 1)
+    torch._foreach_lerp_(exp_avgs, grads, 0.1)
+    torch._foreach_mul_(exp_avg_sqs, 0.999)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 0.001)
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, 0.7)
+    torch._foreach_add_(denom, 1e-8)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, [-lr / 0.3] * len(params))
+
+
+def adam_per_parameter(params, grads, exp_avgs, exp_avg_sqs, lr=0.01, b1=0.9, b2=0.999, eps=1e-8, t=3):
+    """Adam written per parameter with in-place tensor methods (bench/cpu.py's adam_by_hand): the new
+    exp_avg_sq is read again by the parameter update, so it is a buffer the update reads (not recomputed)."""
+    bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        m.lerp_(g, 1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        p.addcdiv_(m, (v.sqrt() / (bc2 ** 0.5)).add_(eps), value=-lr / bc1)
+
+
+def sgd_momentum(params, grads, bufs, lr=0.01, momentum=0.9, dampening=0.0, weight_decay=0.0):
+    """torch.optim.sgd._multi_tensor_sgd with existing momentum buffers."""
+    if weight_decay != 0:
+        grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_mul_(bufs, momentum)
+    torch._foreach_add_(bufs, grads, alpha=1 - dampening)
+    torch._foreach_add_(params, bufs, alpha=-lr)
+
+
+def flat_graph(fn, n_lists: int, n: int, **kw) -> torch.fx.GraphModule:
+    """fn(list_0, ..., list_{n_lists-1}, **kw) as an fx graph over n_lists * n tensor arguments."""
+    names = [f"a{i}" for i in range(n_lists * n)]
+    src = (f"def f({', '.join(names)}):\n    L = [{', '.join(names)}]\n"
+           f"    return fn(*[L[k * {n}:(k + 1) * {n}] for k in range({n_lists})], **kw)\n")
+    ns = {"fn": fn, "kw": kw}
+    exec(src, ns)
+    return torch.fx.symbolic_trace(ns["f"])
+
+
+def adam_state(shapes, device="cpu", dtype=torch.float32):
+    p = [torch.randn(s, device=device, dtype=dtype) for s in shapes]
+    g = [torch.randn(s, device=device, dtype=dtype) for s in shapes]
+    m = [torch.randn(s, device=device, dtype=dtype) * 0.1 for s in shapes]
+    v = [torch.rand(s, device=device, dtype=dtype) * 0.01 for s in shapes]
+    st = [torch.tensor(float(torch.randint(1, 9, ())), device=device) for _ in shapes]
+    return [*p, *g, *m, *v, *st]
+
+
+def split(flat, n_lists):
+    n = len(flat) // n_lists
+    return [flat[k * n:(k + 1) * n] for k in range(n_lists)]
+
+
+def clones(ts):
+    return [t.clone() for t in ts]
+
+
+def forward_of(run):
+    """The compiled forward graph (C++: CompiledGraph, Triton: the host program) of an aot_module callable."""
+    art = next(a for a in run.artifacts.values() if a is not None)
+    return art.forward.compiled
+
+
+def assert_all_close(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+# ------------------------------------------------------------------------------------------------------ C++
+@pytest.mark.parametrize("weight_decay,decoupled", [(0.0, False), (0.05, False), (0.05, True)],
+                         ids=["adam", "adam_l2", "adamw"])
+def test_adam_against_torch_foreach_adam(weight_decay, decoupled):
+    n = len(SHAPES)
+    state = adam_state(SHAPES)
+    gm = flat_graph(adam_compiled_path, 5, n, weight_decay=weight_decay, decoupled=decoupled)
+    run = ember_backend.compile_graph(gm, clones(state))
+    for _ in range(2):  # twice: the second step starts from what the first wrote in place
+        mine, ref = clones(state), clones(state)
+        assert run(*mine) is None
+        p, g, m, v, st = split(ref, 5)
+        eager_adam(p, g, m, v, [], st, foreach=True, capturable=False, differentiable=False, fused=None,
+                   grad_scale=None, found_inf=None, has_complex=False, amsgrad=False, beta1=0.9, beta2=0.999,
+                   lr=0.01, weight_decay=weight_decay, eps=1e-8, maximize=False, decoupled_weight_decay=decoupled)
+        assert_all_close(mine, ref)
+        state = mine
+    compiled = forward_of(run)
+    assert len(compiled.kernels) == 1, "one kernel for every parameter's update"
+    # params, exp_avg, exp_avg_sq are written by the kernel itself (the steps are read by every update)
+    assert len(compiled.sched.inplace) == 3 * n
+    # the bias corrections (powf of the step) are computed once per parameter, before its loop
+    pows = [line for line in compiled.source.splitlines() if "ember_powf(" in line and "__asm__" not in line]
+    assert pows and all(line.lstrip().startswith("float h") for line in pows), pows
+
+
+def test_adam_updates_in_place_without_copies():
+    n = len(SHAPES)
+    state = adam_state(SHAPES)
+    gm = flat_graph(adam_scalar_path, 5, n)
+    run = ember_backend.compile_graph(gm, clones(state))
+    mine, ref = clones(state), clones(state)
+    ptrs = [t.data_ptr() for t in mine]
+    run(*mine)
+    adam_scalar_path(*split(ref, 5))
+    assert_all_close(mine, ref)
+    assert [t.data_ptr() for t in mine] == ptrs
+    compiled = forward_of(run)
+    assert len(compiled.kernels) == 1
+    assert len(compiled.sched.inplace) == 4 * n      # steps too: nothing else reads them
+    assert "_empty(" not in compiled.call.source     # no buffer allocated: every new value went into its input
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_sgd_momentum_against_torch_foreach_sgd(weight_decay):
+    shapes = [(64, 16), (16,), (3, 4, 5)]
+    n = len(shapes)
+    state = [torch.randn(s) for s in shapes] + [torch.randn(s) for s in shapes] + [torch.randn(s) for s in shapes]
+    gm = flat_graph(sgd_momentum, 3, n, weight_decay=weight_decay)
+    run = ember_backend.compile_graph(gm, clones(state))
+    mine, ref = clones(state), clones(state)
+    run(*mine)
+    p, g, b = split(ref, 3)
+    eager_sgd(p, g, b, foreach=True, weight_decay=weight_decay, momentum=0.9, lr=0.01, dampening=0.0,
+              nesterov=False, maximize=False, has_sparse_grad=False, fused=None, grad_scale=None, found_inf=None)
+    assert_all_close(mine, ref)
+    compiled = forward_of(run)
+    assert len(compiled.kernels) == 1
+    assert len(compiled.sched.inplace) == 2 * n
+
+
+def test_ten_same_size_parameters_one_kernel_one_loop_each():
+    """One kernel; per parameter one loop computing its new param, exp_avg and exp_avg_sq from shared loads
+    (not one loop over all 70 streams, nor 30 loops that reload the gradient)."""
+    shapes = [(32, 32)] * 10
+    n = len(shapes)
+    state = adam_state(shapes)
+    gm = flat_graph(adam_scalar_path, 5, n)
+    run = ember_backend.compile_graph(gm, clones(state))
+    mine, ref = clones(state), clones(state)
+    run(*mine)
+    adam_scalar_path(*split(ref, 5))
+    assert_all_close(mine, ref)
+    compiled = forward_of(run)
+    assert len(compiled.kernels) == 1
+    loops = compiled.source.split("for (int64_t r0 = 0; r0 < 1024; r0++)")[1:]
+    assert len(loops) == 10, f"the 30 updates of 1024 elements run in {len(loops)} loops"
+    for loop in loops:
+        body = loop.split("}")[0]
+        assert body.count("[r0] = ") == 3 and body.count("arg") == 4 + 3, body  # 4 loads, 3 in-place stores
+
+
+def test_adam_per_parameter_methods_in_place_one_parallel_region():
+    """Members reading each other's element (the realized new exp_avg_sq) still form one block per parameter;
+    all three updates are written in place, and the blocks share one OpenMP region with no barrier between."""
+    shapes = [(128, 256)] * 4 + [(256,)] * 2
+    n = len(shapes)
+    state = adam_state(shapes)[:4 * n]
+    gm = flat_graph(adam_per_parameter, 4, n)
+    run = ember_backend.compile_graph(gm, clones(state))
+    for _ in range(2):
+        mine, ref = clones(state), clones(state)
+        run(*mine)
+        adam_per_parameter(*split(ref, 4))
+        assert_all_close(mine, ref)
+        state = mine
+    compiled = forward_of(run)
+    assert len(compiled.kernels) == 1
+    assert len(compiled.sched.inplace) == 3 * n
+    assert compiled.source.count("#pragma omp parallel\n") == 1
+    assert compiled.source.count("#pragma omp for simd nowait") == n
+
+
+def test_old_value_read_at_another_index_is_not_overwritten():
+    """x is updated in place, but the graph also needs x's old value transposed: the same kernel reads other
+    elements of x than it writes, so the new value must go to a fresh buffer (and be copied back)."""
+    def f(x, y):
+        old_t = x.t() * 2
+        x.mul_(3).add_(y)
+        return old_t
+
+    x, y = torch.randn(24, 24), torch.randn(24, 24)
+    run = ember_backend.compile_graph(torch.fx.symbolic_trace(f), [x.clone(), y])
+    mine, ref = x.clone(), x.clone()
+    out = run(mine, y)
+    want = f(ref, y)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(mine, ref)
+    assert not forward_of(run).sched.inplace
+
+
+def test_old_value_read_by_a_later_kernel_is_not_overwritten():
+    """The old x is read by a reduction scheduled after the kernel computing the new x."""
+    def f(x, w):
+        s = x.sum(0)          # old x, in a reduction
+        x.add_(w)
+        return s * x          # new x, broadcast against the old column sums
+
+    x, w = torch.randn(40, 30), torch.randn(40, 30)
+    run = ember_backend.compile_graph(torch.fx.symbolic_trace(f), [x.clone(), w])
+    mine, ref = x.clone(), x.clone()
+    torch.testing.assert_close(run(mine, w), f(ref, w))
+    torch.testing.assert_close(mine, ref)
+
+
+def test_new_value_read_by_an_extern_after_the_in_place_write():
+    def f(x, y, w):
+        x.mul_(0.5).add_(y)
+        return x @ w, x * 2
+
+    x, y, w = torch.randn(16, 8), torch.randn(16, 8), torch.randn(8, 4)
+    run = ember_backend.compile_graph(torch.fx.symbolic_trace(f), [x.clone(), y, w])
+    mine, ref = x.clone(), x.clone()
+    got, want = run(mine, y, w), f(ref, y, w)
+    assert_all_close(list(got), list(want))
+    torch.testing.assert_close(mine, ref)
+    assert forward_of(run).sched.inplace     # nothing needs the old x after its update
+
+
+def test_overlapping_inputs_run_the_functional_graph():
+    """Two arguments sharing memory at run time (not at compile time): the kernels would read values already
+    overwritten, so the call runs the functional graph instead and copies back, as before in-place writes."""
+    def f(p, g):
+        p.add_(g, alpha=-0.5)
+
+    p, g = torch.randn(64), torch.randn(64)
+    run = ember_backend.compile_graph(torch.fx.symbolic_trace(f), [p.clone(), g.clone()])
+    assert forward_of(run).sched.inplace
+    buf = torch.randn(96)
+    a, b = buf[:64], buf[32:]            # overlapping views
+    ref = buf.clone()
+    ra, rb = ref[:64], ref[32:]
+    want = ra - 0.5 * rb                 # what the functional graph computes from the values before the call
+    run(a, b)
+    torch.testing.assert_close(a, want)
+
+
+def test_ember_compile_of_foreach_update_on_lists():
+    """Through the frontend: lists of tensors passed as arguments (whatever it captures must stay exact)."""
+    import ember
+    state = adam_state(SHAPES)
+    before = dict(ember_backend.STATS)
+    f = ember.compile(adam_scalar_path)
+    for _ in range(2):
+        mine, ref = clones(state), clones(state)
+        f(*split(mine, 5))
+        adam_scalar_path(*split(ref, 5))
+        assert_all_close(mine, ref)
+        state = mine
+    assert ember_backend.STATS["graphs"] - before["graphs"] == 1
+    assert ember_backend.STATS["kernels"] - before["kernels"] == 1
+
+
+# --------------------------------------------------------------------------------------------------- Triton
+def triton_compile(gm, inputs):
+    from ember.codegen import triton as tr
+    return aot_module(gm, inputs, fw_compiler=tr.compile_aten)
+
+
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@pytest.mark.parametrize("path", ["compiled_path", "scalar_path"])
+def test_triton_adam_is_one_launch_in_place(path, monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    dev = "cuda" if CUDA else "cpu"
+    shapes = [(40, 24), (24,), (9, 40), (3, 5, 7)]
+    n = len(shapes)
+    fn = adam_compiled_path if path == "compiled_path" else adam_scalar_path
+    state = adam_state(shapes, device=dev)
+    gm = flat_graph(fn, 5, n)
+    run = triton_compile(gm, clones(state))
+    mine, ref = clones(state), clones(state)
+    run(*mine)
+    fn(*split(ref, 5))
+    assert_all_close(mine, ref)
+    call = forward_of(run)
+    assert len(call.kernels) == 1, "one launch for every parameter's update"
+    assert "if (pid >= " in call.kernel_source     # program ids split over the sizes
+    assert len(call.sched.inplace) >= 3 * n
+
+
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+def test_triton_adam_per_parameter_forwards_values(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    dev = "cuda" if CUDA else "cpu"
+    shapes = [(24, 40), (40,), (24, 40)]
+    n = len(shapes)
+    state = adam_state(shapes, device=dev)[:4 * n]
+    run = triton_compile(flat_graph(adam_per_parameter, 4, n), clones(state))
+    mine, ref = clones(state), clones(state)
+    run(*mine)
+    adam_per_parameter(*split(ref, 4))
+    assert_all_close(mine, ref)
+    call = forward_of(run)
+    assert len(call.kernels) == 1 and "if (pid >= " in call.kernel_source
+    assert len(call.sched.inplace) == 3 * n
+
+
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+def test_triton_sgd_momentum(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    dev = "cuda" if CUDA else "cpu"
+    shapes = [(33, 17), (17,), (64,)]
+    n = len(shapes)
+    state = [torch.randn(s, device=dev) for s in shapes * 3]
+    gm = flat_graph(sgd_momentum, 3, n, weight_decay=0.01)
+    run = triton_compile(gm, clones(state))
+    mine, ref = clones(state), clones(state)
+    run(*mine)
+    sgd_momentum(*split(ref, 3), weight_decay=0.01)
+    assert_all_close(mine, ref)
+    call = forward_of(run)
+    assert len(call.kernels) == 1
+    assert len(call.sched.inplace) == 2 * n
