@@ -302,4 +302,4 @@ def fuse_mm_epilogues(sched: Schedule, device, force: tuple | None = None) -> Sc
         else:
             items.append(sched.items[i])
             i += 1
-    return Schedule(items, sched.lowered, sched.buffers)
+    return dataclasses.replace(sched, items=items)

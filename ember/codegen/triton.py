@@ -47,6 +47,7 @@ from ember.tools.logs import get_logger
 
 code_log = get_logger("output_code")
 fallback_log = get_logger("fallbacks")
+STATS = {"graphs": 0, "kernels": 0, "eager_graphs": 0}   # for tests and benchmarks
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
       torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
@@ -359,7 +360,7 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
         for members in parts:
             if members:
                 items.append(FusedGroup(it.numel, sorted(members, key=lambda m: order[id(m)])))
-    return Schedule(items, sched.lowered, sched.buffers)
+    return dataclasses.replace(sched, items=items)
 
 
 def group_shape(group: FusedGroup) -> str:
@@ -953,6 +954,16 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
 
     from ember.codegen import lower, schedule
     t0 = time.perf_counter()
+    devices = {v.device.type for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
+               if isinstance(v, torch.Tensor)} | {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    devices.discard("meta")     # shape-only values some graphs carry
+    if devices - {"cuda"} and not (os.environ.get("TRITON_INTERPRET") == "1" and devices == {"cpu"}):
+        # e.g. torch.optim's step counters, kept on the CPU unless capturable=True: Triton kernels cannot read
+        # CPU memory, and ops between CPU scalars have no kernel here yet
+        fallback_log.warning("graph runs eagerly (Triton backend): it mixes %s tensors with CUDA ones",
+                             "/".join(sorted(devices - {"cuda"})))
+        STATS["eager_graphs"] += 1
+        return gm.forward
     try:
         low, out_spec, _ = lower.lower(gm, example_inputs)
         sched = split_few_row_groups(schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations")))
@@ -963,12 +974,16 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         call = compile_schedule(sched, lambda args: gm(*args), device)
     except (lower.Unsupported, NotImplementedError) as e:
         fallback_log.warning("graph runs eagerly (Triton backend): %s: %s", type(e).__name__, e)
+        STATS["eager_graphs"] += 1
         return gm.forward
     except Exception as e:  # a bug in lowering/scheduling/printing: never wrong, so run this graph eagerly
         fallback_log.warning("graph runs eagerly: the Triton backend failed to compile it (an ember bug): %s: %s",
                              type(e).__name__, e, exc_info=True)
+        STATS["eager_graphs"] += 1
         return gm.forward
     code_log.debug("graph %s lowered and printed in %.3fs", type(gm).__name__, time.perf_counter() - t0)
+    STATS["graphs"] += 1
+    STATS["kernels"] += len({name for _, name, *_ in call.kernels})
 
     def run(*args):
         return pytree.tree_unflatten(call(list(args)), out_spec)
