@@ -309,13 +309,16 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
             lim = "false" if init else "true"
             init = ""
         lines.append(f"{ind}{vt} {acc} = {init}{lim};")
-        lines.append(f"{ind}bool {acc}_nan = false;")
+        # the NaN flag of max/min is an integer as wide as the value: a bool flag next to float lanes makes
+        # g++ vectorize the loop at mixed widths (a softmax row max ran 2x slower than with this flag)
+        flag = "int64_t" if m.body.dtype.itemsize == 8 else "int32_t"
+        lines.append(f"{ind}{flag if kind in ('max', 'min') else 'bool'} {acc}_nan = 0;")
         if kind.startswith("arg"):
             lines.append(f"{ind}int64_t {acc}_i = 0;")
     simple = kind in OMP_REDUCTION
     clause = ""
     if simple:
-        clause = f" reduction({OMP_REDUCTION[kind]}:{acc})" + (f" reduction(||:{acc}_nan)" if kind in ("max", "min") else "")
+        clause = f" reduction({OMP_REDUCTION[kind]}:{acc})" + (f" reduction(|:{acc}_nan)" if kind in ("max", "min") else "")
     head, bind, close = _loops(inner, ind, parallel_inner and simple, clause, simd=simple)
     b = Body(ptrs, scalars, bind, rows)
     v = b.emit(m.body)
@@ -330,7 +333,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
         upd = f"{acc} = {acc} && {v};"
     elif kind in ("max", "min"):
         cmp = ">" if kind == "max" else "<"
-        upd = f"{acc} = ({v} {cmp} {acc}) ? {v} : {acc};" + (f" {acc}_nan = {acc}_nan || ({v} != {v});" if fl else "")
+        upd = f"{acc} = ({v} {cmp} {acc}) ? {v} : {acc};" + (f" {acc}_nan |= ({v} != {v});" if fl else "")
     else:
         cmp = ">" if kind == "argmax" else "<"
         flat = index_code(sum((r * s for r, s in zip(rvars(len(inner)), ir.contiguous_strides(inner))),

@@ -624,7 +624,9 @@ def _softmax(x, dim, half_to_float=False):
         return P.const(1.0, odt())
     x = P.reuse(P.cast(x, odt()), 3)
     e = P.reuse(P.unary("exp", P.sub(x, P.reduce("max", x, [dim], True))), 2)
-    return P.div(e, P.reduce("sum", e, [dim], True))
+    # times the reciprocal of the row sum (one division per row, hoisted out of the loop), as eager's CPU
+    # kernel does: a division per element was a tenth of a fused layer_norm+gelu+softmax row on CPU
+    return P.mul(e, P.unary("reciprocal", P.reduce("sum", e, [dim], True)))
 
 
 @reg(aten._log_softmax.default)

@@ -20,3 +20,31 @@ def test_batch_norm_backward_when_the_input_needs_no_grad(train):
     torch.testing.assert_close(m.bias.grad, ref.bias.grad)
     torch.testing.assert_close(m.running_mean, ref.running_mean)
     torch.testing.assert_close(m.running_var, ref.running_var)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_max_min_keep_nan_with_the_wide_nan_flag(dtype):
+    """max/min reductions track NaN in an integer flag as wide as the value (a bool flag halved the speed of
+    a vectorized softmax row max): NaN anywhere in a row still gives NaN, in every lane position."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 1027, dtype=dtype)
+    for row, col in [(3, 0), (10, 7), (20, 1026), (40, 513)]:
+        x[row, col] = float("nan")
+    x[50, :] = -float("inf")
+    fn = ember.compile(lambda t: (t.amax(-1), t.amin(-1), torch.softmax(t, -1), t.max(-1).values))
+    with torch.no_grad():
+        for got, want in zip(fn(x), (x.amax(-1), x.amin(-1), torch.softmax(x, -1), x.max(-1).values)):
+            torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_layer_norm_gelu_softmax_row_matches_eager():
+    """The fused layer_norm + gelu + softmax row (softmax multiplies by the reciprocal of the row sum)."""
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(1000)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 2.0)
+        ln.bias.uniform_(-1.0, 1.0)
+    x = torch.randn(300, 1000) * 3 + 1
+    fn = lambda t: torch.softmax(torch.nn.functional.gelu(ln(t)), -1)
+    with torch.no_grad():
+        torch.testing.assert_close(ember.compile(fn)(x), fn(x))
