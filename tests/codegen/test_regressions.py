@@ -85,3 +85,22 @@ def test_pointwise_libm_chain_in_wide_vectors_matches_eager(dtype):
                     + torch.exp(-t * t) + torch.atan2(t, t + 0.5))
     with torch.no_grad():
         torch.testing.assert_close(ember.compile(fn)(x), fn(x))
+
+
+def test_reshaped_linear_output_is_read_without_division_in_the_inner_loop():
+    """gelu(linear(x)) on [batch, seq, hidden] then viewed [batch*seq, hidden] for the next linear (BERT's
+    MLP): the load's index had (r0 + 96*x0) / 1536 and r0 % 96 left in the vectorized loop until
+    ir.simplify_index learned (a + k*b) // (k*m) == b // m for 0 <= a < k."""
+    from ember.backends.ember_backend import compile_aten
+    from tests.codegen.aten_trace import trace_aten
+    torch.manual_seed(0)
+    w1, b1, w2, b2 = torch.randn(96, 64), torch.randn(96), torch.randn(64, 96), torch.randn(64)
+    fn = lambda x, w1, b1, w2, b2: torch.nn.functional.linear(  # noqa: E731
+        torch.nn.functional.gelu(torch.nn.functional.linear(x, w1, b1)).view(64, 96), w2, b2)
+    inputs = [torch.randn(4, 16, 64), w1, b1, w2, b2]
+    gm, ref = trace_aten(fn, inputs)
+    c = compile_aten(gm, inputs)
+    torch.testing.assert_close(c(*inputs)[0], ref)
+    kernel = c.compiled.source.split("fused fx nodes: gelu")[1]
+    inner = [line for line in kernel.splitlines() if "float t0 = " in line]
+    assert inner and "/" not in inner[-1] and "%" not in inner[-1], inner
