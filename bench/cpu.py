@@ -1,6 +1,9 @@
 """CPU benchmark: eager vs torch.compile (Inductor) vs ember, side by side in one run.
 
-  .venv/bin/python bench/cpu.py [workload ...]     (default: all; names below)
+  .venv/bin/python bench/cpu.py [--no-inductor] [--no-compile-time] [workload ...]   (default: all; names below)
+
+--no-inductor leaves the Inductor columns out (its cold compile takes minutes on 2 cores); --no-compile-time
+leaves out the compile-time columns (each a new process per compiler).
 
 Per workload: median run time of each (repeated calls after warm-up), the speedup over eager, and each
 compiler's compile time = its first call, measured in a new process: cold (empty caches: a fresh
@@ -154,14 +157,14 @@ def compile_times(name, compiler) -> tuple[float, float]:
         return out[0], out[1]
 
 
-def main(names):
+def main(names, compilers=("eager", "inductor", "ember"), compile_time=True):
     print(f"# bench/cpu.py  {datetime.datetime.now().isoformat(timespec='minutes')}  {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, torch {torch.__version__}, threads {torch.get_num_threads()}")
     print(f"{'workload':18s} {'eager ms':>9s} {'inductor ms':>12s} {'ember ms':>9s} {'inductor x':>11s} {'ember x':>8s}"
           f" {'ind cold s':>11s} {'ind warm s':>11s} {'ember cold s':>13s} {'ember warm s':>13s}")
     for name in names:
-        row = {}
-        for compiler in ("eager", "inductor", "ember"):
+        row = dict.fromkeys(("eager", "inductor", "ember"), float("nan"))
+        for compiler in compilers:
             torch.manual_seed(0)
             fn, args = compiled(name, compiler)
             try:
@@ -169,8 +172,9 @@ def main(names):
             except Exception as e:  # a compiler that fails on a workload shows as nan, with the reason
                 print(f"  [{compiler} {name}: {type(e).__name__}: {str(e)[:200]}]", file=sys.stderr)
                 row[compiler] = float("nan")
-        ic, iw = compile_times(name, "inductor")
-        ec, ew = compile_times(name, "ember")
+        nan2 = (float("nan"), float("nan"))
+        ic, iw = compile_times(name, "inductor") if compile_time and "inductor" in compilers else nan2
+        ec, ew = compile_times(name, "ember") if compile_time else nan2
         print(f"{name:18s} {row['eager']:9.3f} {row['inductor']:12.3f} {row['ember']:9.3f} "
               f"{row['eager'] / row['inductor']:10.2f}x {row['eager'] / row['ember']:7.2f}x "
               f"{ic:11.2f} {iw:11.2f} {ec:13.2f} {ew:13.2f}", flush=True)
@@ -180,4 +184,7 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--compile-time"]:
         compile_time_child(sys.argv[2], sys.argv[3])
     else:
-        main(sys.argv[1:] or list(WORKLOADS))
+        flags = {a for a in sys.argv[1:] if a.startswith("--")}
+        names = [a for a in sys.argv[1:] if not a.startswith("--")] or list(WORKLOADS)
+        main(names, ("eager", "ember") if "--no-inductor" in flags else ("eager", "inductor", "ember"),
+             "--no-compile-time" not in flags)

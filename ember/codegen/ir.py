@@ -116,8 +116,15 @@ def simplify_index(e, ranges: dict | None = None):
         def small(x):  # a // d == 0 and a % d == a when 0 <= a < d
             b = bounds(x.args[0], ranges)
             return b is not None and b[0] >= 0 and b[1] < int(x.args[1])
-        e = e.replace(lambda x: isinstance(x, FloorDiv) and small(x), lambda x: sympy.Integer(0))
-        e = e.replace(lambda x: isinstance(x, ModIndex) and small(x), lambda x: x.args[0])
+        for _ in range(3):  # a split can leave a div/mod that the first two rules then remove
+            before = e
+            e = e.replace(lambda x: isinstance(x, FloorDiv) and small(x), lambda x: sympy.Integer(0))
+            e = e.replace(lambda x: isinstance(x, ModIndex) and small(x), lambda x: x.args[0])
+            e = e.replace(lambda x: isinstance(x, (FloorDiv, ModIndex)) and _split_low(x, ranges) is not None,
+                          lambda x: _split_low(x, ranges))
+            e = sympy.expand(e)
+            if e == before:
+                break
     changed = True
     while changed and isinstance(e, sympy.Add):
         changed = False
@@ -142,6 +149,28 @@ def simplify_index(e, ranges: dict | None = None):
                     changed = True
                     break
     return e
+
+
+def _split_low(x, ranges):
+    """(a + k*b) // (k*m) == b // m and (a + k*b) % (k*m) == a + k*(b % m) when 0 <= a < k: the row index of
+    a reshape seen through another reshape ((r0 + 3072*x0) // 393216 -> x0 // 128 for r0 < 3072), which
+    would otherwise leave a division in a vectorized inner loop. None when no such split exists."""
+    a, d = x.args
+    if not d.is_Integer or not isinstance(a, sympy.Add):
+        return None
+    d = int(d)
+    terms = [(t, t.as_coeff_Mul()[0]) for t in a.args]
+    for k in sorted({math.gcd(int(c), d) for _, c in terms if c.is_Integer}, reverse=True):
+        if k <= 1:
+            continue
+        high = [t for t, c in terms if c.is_Integer and int(c) % k == 0]
+        low = sympy.Add(*[t for t, c in terms if not (c.is_Integer and int(c) % k == 0)])
+        b = bounds(low, ranges)
+        if len(high) == len(terms) or b is None or b[0] < 0 or b[1] >= k:
+            continue
+        hk = sympy.expand(sympy.Add(*high) / k)
+        return FloorDiv(hk, d // k) if isinstance(x, FloorDiv) else low + k * ModIndex(hk, d // k)
+    return None
 
 
 def contiguous_strides(size: Sequence) -> tuple:

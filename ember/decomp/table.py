@@ -11,6 +11,7 @@ import math
 
 import sympy
 import torch
+import torch.utils._pytree as pytree
 
 from ember.codegen import ir
 from ember.codegen.ir import TensorBox
@@ -581,8 +582,9 @@ def _any(x, dim=None, keepdim=False):
     return P.reduce(kind, P.cast(x, torch.bool), dims_of(x, dim), keepdim)
 
 
-def _var(x, dims, correction, keepdim):
-    d = odt() if floaty(odt()) else torch.float32
+def _var(x, dims, correction, keepdim, acc=None):
+    """(var, mean) over dims, two-pass; `acc` overrides the dtype they are computed in."""
+    d = acc or (odt() if floaty(odt()) else torch.float32)
     x = P.reuse(P.cast(x, d), 2)
     n = ir.prod(x.size[k] for k in dims)
     mean = P.div(P.reduce("sum", x, dims, True), n)
@@ -630,7 +632,9 @@ def _softmax(x, dim, half_to_float=False):
     # row sum that reached memory between kernels lost the digits log_softmax keeps near 0)
     x = P.reuse(P.cast(x, _acc(odt())), 3)
     e = P.reuse(P.unary("exp", P.sub(x, P.reduce("max", x, [dim], True))), 2)
-    return P.cast(P.div(e, P.reduce("sum", e, [dim], True)), odt())
+    # times the reciprocal of the row sum (one division per row, hoisted out of the loop), as eager's CPU
+    # kernel does: a division per element was a tenth of a fused layer_norm+gelu+softmax row on CPU
+    return P.cast(P.mul(e, P.unary("reciprocal", P.reduce("sum", e, [dim], True))), odt())
 
 
 @reg(aten._log_softmax.default)
@@ -700,21 +704,35 @@ def _bn_eval(x, w, b, rm, rv, momentum, eps):
     return (y,) + tuple(P.const(0, v.dtype, list(v.shape)) for v in out()[1:])
 
 
-# Train-mode batch norm stays an ATen call: through 120 train-mode BatchNorms (densenet121 at batch 2) the
-# decomposed forward/backward gave gradients up to 0.26 off (relative, vs float64) where eager is 0.03 off;
-# not yet understood (see the issue 5 note). Eval mode is decomposed and fused.
-TRAIN_BATCH_NORM_AS_ATEN = True
+# Train-mode batch norm on CPU is decomposed and fused (True keeps it an ATen call; on CUDA it stays one).
+# Its sums run in float64 (_bn_acc): with float32 sums, gradients through deep BatchNorm stacks (resnet18,
+# densenet121 at small batches) were 5-26% off where eager is 1e-5 off.
+TRAIN_BATCH_NORM_AS_ATEN = False
+
+
+def _bn_on_cpu() -> bool:
+    return any(v.device.type == "cpu" for v in pytree.tree_leaves(out()) if isinstance(v, torch.Tensor))
+
+
+def _bn_acc(x) -> torch.dtype | None:
+    """The dtype of train-mode batch-norm sums: float64 for float32 (on CPU), as eager's CPU kernels (acc_type).
+    A float32 sum over N*H*W elements is off by ~1e-6 relative; where a channel's variance is small (ReLU
+    outputs, small batches) the batch-norm backward amplifies that (resnet18 at batch 4, 96x96: gradients 20%
+    off against float64 with float32 sums, 1e-5 with float64 sums, as eager)."""
+    return torch.float64 if x.dtype == torch.float32 else None
 
 
 @reg(aten._native_batch_norm_legit_functional.default)
 def _bn_train(x, w, b, rm, rv, training, momentum, eps):
-    if not training or TRAIN_BATCH_NORM_AS_ATEN:
+    if not training or TRAIN_BATCH_NORM_AS_ATEN or not _bn_on_cpu():  # CUDA: not validated yet, an ATen call
         return NotImplemented
     dims = [0] + list(range(2, x.ndim))
     n = ir.prod(x.size[d] for d in dims)
     x = P.reuse(x, 3)
-    var, mean = _var(x, dims, 0, False)
-    invstd = P.unary("rsqrt", P.add(var, eps))
+    acc = _bn_acc(x)
+    var, mean = _var(x, dims, 0, False, acc)
+    invstd = P.cast(P.unary("rsqrt", P.add(var, eps)), x.dtype)
+    var, mean = P.cast(var, x.dtype), P.cast(mean, x.dtype)
     y = P.mul(P.sub(x, _bn_shape(mean, x)), _bn_shape(invstd, x))
     if w is not None:
         y = P.mul(y, _bn_shape(w, x))
@@ -733,7 +751,8 @@ def _native_bn(x, w, b, rm, rv, training, momentum, eps):
         return (y,) + tuple(P.const(0, v.dtype, list(v.shape)) for v in out()[1:])
     if rm is not None or rv is not None:
         return NotImplemented  # updates running stats in place: only the functional form is compiled
-    return _bn_train(x, w, b, P.const(0, x.dtype, [x.size[1]]), P.const(0, x.dtype, [x.size[1]]), True, 0.0, eps)[:3]
+    r = _bn_train(x, w, b, P.const(0, x.dtype, [x.size[1]]), P.const(0, x.dtype, [x.size[1]]), True, 0.0, eps)
+    return r if r is NotImplemented else r[:3]
 
 
 @reg(aten.native_group_norm.default)
@@ -805,7 +824,7 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
 
 @reg(aten.native_batch_norm_backward.default)
 def _bn_backward(dy, x, w, rm, rv, save_mean, save_invstd, train, eps, mask):
-    if train and TRAIN_BATCH_NORM_AS_ATEN:
+    if train and (TRAIN_BATCH_NORM_AS_ATEN or not _bn_on_cpu()):
         return NotImplemented
     dims = [0] + list(range(2, x.ndim))
     n = ir.prod(x.size[d] for d in dims)
@@ -815,8 +834,11 @@ def _bn_backward(dy, x, w, rm, rv, save_mean, save_invstd, train, eps, mask):
         mean, invstd = rm, P.unary("rsqrt", P.add(rv, eps))
     mean_b, invstd_b = _bn_shape(mean, x), _bn_shape(invstd, x)
     xhat = P.mul(P.sub(x, mean_b), invstd_b)
-    sum_dy = P.reduce("sum", dy, dims)
-    sum_dy_xhat = P.reduce("sum", P.mul(dy, xhat), dims)
+    acc = _bn_acc(x) if train else None
+    sum_dy = P.reduce("sum", dy, dims, dtype=acc)
+    sum_dy_xhat = P.reduce("sum", P.mul(dy, xhat), dims, dtype=acc)
+    if acc is not None:
+        sum_dy, sum_dy_xhat = P.cast(sum_dy, x.dtype), P.cast(sum_dy_xhat, x.dtype)
     scale = P.mul(invstd_b, _bn_shape(w, x)) if w is not None else invstd_b
     dx = None
     if mask[0]:
