@@ -627,6 +627,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
         if R <= 1 and not m.inner:
             b = Body(scalars, "xmask", ind, ranges, extents)
+            b.prefix = f"{m.buf.name}_t"    # names of its own: a later looped member must not reassign them
             v = b.emit(body)
             L += b.lines
             if m.is_reduction:  # reduction over nothing: the value itself (its index, for argmax/argmin)
@@ -713,6 +714,7 @@ def _looped_member(m: Member, body: Expr, store, scalars, ind, R, ranges, extent
     L.append(f"{ii}rflat = roff + tl.arange(0, RBLOCK)[None, :]")
     L.append(f"{ii}mask = xmask & (rflat < {R})")
     b = Body(scalars, "mask", ii, ranges, extents)
+    b.prefix = f"{n}_t"     # a name reused from an earlier member would be a loop-carried variable to Triton
     v = b.emit(body)
     L += b.lines
     if not m.is_reduction:
