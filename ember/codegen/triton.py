@@ -340,6 +340,14 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
                 or group_shape(it) != ROWS or any(m.dest for m in it.members):   # in place: keep the order
             items.append(it)
             continue
+        scalars = _leading_scalars(it)
+        if scalars:    # one-element values (e.g. an optimizer's bias correction) first, in a kernel of their own,
+            # so the elementwise rest is one flat kernel over all programs instead of one program's loop
+            items.append(dataclasses.replace(it, members=scalars))
+            it = dataclasses.replace(it, members=[m for m in it.members if m not in scalars])
+            if group_shape(it) != ROWS:     # flat, or one foreach kernel over the independent parts
+                items.append(it)
+                continue
         part_of: dict[str, int] = {}
         parts: list[list] = []
         for m in it.members:
@@ -361,6 +369,18 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
             if members:
                 items.append(FusedGroup(it.numel, sorted(members, key=lambda m: order[id(m)])))
     return dataclasses.replace(sched, items=items)
+
+
+def _leading_scalars(group: FusedGroup) -> list:
+    """The group's one-element pointwise members when they can run before all the others: none reads another
+    kind of member of the group, and the group has no reduction (whose register values members may share)."""
+    if int(group.numel) != 1 or any(m.is_reduction or m.local for m in group.members):
+        return []
+    scalars = [m for m in group.members if not m.inner]
+    if not scalars or len(scalars) == len(group.members):
+        return []
+    others = {m.buf.name for m in group.members if m.inner}
+    return [] if any(m.reads & others for m in scalars) else scalars
 
 
 def group_shape(group: FusedGroup) -> str:

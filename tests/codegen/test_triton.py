@@ -272,3 +272,20 @@ def test_compiled_adam_step_on_cuda(capturable):
         assert made["eager_graphs"] == 0 and made["graphs"] == 1 and made["kernels"] <= 2, made
     else:
         assert made["eager_graphs"] >= 1, made
+
+
+def test_one_element_values_run_before_an_elementwise_rest_in_parallel():
+    """A bias correction (one element) and the updates that read it were one group of one row: a single
+    program looping over every element. The scalars get a kernel of their own, the rest one parallel kernel."""
+    from ember.codegen import lower, schedule, triton as tb
+    s, x, y = torch.tensor(3.0, device=DEV), torch.randn(5000, device=DEV), torch.randn(300, device=DEV)
+
+    def f(s, x, y):
+        c = 1 / (1 - 0.9 ** (s + 1))
+        return x * c, y * c + 1, s + 1
+    gm, _ = trace_aten(f, [s, x, y])
+    low, _, _ = lower.lower(gm, [s, x, y])
+    groups = [g for g in tb.split_few_row_groups(schedule.schedule(low)).items if isinstance(g, schedule.FusedGroup)]
+    assert len(groups) <= 2 and all(tb.group_shape(g) != tb.ROWS for g in groups), \
+        [(tb.group_shape(g), [m.buf.name for m in g.members]) for g in groups]
+    compile_and_check(f, s, x, y)
