@@ -576,10 +576,9 @@ class EntryCodegen:
         guards = self.cap.guards.exprs()
         self.namespace.update(self.consts.objs)
         params = ", ".join(fc.params)
-        cond = " and ".join(guards) if guards else "True"
         lines = list(self.lines)
         first = lines[:1] if lines and lines[0].startswith("___o = ___graph(") else []
-        cond, first = share_paths(cond, first)
+        cond, first = share_paths(guards, first)
         lines[:len(first)] = first
         src = [f"def ___entry({params}):",
                "    try:",

@@ -6,8 +6,8 @@ overhead. Shapes are checked exactly here (static shapes); symbolic sizes will r
 """
 from __future__ import annotations
 
-import ast
 import math
+import re
 
 import torch
 
@@ -47,91 +47,58 @@ class Guards:
         return [e for _, e in sorted(self.items, key=lambda item: item[0])]
 
 
-def share_paths(cond: str, after: list[str]) -> tuple[str, list[str]]:
-    """Evaluate each attribute path the guards read once: its first evaluation binds a local (`:=`) that later
-    reads use, in the guards and in `after` (statements that run right after the guards passed, before any
-    other code could change what the paths lead to). A module's guards read `mod._modules[...]...` chains
-    thousands of times (densenet121: 5,600 guards); walking each chain once is most of a cached call's cost.
-    A path first read where evaluation is conditional (right of `or`, inside `x if c else y`) binds nothing."""
-    tree = ast.parse(cond, mode="eval")
-    rest = [ast.parse(s, mode="exec") for s in after]
+# A Python string literal (skipped: a path-like text inside one is not a path), or an attribute/subscript chain
+# rooted at a name: `mod._modules['features']._parameters['weight']`, `___K3['opt'].state`, `x[0]`.
+_SEGMENT = r"(?:\.[A-Za-z_]\w*|\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+)\])"
+_TOKEN = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?<![\w.\])'"])([A-Za-z_]\w*""" + _SEGMENT + "+)")
+_SEGMENTS = re.compile(_SEGMENT)
+_CONDITIONAL = re.compile(r"\b(or|if|lambda|for)\b")
+
+
+def share_paths(guards: list[str], after: list[str]) -> tuple[str, list[str]]:
+    """The guards as one condition that evaluates each attribute path once: its first evaluation binds a local
+    (`:=`) that later reads use, in the guards and in `after` (statements that run right after the guards
+    passed, before any other code could change what the paths lead to). A module's guards read
+    `mod._modules[...]...` chains thousands of times (densenet121: 5,600 guards); walking each chain once is
+    most of a cached call's cost. A guard whose evaluation may be partial (`or`, `x if c else y`, a lambda or
+    comprehension) binds nothing. Works on the text (a regex over paths, string literals skipped): parsing and
+    unparsing the guards as a tree cost more than the rest of a resnet18 capture."""
     counts: dict[str, int] = {}
-    keys: dict[int, str] = {}   # id(path node) -> its text, built from its parent's (ast.unparse per node was
-    # quadratic in the chain length: most of a densenet capture's time)
-
-    def path_key(node: ast.AST) -> str | None:
-        """The text of an attribute/subscript chain rooted at a name (None when node is not one)."""
-        if isinstance(node, ast.Name):
-            return node.id
-        if id(node) in keys:
-            return keys[id(node)]
-        k = None
-        if isinstance(node, ast.Attribute):
-            inner = path_key(node.value)
-            k = None if inner is None else f"{inner}.{node.attr}"
-        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-            inner = path_key(node.value)
-            k = None if inner is None else f"{inner}[{node.slice.value!r}]"
-        keys[id(node)] = k
-        return k
-
-    for t in [tree, *rest]:
-        for node in ast.walk(t):
-            if isinstance(node, (ast.Attribute, ast.Subscript)):
-                key = path_key(node)
-                if key is not None:
-                    counts[key] = counts.get(key, 0) + 1
-    shared = {k for k, n in counts.items() if n > 1}
-    if not shared:
-        return cond, after
+    found = []   # per text: [(start, end, segments of the path)] for its paths
+    for text in [*guards, *after]:
+        paths = []
+        for m in _TOKEN.finditer(text):
+            if m.group(2) is None:
+                continue
+            chain = m.group(2)
+            root = re.match(r"[A-Za-z_]\w*", chain).group(0)
+            segs = [root] + _SEGMENTS.findall(chain, len(root))
+            prefix = root
+            for seg in segs[1:]:
+                prefix += seg
+                counts[prefix] = counts.get(prefix, 0) + 1
+            paths.append((m.start(2), m.end(2), segs))
+        found.append(paths)
     bound: dict[str, str] = {}
 
-    def rewrite(node: ast.AST, conditional: bool, top: bool = False) -> ast.AST:
-        if isinstance(node, (ast.Attribute, ast.Subscript)) and keys.get(id(node)) is not None:
-            key = keys[id(node)]
-            if key in bound:
-                return ast.Name(bound[key], ast.Load())
-            node.value = rewrite(node.value, conditional)
-            if key in shared and not conditional:
-                bound[key] = f"___p{len(bound)}"
-                return ast.NamedExpr(ast.Name(bound[key], ast.Store()), node)
-            return node
-        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            return node  # its own scope: leave as written
-        if isinstance(node, ast.BoolOp):
-            # Operands after the first run only if the first allowed it, except in the guards' top-level
-            # `and`: `after` runs only when every one of those ran.
-            seq = top and isinstance(node.op, ast.And)
-            node.values = [rewrite(v, conditional or (i > 0 and not seq), seq) for i, v in enumerate(node.values)]
-            return node
-        if isinstance(node, ast.IfExp):
-            node.test = rewrite(node.test, conditional)
-            node.body, node.orelse = rewrite(node.body, True), rewrite(node.orelse, True)
-            return node
-        if isinstance(node, ast.Compare):
-            node.left = rewrite(node.left, conditional)
-            node.comparators = [rewrite(c, conditional or i > 0) for i, c in enumerate(node.comparators)]
-            return node
-        for field, value in ast.iter_fields(node):
-            if isinstance(value, list):
-                setattr(node, field, [rewrite(v, conditional) if isinstance(v, ast.AST) else v for v in value])
-            elif isinstance(value, ast.AST):
-                setattr(node, field, rewrite(value, conditional))
-        return node
+    def rewrite(text: str, paths: list, may_bind: bool) -> str:
+        out, pos = [], 0
+        for start, end, segs in paths:
+            expr = key = segs[0]
+            for seg in segs[1:]:
+                key += seg
+                if key in bound:
+                    expr = bound[key]
+                    continue
+                expr += seg
+                if may_bind and counts[key] > 1:
+                    bound[key] = f"___p{len(bound)}"
+                    expr = f"({bound[key]} := {expr})"
+            out += [text[pos:start], expr]
+            pos = end
+        out.append(text[pos:])
+        return "".join(out)
 
-    tree.body = rewrite(tree.body, False, True)
-    done = set(bound)
-
-    def use(node: ast.AST) -> ast.AST:  # `after` only reads names bound by the guards, binds none
-        if isinstance(node, (ast.Attribute, ast.Subscript)) and keys.get(id(node)) is not None:
-            key = keys[id(node)]
-            if key in done:
-                return ast.Name(bound[key], ast.Load())
-        for field, value in ast.iter_fields(node):
-            if isinstance(value, list):
-                setattr(node, field, [use(v) if isinstance(v, ast.AST) else v for v in value])
-            elif isinstance(value, ast.AST):
-                setattr(node, field, use(value))
-        return node
-
-    return ast.unparse(tree), [ast.unparse(use(t)) for t in rest]
+    cond = [rewrite(g, paths, not _CONDITIONAL.search(g)) for g, paths in zip(guards, found)]
+    rest = [rewrite(t, paths, False) for t, paths in zip(after, found[len(guards):])]
+    return (" and ".join(cond) if cond else "True"), rest

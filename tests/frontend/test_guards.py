@@ -432,3 +432,30 @@ def test_meta_device_change_recompiles():
     assert m.device.type == "meta" and m.shape == (3,)
     assert_same(x * 2 + 1, cf(x))
     assert rec.graphs == 2
+
+
+def test_shared_paths_evaluate_each_path_once_and_skip_string_literals():
+    """share_paths binds a path read by several guards at its first unconditional read; text inside string
+    literals and guards that may be evaluated partially bind nothing."""
+    from ember.frontend.guards import share_paths
+
+    class Obj:
+        reads = 0
+
+        @property
+        def inner(self):
+            Obj.reads += 1
+            return self.__dict__["_inner"]
+    o, leaf = Obj(), Obj()
+    o._inner, leaf._inner = leaf, {"k": 3}
+    guards = ["x.inner.inner['k'] == 3", "x.inner.inner['k'] > 2", "'x.inner.inner' != ''",
+              "(x is None or x.inner is not None)", "len(x.inner.inner) == 1"]
+    cond, after = share_paths(guards, ["r = x.inner.inner['k'] + 1"])
+    assert "'x.inner.inner'" in cond and cond.count(":=") >= 2
+    Obj.reads = 0
+    ns = {"x": o}
+    exec(f"ok = {cond}\n" + after[0], ns)
+    assert ns["ok"] is True and ns["r"] == 4
+    assert Obj.reads == 2, cond          # x.inner and x.inner.inner once each
+    Obj.reads = 0
+    assert eval(" and ".join(guards), {"x": o}) is True and Obj.reads > 2
