@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import pathlib
 import platform
@@ -154,6 +155,7 @@ def capture_row(name: str, build: Callable, repeats: int) -> dict:
                     continue
                 torch_reset()
                 ember.reset()
+                gc.collect()    # neither compiler pays for collecting the other's garbage inside its timing
                 rec = Recorder()
                 try:
                     compiled = compile_(model, rec)
