@@ -23,12 +23,12 @@ import os
 import re
 import statistics
 
-import sympy
 import torch
 
-from ember.codegen import ir
-from ember.codegen.ir import ExternBuffer, FloorDiv, ModIndex, TensorArg
-from ember.codegen.schedule import X0, FusedGroup, Schedule
+from ember.codegen.ir import ExternBuffer, TensorArg
+from ember.codegen.schedule import FusedGroup, Schedule
+from ember.codegen.triton import (FLAT, PRELUDE, _canonical, _extent, _flat_range, _rsize, cache_dir, group_shape,
+                                  kernel_args, kernel_source, load_module)
 from ember.tools.logs import get_logger
 
 log = get_logger("autotune")
@@ -74,7 +74,6 @@ def _mm_operands(ext: ExternBuffer):
 
 def _candidate(sched: Schedule, i: int, readers: dict, outputs: set):
     """The (extern, epilogue group) pair at items i, i+1 when the template can take it, else None."""
-    from ember.codegen.triton import FLAT, _rsize, group_shape
     ext = sched.items[i]
     if not isinstance(ext, ExternBuffer) or ext.fallback or i + 1 >= len(sched.items):
         return None
@@ -107,41 +106,27 @@ def _operand_ptr(t: TensorArg, rows: str, cols: str) -> str:
     return f"{t.buffer} + {t.offset} + {rows} * {s0} + {cols} * {s1}"
 
 
-def template_source(group: FusedGroup, ext: ExternBuffer, o, ops, sched: Schedule):
+def template_source(group: FusedGroup, o, ops, sched: Schedule):
     """(source lines of KERNEL, pointer args, (M, N)) or None when the epilogue cannot take the tile."""
-    from ember.codegen.triton import Body, _inner_index, _rsize, _store, _substitute, index_code, kernel_args
     bias, a, b, beta, alpha = ops
     m_, k_ = (int(s) for s in a.size)
     n_ = int(b.size[1])
-    rows = max(int(group.numel), 1)
-    rsize = max(_rsize(m) for m in group.members)
-    total = rows * rsize
     ep_args, _ = kernel_args(group)
     args = list(dict.fromkeys([a.buffer, b.buffer] + ([bias.buffer] if bias is not None else [])
                               + [x for x in ep_args if x != o.name]))
     extents = {x: _extent(sched.buffers[x]) for x in ep_args}
-    i = sympy.Symbol("xindex", integer=True, nonnegative=True)
-    ranges = {i: total}
-    ind = "    "
-    body = []
-    for m in group.members:
-        subst = {X0: FloorDiv(i, rsize) if rows > 1 else sympy.Integer(0)}
-        subst.update(_inner_index(m, ModIndex(i, rsize) if rows > 1 else i))
-        e = _substitute(m.body, subst, ranges)
-        store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
-        bd = Body({}, "xmask", ind, ranges, extents)
-        v = bd.emit(e)
-        body += bd.lines
-        body.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BM, BN]"))
+    # the epilogue as the flat kernel prints it, minus its 1-D xindex/xmask (the tile defines 2-D ones)
+    rows = max(int(group.numel), 1)
+    body = _flat_range(group.members, "0", rows, max(_rsize(m) for m in group.members), extents, "    ")[2:]
+    body = [line.replace("tl.full([BLOCK],", "tl.full([BM, BN],") for line in body]
     # the product's loads become the accumulator; any other use of it (another index) cannot take the tile
     load = re.escape(f"tl.load({o.name} + xindex, xmask, other=0)") + r"(\.to\(tl\.float32\))?"
     body = [re.sub(load, "acc", line) for line in body]
     if any(re.search(rf"\b{o.name}\b", line) for line in body):
         return None
     tl_o = {torch.float32: "tl.float32", torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}[o.dtype]
-    prec = "tf32" if o.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    if o.dtype != torch.float32:
-        prec = "tf32"      # ignored for 16-bit inputs; kept for one spelling of tl.dot
+    # fp32: IEEE products as cuBLAS computes them unless TF32 is allowed (16-bit inputs ignore the setting)
+    prec = "ieee" if o.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
     L = [f"# matmul template {m_}x{k_}x{n_} + fused fx nodes: {', '.join(group.origins())[:160]}",
          "@triton.jit",
          f"def KERNEL({', '.join(args)}, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):",
@@ -165,20 +150,15 @@ def template_source(group: FusedGroup, ext: ExternBuffer, o, ops, sched: Schedul
         L.append(f"    bv = tl.load({_operand_ptr(bias, 'rm[:, None]', 'rn[None, :]')}, "
                  f"mask=(rm[:, None] < {m_}) & (rn[None, :] < {n_}), other=0.0).to(tl.float32)")
         L.append(f"    acc = acc + bv * {float(beta)}" if beta != 1 else "    acc = acc + bv")
-    L.append(f"    acc = acc.to({tl_o}).to(tl.float32)" if o.dtype != torch.float32 else "    acc = acc + 0.0")
+    if o.dtype != torch.float32:   # the product as eager stores it
+        L.append(f"    acc = acc.to({tl_o}).to(tl.float32)")
     L.append(f"    xindex = rm[:, None] * {n_} + rn[None, :]")
     L.append(f"    xmask = (rm[:, None] < {m_}) & (rn[None, :] < {n_})")
     return L + body, args, (m_, n_)
 
 
-def _extent(buf) -> int:
-    from ember.codegen.triton import _extent as extent
-    return extent(buf)
-
-
 # ---------------------------------------------------------------------------------------------- the choice
 def _choices_path() -> str:
-    from ember.codegen.triton import cache_dir
     return os.path.join(cache_dir(), "autotune.json")
 
 
@@ -226,7 +206,6 @@ def _time_ms(fn, reps: int = 20) -> float:
 
 def _choose(sched: Schedule, ext, group, o, src: list, args: list, mn: tuple, device) -> tuple | None:
     """The fastest config of the template, or None when the library call plus the epilogue kernel wins."""
-    from ember.codegen.triton import PRELUDE, _canonical, kernel_source, load_module
     configs = CONFIGS[torch.float32] if o.dtype == torch.float32 else CONFIGS["16bit"]
     name, text = _canonical(src, args + [m.buf.name for m in group.members])
     key = hashlib.sha256((text + torch.cuda.get_device_name(device)).encode()).hexdigest()[:24]
@@ -284,7 +263,7 @@ def fuse_mm_epilogues(sched: Schedule, device, force: tuple | None = None) -> Sc
         made = None
         if cand is not None:
             ext, group, o, ops = cand
-            printed = template_source(group, ext, o, ops, sched)
+            printed = template_source(group, o, ops, sched)
             if printed is not None:
                 src, args, mn = printed
                 try:
