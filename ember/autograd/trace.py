@@ -684,11 +684,16 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
         with torch.no_grad():
             torch._foreach_copy_([d for d, _, _ in pairs], [s for _, s, _ in pairs])
     else:
+        mode = torch.is_grad_enabled()
         for dst, src, grad_enabled in pairs:
             # under the grad mode of the program's own write: recorded by autograd where eager's was, and a
-            # parameter written under no_grad (an optimizer step) stays a leaf
-            with torch.set_grad_enabled(grad_enabled):
+            # parameter written under no_grad (an optimizer step) stays a leaf. The mode is switched only where
+            # it differs (a training graph copies back every batch norm's running statistics on each call).
+            if grad_enabled == mode:
                 dst.copy_(src)
+            else:
+                with torch.set_grad_enabled(grad_enabled):
+                    dst.copy_(src)
     flat = []
     for s in meta.outputs:
         if s.kind == "graph":

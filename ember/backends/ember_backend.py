@@ -61,12 +61,6 @@ def _on_cuda(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
                for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val")))
 
 
-def _is_aten(gm: torch.fx.GraphModule) -> bool:
-    import operator
-    return all(n.op != "call_function" or isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem
-               for n in gm.graph.nodes) and not any(n.op in ("call_module", "call_method") for n in gm.graph.nodes)
-
-
 class CompiledGraph:
     """A compiled ATen graph; the C++ build runs in the background until the first call needs it."""
 

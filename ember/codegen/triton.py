@@ -367,7 +367,7 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
         order = {id(m): i for i, m in enumerate(it.members)}
         for members in parts:
             if members:
-                items.append(FusedGroup(it.numel, sorted(members, key=lambda m: order[id(m)])))
+                items.append(dataclasses.replace(it, members=sorted(members, key=lambda m: order[id(m)])))
     return dataclasses.replace(sched, items=items)
 
 

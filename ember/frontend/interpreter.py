@@ -1135,7 +1135,6 @@ class Frame:
         else:   # torch.cuda.amp.autocast(enabled, dtype, cache_enabled)
             sig = ("enabled", "dtype", "cache_enabled")
             kw["device_type"] = device
-            kw.setdefault("dtype", torch.get_autocast_dtype(device) if len(a) < 2 else a[1])
         kw.update(zip(sig, a))
         dev = kw["device_type"]
         dtype = kw.get("dtype") or torch.get_autocast_dtype(dev)
