@@ -235,12 +235,23 @@ def test_one_element_gathered_by_an_index_read_from_memory():
     compile_and_check(lambda x, i: torch.index_select(x, 0, i) * 2, x, i)
 
 
-@pytest.mark.skipif(not CUDA, reason="eager's CPU kernel rounds max + log(sum) to bfloat16 before subtracting, "
-                    "its CUDA kernel does not (ember follows the CUDA one; the interpreter compares with the CPU)")
 def test_bfloat16_log_softmax_near_zero_computed_in_float32():
+    """16-bit softmax/log_softmax compute in float32 and round once, as eager's CUDA kernel does. Compared with
+    eager on the float32 values rounded to bfloat16: eager's CPU bfloat16 kernel rounds max + log(sum) to
+    bfloat16 before subtracting, which loses exactly the digits near 0 this test is about. (The GPU OpInfo
+    failure came from a row sum stored in bfloat16 between kernels; in the interpreter this graph keeps it in
+    one kernel, so here the test checks the values, and on the GPU also that regression.)"""
+    from ember.codegen.triton import compile_aten
     x = torch.randn(5, 5, device=DEV).to(torch.bfloat16)
     x[:, 0] += 12     # rows where one element dominates: log_softmax near 0 there
-    compile_and_check(lambda x: (torch.log_softmax(x, 0), torch.log_softmax(x, 1), torch.softmax(x, 0)), x)
+
+    def f(x):
+        return torch.log_softmax(x, 0), torch.log_softmax(x, 1), torch.softmax(x, 0)
+    gm, _ = trace_aten(f, [x])
+    compiled = compile_aten(gm, [x])
+    assert hasattr(compiled, "compiled"), "graph fell back to eager"
+    for got, want in zip(compiled(x), f(x.float())):
+        torch.testing.assert_close(got, want.to(torch.bfloat16))
 
 
 @pytest.mark.skipif(not CUDA, reason="the optimizer step on CUDA tensors")
