@@ -817,7 +817,7 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     n = len(lead)
     values = P.reduce("max", win, [n + 2, n + 3])
     k = P.reduce("argmax", win, [n + 2, n + 3])
-    hi = P.add(P.sub(P.iota(values.size, n, torch.int64, 0, sh), ph), P.mul(P.div(k, kw), dh))
+    hi = P.add(P.sub(P.iota(values.size, n, torch.int64, 0, sh), ph), P.mul(P.pointwise("floordiv", k, kw), dh))
     wi = P.add(P.sub(P.iota(values.size, n + 1, torch.int64, 0, sw), pw), P.mul(P.pointwise("remainder", k, kw), dw))
     return values, P.add(P.mul(hi, w), wi)
 

@@ -300,3 +300,10 @@ def test_one_element_values_run_before_an_elementwise_rest_in_parallel():
     assert len(groups) <= 2 and all(tb.group_shape(g) != tb.ROWS for g in groups), \
         [(tb.group_shape(g), [m.buf.name for m in g.members]) for g in groups]
     compile_and_check(f, s, x, y)
+
+
+def test_max_pool_indices_are_integer_divisions():
+    """max_pool2d's indices come from the window position by floor division; as a true division the Triton
+    printer refused it and the whole training graph of densenet ran eagerly."""
+    x = rand(2, 3, 9, 11)
+    compile_and_check(lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True), x)
