@@ -4,6 +4,7 @@
 #                                   # the Triton OpInfo subset (float32, bfloat16); autograd peak memory
 #   bash bench/gpu_final.sh bench   # bench/gpu.py: eager, Inductor and ember on every row but the training one
 #   bash bench/gpu_final.sh train   # the densenet121 training row (Inductor's compile alone takes ~3 minutes)
+#   bash bench/gpu_final.sh quick   # while working: optimizer/CUDA-graph tests, Adam rows with a kernel profile
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD EMBER_CACHE_DIR=/tmp/ember_cache PYTHONUNBUFFERED=1
@@ -15,9 +16,15 @@ tests)
     | tee "$OUT/tests.log" | grep -E "passed|failed|FAIL|Error" | tail -25
   timeout 150 python3 bench/autograd.py --device cuda --no-inductor 2>&1 | grep -v Warn | tee "$OUT/autograd.log" | tail -7 ;;
 bench)
-  timeout 580 python3 bench/gpu.py --only pointwise,adam,"infer, reduce","infer, default",resnet50,bert,gpt2 \
+  timeout 580 python3 bench/gpu.py --only pointwise,"adam step","infer, reduce","infer, default",resnet50,bert,gpt2 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | tail -22 ;;
 train)
   timeout 580 python3 bench/gpu.py --only "train step" --columns "${2:-eager,ember}" 2>&1 | tee "$OUT/train.log" \
     | grep -v -i warn | tail -8 ;;
+quick)   # a check while working: optimizer and CUDA-graph tests, the Adam rows with a kernel profile
+  timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
+    tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py tests/autograd/test_training.py 2>&1 \
+    | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -30
+  timeout 150 python3 bench/gpu.py --only "Adam step" --columns "${2:-eager,ember}" --profile "Adam step" 2>&1 \
+    | tee "$OUT/adam.log" | grep -v -i warn | tail -40 ;;
 esac

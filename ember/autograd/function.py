@@ -40,6 +40,7 @@ class _Artifact:
     part: Partition | None = None               # training only
     bw_compiler: Compiler | None = None
     backward: Callable | None = None
+    no_grad: bool = False   # an inference graph of inputs that require grad: run where autograd records nothing
 
     @property
     def training(self) -> bool:
@@ -79,6 +80,16 @@ class CompiledGraphFunction(torch.autograd.Function):
         return (None, *[next(gin) if rg else None for rg in art.meta.requires_grad])
 
 
+def _forward_of_joint(joint: torch.fx.GraphModule, meta) -> torch.fx.GraphModule:
+    """A joint graph with no tangents as an inference graph: its outputs without the (all None) gradients."""
+    out = next(n for n in reversed(joint.graph.nodes) if n.op == "output")
+    n_fw = meta.num_graph_outputs + len(meta.mutations)
+    assert all(g is None for g in out.args[0][n_fw:])
+    out.args = (tuple(out.args[0][:n_fw]),)
+    joint.recompile()
+    return joint
+
+
 def _signature(inputs: list) -> tuple:
     grad = torch.is_grad_enabled()
     return (grad,) + tuple((t.shape, t.stride(), t.dtype, t.device, grad and t.requires_grad)
@@ -97,13 +108,19 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
 
     def build(inputs: list) -> _Artifact | None:
         training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+        no_grad = False
         user_inputs = inputs[:len(inputs) - len(lifted())]
         try:
             if not training:
                 aten_gm, meta = trace_forward(gm, user_inputs)
             else:
                 joint, meta = trace_joint(gm, user_inputs)
-                part = partition(joint, meta)
+                if meta.tangent_of:
+                    part = partition(joint, meta)
+                else:
+                    # no output needs a gradient (an optimizer step runs under no_grad): nothing to differentiate,
+                    # and the inference path may write the mutated inputs in place
+                    training, aten_gm, no_grad = False, _forward_of_joint(joint, meta), True
         except Exception as e:  # TraceError, or fake tensors refusing data-dependent ops (.item(), nonzero)
             fallback_log.warning("ember.autograd: graph %r runs eagerly: %s: %s", name, type(e).__name__, e)
             return None
@@ -114,7 +131,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             # copy in `finish` is skipped when the graph returns the input itself). Inference only: a training
             # forward's inputs may be saved for the backward, which needs their old values.
             aten_gm.meta["ember_input_mutations"] = [(m.input_index, m.output_index) for m in meta.mutations]
-            return _Artifact(meta, fw_compiler(aten_gm, inputs), name)
+            return _Artifact(meta, fw_compiler(aten_gm, inputs), name, no_grad=no_grad)
         log.debug("%s: joint graph %d nodes -> forward %d, backward %d; saves %d tensors (%d bytes), "
                   "recomputes %d nodes", name, len(joint.graph.nodes), len(part.forward.graph.nodes),
                   len(part.backward.graph.nodes), len(part.saved), part.saved_bytes, len(part.recomputed))
@@ -138,6 +155,9 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             return gm(*args)
         if art.training:
             outs = CompiledGraphFunction.apply(art, *inputs)
+        elif art.no_grad:
+            with torch.no_grad():
+                outs = art.forward(*inputs)
         else:
             outs = art.forward(*inputs)
         return finish(art.meta, inputs, outs)

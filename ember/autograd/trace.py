@@ -63,6 +63,7 @@ class InputMutation:
     input_index: int   # which placeholder the program mutated in place
     output_index: int  # which graph output holds its final value
     grad_enabled: bool = True  # the grad mode the program wrote it under (an optimizer step: off)
+    grad_written: bool = True  # some write ran with grad on: the new value may carry autograd history
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,7 @@ class _Base:
     input_index: int | None = None
     version: int = 0
     grad_enabled: bool = True  # the grad mode of its last write (the copy back into the input runs under it)
+    grad_written: bool = False  # any write ran with grad on
 
 
 @dataclasses.dataclass
@@ -451,6 +453,7 @@ class _Recorder(TorchDispatchMode):
             base.node = self._scatter(base, rec, new, t, chain)
         base.version += 1
         base.grad_enabled = torch.is_grad_enabled()
+        base.grad_written |= base.grad_enabled
         if not rec.chain:
             rec.node, rec.version = new, base.version   # else: re-derived from the base on next read
 
@@ -596,7 +599,7 @@ def _mutations(rec: _Recorder, first_output: int) -> tuple[list[InputMutation], 
     muts, nodes, fakes = [], [], []
     for b in rec.bases:
         if b.input_index is not None and b.version > 0:
-            muts.append(InputMutation(b.input_index, first_output + len(nodes), b.grad_enabled))
+            muts.append(InputMutation(b.input_index, first_output + len(nodes), b.grad_enabled, b.grad_written))
             nodes.append(b.node)
             fakes.append(b.fake)
     return muts, nodes, fakes
@@ -638,7 +641,10 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.Gra
     _check_inputs_do_not_overlap(inputs, {m.input_index for m in muts})
     fw_fakes = out_fakes + [program_inputs[m.input_index] for m in muts]
     fw_nodes = out_nodes + mut_nodes
-    diff = [k for k, f in enumerate(fw_fakes) if f.requires_grad]
+    # an input written only under no_grad (an optimizer's parameters) keeps the caller's autograd history: its
+    # new value needs no tangent
+    differentiable = [True] * len(out_fakes) + [m.grad_written for m in muts]
+    diff = [k for k, f in enumerate(fw_fakes) if f.requires_grad and differentiable[k]]
     wrt = [p for p in primals if p.requires_grad]
     # tangent placeholders go right after the primals
     last = [n for n in rec.graph.nodes if n.op == "placeholder"][-1]
@@ -677,7 +683,10 @@ def replay_views(t: torch.Tensor, views: tuple) -> torch.Tensor:
 def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     """Apply input mutations, rebuild aliased outputs and the output structure from the graph's flat outputs."""
     pairs = [(inputs[m.input_index], outs[m.output_index], m.grad_enabled) for m in meta.mutations]
-    pairs = [(d, s, g) for d, s, g in pairs if d is not s]  # a compiled graph may have written the input in place
+    written = [d for d, s, _ in pairs if d is s]   # a compiled graph wrote these inputs in place:
+    if written:                                     # autograd must see the write, as eager's in-place op's
+        torch.autograd.graph.increment_version(written)
+    pairs = [(d, s, g) for d, s, g in pairs if d is not s]
     if len(pairs) > 1 and not any(g and (d.requires_grad or s.requires_grad) for d, s, g in pairs) and \
             len({(d.device, d.dtype, s.device, s.dtype) for d, s, _ in pairs}) == 1:
         # many copies back that autograd need not see (an optimizer's step counters): one foreach copy, one launch

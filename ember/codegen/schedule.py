@@ -305,7 +305,7 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
 
     for it in items:
         if isinstance(it, FusedGroup):
-            _order_elementwise(it)
+            order_elementwise(it)
 
     # reductions read only in their own group, at their own row, stay in registers
     readers: dict[str, set] = {}
@@ -333,7 +333,7 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
     return sched
 
 
-def _order_elementwise(g: FusedGroup) -> None:
+def order_elementwise(g: FusedGroup) -> None:
     """An `elementwise` group (horizontal fusion: e.g. one optimizer update per parameter) is split into
     blocks: members over the same loops that read a common buffer or each other (the updates of one
     parameter: new param, exp_avg, exp_avg_sq all read its grad). Members are ordered by inner loop sizes,

@@ -42,7 +42,7 @@ import torch
 
 from ember.codegen import ir
 from ember.codegen.ir import Expr, FloorDiv, IndirectSymbol, ModIndex
-from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
+from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars
 from ember.tools.logs import get_logger
 
 code_log = get_logger("output_code")
@@ -337,7 +337,7 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
     items = []
     for it in sched.items:
         if not isinstance(it, FusedGroup) or len(it.members) < 2 or int(it.numel) >= _sm_count() \
-                or group_shape(it) != ROWS or any(m.dest for m in it.members):   # in place: keep the order
+                or group_shape(it) != ROWS:
             items.append(it)
             continue
         scalars = _leading_scalars(it)
@@ -345,9 +345,13 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
             # so the elementwise rest is one flat kernel over all programs instead of one program's loop
             items.append(dataclasses.replace(it, members=scalars))
             it = dataclasses.replace(it, members=[m for m in it.members if m not in scalars])
+            order_elementwise(it)   # one block per parameter
             if group_shape(it) != ROWS:     # flat, or one foreach kernel over the independent parts
                 items.append(it)
                 continue
+        if any(m.dest for m in it.members):   # in-place writers: parts could reorder a write and a read
+            items.append(it)
+            continue
         part_of: dict[str, int] = {}
         parts: list[list] = []
         for m in it.members:
@@ -378,6 +382,9 @@ def _leading_scalars(group: FusedGroup) -> list:
         return []
     scalars = [m for m in group.members if not m.inner]
     if not scalars or len(scalars) == len(group.members):
+        return []
+    dests = {m.dest for m in group.members if m.dest}
+    if any(m.dest or m.reads & dests for m in scalars):   # moved first, they would write or read out of order
         return []
     others = {m.buf.name for m in group.members if m.inner}
     return [] if any(m.reads & others for m in scalars) else scalars
@@ -980,8 +987,15 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
                if isinstance(v, torch.Tensor)} | {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     devices.discard("meta")     # shape-only values some graphs carry
     if devices - {"cuda"} and not (os.environ.get("TRITON_INTERPRET") == "1" and devices == {"cpu"}):
-        # e.g. torch.optim's step counters, kept on the CPU unless capturable=True: Triton kernels cannot read
-        # CPU memory, and ops between CPU scalars have no kernel here yet
+        # e.g. torch.optim's step counters, kept on the CPU unless capturable=True: the CPU scalars are computed
+        # by the C++ backend and reach the kernels in one copy (host_scalars)
+        from ember.backends.ember_backend import compile_aten as compile_cpp
+        from ember.codegen import host_scalars
+        split = host_scalars.compile_split(gm, example_inputs, lambda g, ex: compile_cpp(g, ex, options),
+                                           lambda g, ex: compile_aten(g, ex, options)) \
+            if devices == {"cpu", "cuda"} else None
+        if split is not None:
+            return split
         fallback_log.warning("graph runs eagerly (Triton backend): it mixes %s tensors with CUDA ones",
                              "/".join(sorted(devices - {"cuda"})))
         STATS["eager_graphs"] += 1

@@ -210,3 +210,60 @@ def test_train_function_with_optimizer_step_inside():
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
     assert backend.trained()
+
+
+def test_optimizer_step_is_an_inference_graph_written_in_place():
+    """An optimizer writes its parameters under no_grad: no output needs a gradient, so the step is an inference
+    graph whose kernels write the parameters and state in place (no copies back)."""
+    from ember.autograd import trace_joint
+    w = torch.nn.Parameter(torch.randn(8, 4))
+    m = torch.randn(8, 4)
+
+    def step(w, m, g):
+        with torch.no_grad():
+            m.mul_(0.9).add_(g)
+            w.add_(m, alpha=-0.1)
+        return None
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    g = torch.randn(8, 4)
+    ember.compile(step, backend=keep)(w, m, g)   # the frontend records the no_grad (symbolic_trace cannot)
+    _, meta = trace_joint(graphs[0], [w, m, g])
+    assert meta.tangent_of == [] and len(meta.mutations) == 2
+    params, state = [torch.nn.Parameter(torch.randn(16, 8)) for _ in range(3)], None
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref_opt = torch.optim.Adam(params, lr=0.01), torch.optim.Adam(ref, lr=0.01)
+    compiled = ember.compile(lambda: opt.step())
+    for _ in range(3):
+        for p, r in zip(params, ref):
+            p.grad = torch.randn_like(p)
+            r.grad = p.grad.clone()
+        compiled()
+        ref_opt.step()
+        state = [opt.state[p]["exp_avg"].data_ptr() for p in params]
+    for p, r in zip(params, ref):
+        torch.testing.assert_close(p, r)
+        assert p.is_leaf and p.grad_fn is None
+    assert state == [opt.state[p]["exp_avg"].data_ptr() for p in params]
+
+
+def test_in_place_kernel_writes_are_seen_by_autograd():
+    """A parameter saved for a backward and then changed by a compiled optimizer step: eager's backward raises
+    (the version counter moved); so must the compiled one's, though its kernel wrote the memory directly."""
+    def run(compile):
+        w = torch.nn.Parameter(torch.randn(4, 4))
+        x = torch.randn(3, 4, requires_grad=True)
+        opt = torch.optim.SGD([w], lr=0.1)
+        step = compile(lambda: opt.step())
+        for _ in range(2):
+            w.grad = torch.randn(4, 4)
+            step()
+        y = (x @ w).sum()
+        step()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+    run(lambda f: f)
+    run(ember.compile)

@@ -198,3 +198,31 @@ def test_aot_module_training_with_cuda_graphs_matches_eager():
         opt.zero_grad(); ref_opt.zero_grad()
         for got, want in kept:
             torch.testing.assert_close(got, want)
+
+
+def test_train_step_with_default_adam_under_reduce_overhead():
+    """torch.optim's default Adam keeps its step counters on the CPU: the step's graph runs its kernels without a
+    CUDA graph (as torch.compile skips it), the forward and backward graphs replay; every value as eager."""
+    import ember
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).cuda()
+    ref = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).cuda()
+    ref.load_state_dict(model.state_dict())
+    opt, ref_opt = torch.optim.Adam(model.parameters(), lr=1e-2), torch.optim.Adam(ref.parameters(), lr=1e-2)
+
+    def train_step(m, o, x, t):
+        o.zero_grad(set_to_none=True)
+        loss = F.mse_loss(m(x), t)
+        loss.backward()
+        o.step()
+        return loss
+
+    ember.reset()
+    step = ember.compile(train_step, mode="reduce-overhead")
+    for _ in range(4):
+        x, t = torch.randn(32, 64, device="cuda"), torch.randn(32, 64, device="cuda")
+        torch.testing.assert_close(step(model, opt, x, t), train_step(ref, ref_opt, x, t))
+    for p, r in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, r)
+        torch.testing.assert_close(opt.state[p]["exp_avg_sq"], ref_opt.state[r]["exp_avg_sq"])
+        assert opt.state[p]["step"].device.type == "cpu" and opt.state[p]["step"] == ref_opt.state[r]["step"]

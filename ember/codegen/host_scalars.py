@@ -1,0 +1,186 @@
+"""CPU scalars in a CUDA graph: their inputs copied to the GPU in one transfer, the CPU results made by the C++
+backend.
+
+torch.optim keeps its step counters on the CPU (capturable=False, the default), so an optimizer step's graph
+mixes CPU 0-d tensors (step + 1, the bias corrections 1 - beta ** step, the step size) with the CUDA tensors
+they scale; eager CUDA kernels read such a 0-d CPU tensor as a scalar argument. Here a call
+
+  1. gathers the values of the CPU inputs into one pinned buffer per dtype (one C call reading every input's
+     address) and copies it to the GPU (asynchronous: the GPU work queued before it is not waited for);
+  2. runs the device graph: the original graph with each CPU input replaced by `select(pack, 0, i)` and the CPU
+     nodes recomputed on the GPU (scalar arithmetic that fuses into the kernels that read it);
+  3. runs the host graph, the CPU nodes the graph's CPU outputs need (step + 1), through the C++ backend, which
+     writes the step counters in place.
+
+A CPU node that reads a CUDA value (a device-to-host copy, e.g. `.item()`) or a CPU value that is not a 0-d
+tensor gives up the split: the caller runs the graph eagerly.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Callable
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+aten = torch.ops.aten
+
+GATHER_SOURCE = """#include <stdint.h>
+#include <string.h>
+// out[i * size .. (i + 1) * size) = the `size` bytes at address ptrs[i]
+extern "C" void ember_gather(const int64_t* ptrs, int64_t n, int64_t size, char* out) {
+  for (int64_t i = 0; i < n; i++) memcpy(out + i * size, (const void*)ptrs[i], size);
+}
+"""
+_gather = None
+
+
+def _gather_fn():
+    global _gather
+    if _gather is None:
+        from ember.runtime import cache
+        lib = ctypes.CDLL(str(cache.build_cpp(GATHER_SOURCE).result()))
+        _gather = lib.ember_gather
+        _gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        _gather.restype = None
+    return _gather
+
+
+def _device_type(n: fx.Node) -> str | None:
+    """'cpu' / 'cuda' / ... for a node whose tensor values are all on one device type, else None."""
+    kinds = {v.device.type for v in pytree.tree_leaves(n.meta.get("val")) if isinstance(v, torch.Tensor)}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | None:
+    """(host graph, device graph, how to call them) for a graph whose CPU values are 0-d tensors, else None."""
+    nodes = list(gm.graph.nodes)
+    output = nodes[-1]
+    host = {n for n in nodes if n.op in ("placeholder", "call_function") and _device_type(n) == "cpu"}
+    if not host:
+        return None
+    for n in host:
+        if any(a not in host for a in n.all_input_nodes):
+            return None      # a CPU value made from a device value: a device-to-host copy, which must wait
+        if not (isinstance(n.meta["val"], torch.Tensor) and n.meta["val"].ndim == 0):
+            return None      # eager CUDA kernels take CPU tensors only as 0-d scalars
+    device = next(v.device for n in nodes if n not in host and n.op != "output"
+                  for v in pytree.tree_leaves(n.meta.get("val")) if isinstance(v, torch.Tensor))
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    host_inputs = [n for n in placeholders if n in host]
+    out_leaves, out_spec = pytree.tree_flatten(output.args[0])
+    host_outs = [x for x in out_leaves if isinstance(x, fx.Node) and x in host]
+    dev_outs = [x for x in out_leaves if isinstance(x, fx.Node) and x not in host]
+    packs: dict[torch.dtype, list[fx.Node]] = {}
+    for n in host_inputs:
+        packs.setdefault(n.meta["val"].dtype, []).append(n)
+
+    # host graph: every CPU input (one calling convention), the CPU nodes, the CPU outputs
+    hg, henv = fx.Graph(), {}
+    for n in nodes:
+        if n in host:
+            henv[n] = hg.node_copy(n, henv.__getitem__)
+    hg.output(tuple(henv[x] for x in host_outs))
+    hg.eliminate_dead_code()
+
+    # device graph: its inputs, then one pack per dtype whose elements stand for the CPU inputs; CPU nodes
+    # recomputed on the device
+    dg, denv = fx.Graph(), {}
+    for n in placeholders:
+        if n not in host:
+            denv[n] = dg.node_copy(n, denv.__getitem__)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for i, (dtype, members) in enumerate(packs.items()):
+            p = dg.placeholder(f"host_scalars_{i}")
+            p.meta["val"] = torch.empty((len(members),), dtype=dtype, device=device)
+            for j, m in enumerate(members):
+                denv[m] = dg.call_function(aten.select.int, (p, 0, j))
+                denv[m].meta["val"] = torch.empty((), dtype=dtype, device=device)
+        for n in nodes:
+            if n.op != "call_function":
+                continue
+            new = denv[n] = dg.node_copy(n, denv.__getitem__)
+            if n in host:
+                if "device" in new.kwargs:
+                    new.kwargs = {**new.kwargs, "device": device}
+                new.meta = {**n.meta, "val": torch.empty((), dtype=n.meta["val"].dtype, device=device)}
+    dg.output(tuple(denv[x] for x in dev_outs))
+    dg.eliminate_dead_code()
+
+    host_gm, dev_gm = fx.GraphModule(gm, hg), fx.GraphModule(gm, dg)
+    inputs_dev = [i for i, n in enumerate(placeholders) if n not in host]
+    inputs_host = [i for i, n in enumerate(placeholders) if n in host]
+    mutations = gm.meta.get("ember_input_mutations") or []
+    # (input index, output index) pairs renumbered for each part: the host graph writes the step counters in
+    # place (the device graph has read their old values from the pack by then)
+    dev_gm.meta["ember_input_mutations"] = [(inputs_dev.index(i), dev_outs.index(out_leaves[o]))
+                                            for i, o in mutations if out_leaves[o] in dev_outs and i in inputs_dev]
+    host_gm.meta["ember_input_mutations"] = [(inputs_host.index(i), host_outs.index(out_leaves[o]))
+                                             for i, o in mutations if out_leaves[o] in host_outs and i in inputs_host]
+    plan = {
+        "host_inputs": inputs_host,
+        "device_inputs": inputs_dev,
+        # per pack: dtype, and the positions (among the host inputs) of its members
+        "packs": [(dtype, [host_inputs.index(m) for m in members]) for dtype, members in packs.items()],
+        "device": device,
+        # per output leaf: ("host", k) / ("device", k) / ("const", value)
+        "outputs": [("host", host_outs.index(x)) if isinstance(x, fx.Node) and x in host else
+                    ("device", dev_outs.index(x)) if isinstance(x, fx.Node) else ("const", x) for x in out_leaves],
+        "out_spec": out_spec,
+    }
+    return host_gm, dev_gm, plan
+
+
+class _Pack:
+    """The values of some same-dtype 0-d CPU tensors in one pinned buffer, sent to the GPU without a wait.
+
+    Two buffers take turns; before one is refilled, the copy that last read it must have finished (an event,
+    long done by then in a training loop)."""
+
+    def __init__(self, dtype: torch.dtype, positions: list[int], device: torch.device):
+        n = len(positions)
+        self.positions, self.n, self.size = positions, n, torch.empty((), dtype=dtype).element_size()
+        self.buffers = [torch.empty(n, dtype=dtype, pin_memory=True) for _ in range(2)]
+        self.events: list[torch.cuda.Event | None] = [None, None]
+        self.ptrs = (ctypes.c_int64 * n)()
+        self.turn, self.device = 0, device
+
+    def send(self, host_args: list[torch.Tensor]) -> torch.Tensor:
+        k, self.turn = self.turn, 1 - self.turn
+        if self.events[k] is not None:
+            self.events[k].synchronize()
+        self.ptrs[:] = [host_args[i].data_ptr() for i in self.positions]
+        buf = self.buffers[k]
+        _gather_fn()(self.ptrs, self.n, self.size, buf.data_ptr())
+        out = buf.to(self.device, non_blocking=True)
+        self.events[k] = torch.cuda.Event()
+        self.events[k].record()
+        return out
+
+
+def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callable, compile_device: Callable
+                  ) -> Callable | None:
+    """gm compiled as a host part and a device part (module doc), or None where it cannot be split."""
+    parts = split(gm)
+    if parts is None:
+        return None
+    host_gm, dev_gm, plan = parts
+    host_idx, dev_idx, device = plan["host_inputs"], plan["device_inputs"], plan["device"]
+    has_host_outputs = any(where == "host" for where, _ in plan["outputs"])
+    host_fn = compile_host(host_gm, [example_inputs[i] for i in host_idx]) if has_host_outputs else None
+    dev_examples = [example_inputs[i] for i in dev_idx] + \
+        [torch.empty((len(pos),), dtype=dt, device=device) for dt, pos in plan["packs"]]
+    dev_fn = compile_device(dev_gm, dev_examples)
+    packs = [_Pack(dt, pos, device) for dt, pos in plan["packs"]]
+    outputs, out_spec = plan["outputs"], plan["out_spec"]
+
+    def run(*args):
+        host_args = [args[i] for i in host_idx]
+        d = dev_fn(*[args[i] for i in dev_idx], *[p.send(host_args) for p in packs])
+        h = host_fn(*host_args) if has_host_outputs else ()
+        leaves = [h[k] if where == "host" else d[k] if where == "device" else k for where, k in outputs]
+        return pytree.tree_unflatten(leaves, out_spec)
+    run.host, run.device_part = host_fn, dev_fn
+    return run
