@@ -23,8 +23,10 @@ train)
     | grep -v -i warn | tail -8 ;;
 quick)   # a check while working: optimizer and CUDA-graph tests, the Adam rows with a kernel profile
   timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
-    tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py tests/autograd/test_training.py 2>&1 \
+    tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py 2>&1 \
     | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -30
   timeout 150 python3 bench/gpu.py --only "Adam step" --columns "${2:-eager,ember}" --profile "Adam step" 2>&1 \
-    | tee "$OUT/adam.log" | grep -v -i warn | tail -40 ;;
+    | tee "$OUT/adam.log" | grep -v -i warn | grep -E "^\||ember\]|Error" | tail -12
+  timeout 200 python3 bench/gpu.py --only "train step" --columns ember 2>&1 | tee "$OUT/train.log" \
+    | grep -v -i warn | grep -E "^\||Error|File" | tail -20 ;;
 esac

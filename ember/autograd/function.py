@@ -131,10 +131,12 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             # copy in `finish` is skipped when the graph returns the input itself). Inference only: a training
             # forward's inputs may be saved for the backward, which needs their old values.
             aten_gm.meta["ember_input_mutations"] = [(m.input_index, m.output_index) for m in meta.mutations]
+            aten_gm.meta["ember_guarded"] = guarded    # the wrapper need not check the inputs again
             return _Artifact(meta, fw_compiler(aten_gm, inputs), name, no_grad=no_grad)
         log.debug("%s: joint graph %d nodes -> forward %d, backward %d; saves %d tensors (%d bytes), "
                   "recomputes %d nodes", name, len(joint.graph.nodes), len(part.forward.graph.nodes),
                   len(part.backward.graph.nodes), len(part.saved), part.saved_bytes, len(part.recomputed))
+        part.forward.meta["ember_guarded"] = guarded
         return _Artifact(meta, fw_compiler(part.forward, inputs), name, part, bw_compiler)
 
     # The frontend guards every input's metadata and the grad mode before it calls a graph, so a graph it

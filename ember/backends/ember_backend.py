@@ -109,7 +109,8 @@ class CompiledGraph:
 
         self.lib = lib
         self.call = wrapper.python_wrapper(self.sched, kernel_call, {
-            **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)})
+            **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)},
+            check_inputs=not self.gm.meta.get("ember_guarded", False))
         if code_log.isEnabledFor(10):
             code_log.debug("host program:\n%s", self.call.source)
 
@@ -154,10 +155,10 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         build = _done(None)
     compiled = CompiledGraph(gm, sched, source, kernels, build, options)
 
-    import torch.utils._pytree as pytree
+    unflatten = wrapper.fast_unflatten(out_spec)
 
     def run(*args):
-        return pytree.tree_unflatten(compiled(*args), out_spec)
+        return unflatten(compiled(*args))
     run.compiled = compiled
     return run
 

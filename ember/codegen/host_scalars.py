@@ -25,6 +25,8 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ember.codegen.wrapper import fast_unflatten
+
 aten = torch.ops.aten
 
 GATHER_SOURCE = """#include <stdint.h>
@@ -110,6 +112,7 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
     dg.eliminate_dead_code()
 
     host_gm, dev_gm = fx.GraphModule(gm, hg), fx.GraphModule(gm, dg)
+    host_gm.meta["ember_guarded"] = dev_gm.meta["ember_guarded"] = gm.meta.get("ember_guarded", False)
     inputs_dev = [i for i, n in enumerate(placeholders) if n not in host]
     inputs_host = [i for i, n in enumerate(placeholders) if n in host]
     mutations = gm.meta.get("ember_input_mutations") or []
@@ -174,13 +177,14 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
         [torch.empty((len(pos),), dtype=dt, device=device) for dt, pos in plan["packs"]]
     dev_fn = compile_device(dev_gm, dev_examples)
     packs = [_Pack(dt, pos, device) for dt, pos in plan["packs"]]
-    outputs, out_spec = plan["outputs"], plan["out_spec"]
+    outputs = plan["outputs"]
+    unflatten = fast_unflatten(plan["out_spec"])
 
     def run(*args):
         host_args = [args[i] for i in host_idx]
         d = dev_fn(*[args[i] for i in dev_idx], *[p.send(host_args) for p in packs])
         h = host_fn(*host_args) if has_host_outputs else ()
         leaves = [h[k] if where == "host" else d[k] if where == "device" else k for where, k in outputs]
-        return pytree.tree_unflatten(leaves, out_spec)
+        return unflatten(leaves)
     run.host, run.device_part = host_fn, dev_fn
     return run

@@ -42,6 +42,7 @@ import torch
 
 from ember.codegen import ir
 from ember.codegen.ir import Expr, FloorDiv, IndirectSymbol, ModIndex
+from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars
 from ember.tools.logs import get_logger
 
@@ -938,7 +939,7 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # what Triton itself calls: 
     _raw_stream = torch._C._cuda_getCurrentRawStream  # noqa: F811
 
 
-def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) -> Callable:
+def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, check_inputs: bool = True) -> Callable:
     """The host program for a schedule on `device`: `call(list of inputs) -> list of outputs`."""
     from ember.codegen import wrapper
     source, kernels = generate(sched)
@@ -965,7 +966,7 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device) 
         return f"_launch_{group.name}({', '.join(args)})  # {name}[({grid},)]"
 
     globs["_fallback"] = fallback
-    call = wrapper.python_wrapper(sched, kernel_call, globs)
+    call = wrapper.python_wrapper(sched, kernel_call, globs, check_inputs)
     call.namespace["_empty"] = functools.partial(torch.empty_strided, device=device)
     call.kernel_source = source
     call.kernels = kernels
@@ -1007,7 +1008,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         if (options or {}).get("max_autotune"):
             from ember.codegen import mm_template
             sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
-        call = compile_schedule(sched, lambda args: gm(*args), device)
+        call = compile_schedule(sched, lambda args: gm(*args), device, not gm.meta.get("ember_guarded", False))
     except (lower.Unsupported, NotImplementedError) as e:
         fallback_log.warning("graph runs eagerly (Triton backend): %s: %s", type(e).__name__, e)
         STATS["eager_graphs"] += 1
@@ -1021,7 +1022,9 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     STATS["graphs"] += 1
     STATS["kernels"] += len({name for _, name, *_ in call.kernels})
 
+    unflatten = fast_unflatten(out_spec)
+
     def run(*args):
-        return pytree.tree_unflatten(call(list(args)), out_spec)
+        return unflatten(call(list(args)))
     run.compiled = call
     return run

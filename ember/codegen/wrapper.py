@@ -10,9 +10,20 @@ import math
 from typing import Callable
 
 import torch
+import torch.utils._pytree as pytree
 
 from ember.codegen.ir import ExternBuffer, TensorArg
 from ember.codegen.schedule import FusedGroup, Schedule
+
+
+def fast_unflatten(spec: pytree.TreeSpec) -> Callable[[list], object]:
+    """`lambda leaves: tree_unflatten(leaves, spec)`, without pytree's walk for a flat list or tuple of leaves
+    (most graphs' outputs; the walk cost ~1 us per output on every call)."""
+    if spec.type in (list, tuple):
+        kids = spec.children() if hasattr(spec, "children") else spec.children_specs
+        if all(k.is_leaf() for k in kids):
+            return list if spec.type is list else tuple
+    return lambda leaves: pytree.tree_unflatten(leaves, spec)
 
 
 def _restride(t: torch.Tensor, stride) -> torch.Tensor:
@@ -21,11 +32,33 @@ def _restride(t: torch.Tensor, stride) -> torch.Tensor:
     return out
 
 
-def _overlap(args: list, written: tuple) -> bool:
-    """Whether an input in `written` shares a storage with any other input."""
-    ptrs = [a.untyped_storage().data_ptr() for a in args]
-    mine = {ptrs[i] for i in written}
-    return len(mine) < len(written) or sum(p in mine for p in ptrs) > len(written)
+class _Overlap:
+    """`overlap(args)`: whether the memory of an input in `written` overlaps another input's. The inputs' layouts
+    are fixed (checked or guarded), so each one's byte range follows from its address; the addresses of the
+    last call that passed are remembered (an optimizer passes the same tensors every step)."""
+
+    def __init__(self, written: tuple, extents: list[int]):
+        self.written, self.extents, self.last = written, extents, None
+
+    def __call__(self, args: list) -> bool:
+        ptrs = [a.data_ptr() for a in args]
+        if ptrs == self.last:
+            return False
+        for i in self.written:
+            lo, hi = ptrs[i], ptrs[i] + self.extents[i]
+            if any(j != i and p < hi and lo < p + e and e and hi > lo
+                   for j, (p, e) in enumerate(zip(ptrs, self.extents))):
+                return True
+        self.last = ptrs
+        return False
+
+
+def _extent(b) -> int:
+    """Bytes between the first and one past the last element of an input buffer."""
+    size, stride = [int(x) for x in b.size], [int(x) for x in b.stride]
+    if any(n == 0 for n in size):
+        return 0
+    return (sum((n - 1) * abs(st) for n, st in zip(size, stride)) + 1) * b.dtype.itemsize
 
 
 class Wrapper:
@@ -58,8 +91,10 @@ class Wrapper:
         return self.const(a)
 
 
-def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], extra_globals: dict) -> Callable:
-    """Build `call(args) -> outputs`; returns the function (its source is `call.source`)."""
+def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], extra_globals: dict,
+                   check_inputs: bool = True) -> Callable:
+    """Build `call(args) -> outputs`; returns the function (its source is `call.source`). check_inputs=False:
+    the caller guarantees the inputs' types, shapes, strides and dtypes (the frontend's guards did check them)."""
     w = Wrapper(sched)
     w.globals.update(extra_globals)
     w.globals["_Tensor"] = torch.Tensor  # an input that is None (an unused gradient) runs the graph eagerly
@@ -72,13 +107,14 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
         L.append(f"    {', '.join(names)}, = args")
     checks = [f"not isinstance({b.name}, _Tensor) or "
               f"{b.name}.shape != {tuple(int(s) for s in b.size)} or {b.name}.stride() != "
-              f"{tuple(int(s) for s in b.stride)} or {b.name}.dtype != {w.const(b.dtype)}" for b in low.inputs]
+              f"{tuple(int(s) for s in b.stride)} or {b.name}.dtype != {w.const(b.dtype)}" for b in low.inputs] \
+        if check_inputs else []
     if sched.inplace:
         # an input written in place must not share memory with another input (then the kernels would read
         # values already overwritten): such a call runs the functional graph, whose results are copied back
-        w.globals["_overlap"] = _overlap
         written = sorted({names.index(d) for d in sched.inplace.values()})
-        checks.append(f"_overlap(args, {tuple(written)})")
+        w.globals["_overlap"] = _Overlap(tuple(written), [_extent(b) for b in low.inputs])
+        checks.append("_overlap(args)")
     if checks:
         L.append(f"    if {' or '.join(checks)}:")
         L.append("        return _fallback(args)")
