@@ -376,6 +376,32 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
     return dataclasses.replace(sched, items=items)
 
 
+MAX_BLOCKS_PER_KERNEL = 32   # independent blocks (an optimizer's parameters) one horizontally fused kernel takes
+
+
+def chunk_wide_groups(sched: Schedule, limit: int = MAX_BLOCKS_PER_KERNEL) -> Schedule:
+    """Horizontally fused groups of many independent blocks in kernels of at most `limit` blocks each.
+
+    densenet121's Adam step fused 364 parameters (1,500 pointer arguments, 364 program ranges) into one Triton
+    kernel, which took minutes to compile; a few launches more cost microseconds."""
+    items = []
+    for it in sched.items:
+        if not isinstance(it, FusedGroup) or len(it.members) <= limit or group_shape(it) == ROWS:
+            items.append(it)
+            continue
+        order_elementwise(it)
+        blocks = list(dict.fromkeys(m.block for m in it.members))
+        if not it.elementwise or len(blocks) <= limit:
+            items.append(it)
+            continue
+        chunk_of = {b: k // limit for k, b in enumerate(blocks)}
+        for k in range(len(blocks) // limit + 1):
+            members = [m for m in it.members if chunk_of[m.block] == k]
+            if members:
+                items.append(dataclasses.replace(it, members=members))
+    return dataclasses.replace(sched, items=items)
+
+
 def _leading_scalars(group: FusedGroup) -> list:
     """The group's one-element pointwise members when they can run before all the others: none reads another
     kind of member of the group, and the group has no reduction (whose register values members may share)."""
@@ -808,8 +834,10 @@ def generate(sched: Schedule) -> tuple[str, list]:
 def _canonical(src: list[str], buffers: list[str]) -> tuple[str, str]:
     """Kernel text with buffers renamed p0, p1... in argument order, named by the hash of that text."""
     comment, body = src[0], "\n".join(src[1:])
-    for j, n in enumerate(dict.fromkeys(buffers)):
-        body = re.sub(rf"\b{n}(?=\b|_)", f"p{j}", body)
+    new = {n: f"p{j}" for j, n in enumerate(dict.fromkeys(buffers))}
+    if new:   # one pass over the text (a pass per buffer was quadratic in a wide kernel's size)
+        names = "|".join(map(re.escape, sorted(new, key=len, reverse=True)))
+        body = re.sub(rf"\b({names})(?=\b|_)", lambda m: new[m.group(1)], body)
     name = "k_" + hashlib.sha256(body.encode()).hexdigest()[:16]
     return name, comment + "\n" + body.replace("def KERNEL(", f"def {name}(")
 
@@ -1003,7 +1031,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         return gm.forward
     try:
         low, out_spec, _ = lower.lower(gm, example_inputs)
-        sched = split_few_row_groups(schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations")))
+        sched = chunk_wide_groups(split_few_row_groups(
+            schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations"))))
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
         if (options or {}).get("max_autotune"):
             from ember.codegen import mm_template

@@ -305,3 +305,19 @@ def test_max_pool_indices_are_integer_divisions():
     printer refused it and the whole training graph of densenet ran eagerly."""
     x = rand(2, 3, 9, 11)
     compile_and_check(lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True), x)
+
+
+def test_horizontal_fusion_of_many_parameters_is_chunked():
+    """An update of 70 parameters is not one kernel of 70 program ranges (densenet121's Adam step as one
+    kernel took minutes to compile): at most MAX_BLOCKS_PER_KERNEL parameters a kernel, values as eager."""
+    from ember.codegen import triton as tb
+    ps = [rand(5 + i % 7, 3) for i in range(70)]
+    gs = [rand(*p.shape) for p in ps]
+
+    def f(*xs):
+        n = len(xs) // 2
+        return [p - 0.1 * g * g for p, g in zip(xs[:n], xs[n:])]
+    compiled = compile_and_check(f, *ps, *gs)
+    kernels = {name for _, name, *_ in compiled.kernels}
+    assert 3 <= len(kernels) <= 4, len(kernels)   # ceil(70 / 32) = 3
+    assert tb.MAX_BLOCKS_PER_KERNEL == 32
