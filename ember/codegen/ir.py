@@ -112,6 +112,8 @@ def bounds(e, ranges: dict) -> tuple[int, int] | None:
 def simplify_index(e, ranges: dict | None = None):
     """Undo the div/mod that reshapes introduce: k*(a//d) + (k/d)... patterns, and a//d, a%d when a < d."""
     e = sympy.expand(e)
+    if not e.has(FloorDiv, ModIndex):   # most indices (an optimizer's thousands of flat ones): nothing to undo
+        return e
     if ranges:
         def small(x):  # a // d == 0 and a % d == a when 0 <= a < d
             b = bounds(x.args[0], ranges)
