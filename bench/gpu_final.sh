@@ -4,6 +4,7 @@
 #                                   # the Triton OpInfo subset (float32, bfloat16); autograd peak memory
 #   bash bench/gpu_final.sh bench   # bench/gpu.py: eager, Inductor and ember on every row but the training one
 #   bash bench/gpu_final.sh train   # the densenet121 training row (Inductor's compile alone takes ~3 minutes)
+#   bash bench/gpu_final.sh final   # all of it in one command (tests of what changed, bench, training row)
 #   bash bench/gpu_final.sh quick   # while working: optimizer/CUDA-graph tests, Adam rows with a kernel profile
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
@@ -21,6 +22,15 @@ bench)
 train)
   timeout 580 python3 bench/gpu.py --only "train step" --columns "${2:-eager,ember}" 2>&1 | tee "$OUT/train.log" \
     | grep -v -i warn | tail -8 ;;
+final)   # one command for a session's last ~10 device minutes: the GPU tests of what changed, every bench row
+  # with Inductor but the training one (Inductor's compile alone takes 2-3 minutes), then that row without it
+  timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
+    tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
+    | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
+  timeout 400 python3 bench/gpu.py --only pointwise,"adam step","infer, reduce","infer, default",resnet50,bert,gpt2 \
+    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22
+  timeout 150 python3 bench/gpu.py --only "train step" --columns eager,ember 2>&1 | tee "$OUT/train.log" \
+    | grep -v -i warn | grep -E "^\||Error" | tail -8 ;;
 quick)   # a check while working: optimizer and CUDA-graph tests, the Adam rows with a kernel profile
   timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py 2>&1 \
