@@ -35,6 +35,7 @@ _BINARY_METHODS = {"add", "sub", "mul", "div", "__add__", "__sub__", "__mul__", 
 # In place: the result is the first input itself (FakeTensorMode returns it too); its dtype must hold the result.
 _INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv}
 _INPLACE_METHODS = {"relu_", "add_", "sub_", "mul_", "div_"}
+_OPERATORS = {operator.add, operator.sub, operator.mul, operator.truediv}
 
 
 def _contiguous_strides(shape) -> tuple:
@@ -95,9 +96,9 @@ def fast_result(mode: FakeTensorMode, kind: str, target, args: tuple, kwargs: di
             return None
         return x if inplace else _new(mode, x.shape, x.dtype, x.fake_device)
     if method and target in _INPLACE_METHODS or not method and target in _INPLACE:
-        return _pointwise(mode, args, kwargs, inplace=True, unary=target == "relu_")
+        return _pointwise(mode, target, args, kwargs, inplace=True, unary=target == "relu_")
     if (method and target in _BINARY_METHODS) or (not method and target in _BINARY):
-        return _pointwise(mode, args, kwargs, inplace=False)
+        return _pointwise(mode, target, args, kwargs, inplace=False)
     if method:
         return None
     if target is F.batch_norm:
@@ -109,11 +110,12 @@ def fast_result(mode: FakeTensorMode, kind: str, target, args: tuple, kwargs: di
     return None
 
 
-def _pointwise(mode, args, kwargs, inplace: bool, unary: bool = False):
+def _pointwise(mode, target, args, kwargs, inplace: bool, unary: bool = False):
     if kwargs or len(args) != (1 if unary else 2):
         return None
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not tensors or type(args[0]) is not FakeTensor and inplace:
+    # torch.add(2, x) is a TypeError (operator.add(2, x) is x.__radd__(2)); in place, the first is the result
+    if not tensors or type(args[0]) is not FakeTensor and (inplace or target not in _OPERATORS):
         return None
     first = tensors[0]
     device, shape, dtype = first.fake_device, first.shape, first.dtype
@@ -150,7 +152,7 @@ _BN_DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1
 def _batch_norm(mode, args, kwargs):
     """Eval-mode F.batch_norm with running statistics: eager's output is empty_like(input, suggested format)."""
     b = _bind(_BN_NAMES, _BN_DEFAULTS, args, kwargs)
-    if b is None or b["training"] is not False or type(b["momentum"]) not in (float, int, type(None)) or \
+    if b is None or b["training"] is not False or type(b["momentum"]) not in (float, int) or \
             type(b["eps"]) not in (float, int):
         return None
     x = b["input"]
