@@ -11,6 +11,7 @@ One `Frame` interprets one code object; calls to user functions are inlined as c
 """
 from __future__ import annotations
 
+import bisect
 import builtins
 import collections
 import copy
@@ -185,11 +186,17 @@ def attr_source(parent: str | None, name: str) -> str | None:
 
 
 def where(code: types.CodeType, offset: int) -> str:
-    line = None
-    for start, _end, lineno in code.co_lines():
-        if start <= offset and lineno is not None:
-            line = lineno
-    return f"{code.co_filename}:{line}"
+    """file:line of an instruction (every recorded op carries one: walking co_lines per op was a tenth of
+    GPT-2's capture, so each code's line starts are listed once)"""
+    starts = _LINE_STARTS.get(code)
+    if starts is None:
+        starts = _LINE_STARTS[code] = ([], [])
+        for start, _end, lineno in code.co_lines():
+            if lineno is not None:
+                starts[0].append(start)
+                starts[1].append(lineno)
+    i = bisect.bisect_right(starts[0], offset)
+    return f"{code.co_filename}:{starts[1][i - 1] if i else None}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -530,7 +537,14 @@ class StopCapture(Exception):
 # ---------------------------------------------------------------------------------------------------------
 
 _INSTRUCTIONS: dict[types.CodeType, tuple[list, dict]] = {}
+_LINE_STARTS: dict[types.CodeType, tuple[list, list]] = {}
 _EXCEPTION_TABLES: dict[types.CodeType, list] = {}
+
+
+def clear_caches() -> None:
+    _INSTRUCTIONS.clear()
+    _EXCEPTION_TABLES.clear()
+    _LINE_STARTS.clear()
 
 
 def exception_table(code: types.CodeType) -> list:

@@ -4,7 +4,7 @@ Capture runs every recorded op on fake tensors to learn what it returns. A FakeT
 is cold (each new op/shape) costs 1-25 ms: eval-mode batch_norm runs a whole Python decomposition on meta
 tensors (8 ms per layer, 0.95 s of densenet121's capture), a pointwise op goes through the Python meta
 functions. For a few ops on plain inputs the answer is known without running anything: `fast_result` returns
-the output FakeTensor for those, or None, and the caller then dispatches through FakeTensorMode as before.
+the output FakeTensor for those (eval batch_norm, layer_norm, conv2d, cat, same-shape pointwise ops), or None, and the caller then dispatches through FakeTensorMode as before.
 
 The rules only take inputs whose result eager computes one way on every backend: every tensor dense with
 canonical contiguous strides (`_contiguous_strides`, so no size-1 dimension with an odd stride makes
@@ -107,6 +107,8 @@ def fast_result(mode: FakeTensorMode, kind: str, target, args: tuple, kwargs: di
         return _conv2d(mode, args, kwargs)
     if target is torch.cat:
         return _cat(mode, args, kwargs)
+    if target is F.layer_norm:
+        return _layer_norm(mode, args, kwargs)
     return None
 
 
@@ -162,6 +164,31 @@ def _batch_norm(mode, args, kwargs):
     params = [b["running_mean"], b["running_var"]] + [b[n] for n in ("weight", "bias") if b[n] is not None]
     for p in params:
         if type(p) is not FakeTensor or p.shape != (channels,) or p.dtype != x.dtype or not _plain(p, x.fake_device):
+            return None
+    if not _grad_free([x] + params):
+        return None
+    return _new(mode, x.shape, x.dtype, x.fake_device)
+
+
+_LN_NAMES = ("input", "normalized_shape", "weight", "bias", "eps")
+_LN_DEFAULTS = {"weight": None, "bias": None, "eps": 1e-5}
+
+
+def _layer_norm(mode, args, kwargs):
+    """F.layer_norm: eager's kernels write a contiguous output of the input's shape and dtype."""
+    b = _bind(_LN_NAMES, _LN_DEFAULTS, args, kwargs)
+    if b is None or type(b["eps"]) not in (float, int):
+        return None
+    x, shape = b["input"], b["normalized_shape"]
+    if not isinstance(shape, (tuple, list)) or not shape or not all(type(s) is int for s in shape):
+        return None
+    shape = tuple(shape)
+    if type(x) is not FakeTensor or x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape or \
+            x.numel() == 0 or not _plain(x, x.fake_device):
+        return None
+    params = [b[n] for n in ("weight", "bias") if b[n] is not None]
+    for p in params:
+        if type(p) is not FakeTensor or tuple(p.shape) != shape or p.dtype != x.dtype or not _plain(p, x.fake_device):
             return None
     if not _grad_free([x] + params):
         return None
