@@ -4,7 +4,8 @@ Capture runs every recorded op on fake tensors to learn what it returns. A FakeT
 is cold (each new op/shape) costs 1-25 ms: eval-mode batch_norm runs a whole Python decomposition on meta
 tensors (8 ms per layer, 0.95 s of densenet121's capture), a pointwise op goes through the Python meta
 functions. For a few ops on plain inputs the answer is known without running anything: `fast_result` returns
-the output FakeTensor for those (eval batch_norm, layer_norm, conv2d, cat, same-shape pointwise ops), or None, and the caller then dispatches through FakeTensorMode as before.
+the output FakeTensor for those (eval batch_norm, layer_norm, linear, addmm, conv2d, cat, same-shape
+pointwise ops), or None, and the caller then dispatches through FakeTensorMode as before.
 
 The rules only take inputs whose result eager computes one way on every backend: every tensor dense with
 canonical contiguous strides (`_contiguous_strides`, so no size-1 dimension with an odd stride makes
@@ -109,6 +110,10 @@ def fast_result(mode: FakeTensorMode, kind: str, target, args: tuple, kwargs: di
         return _cat(mode, args, kwargs)
     if target is F.layer_norm:
         return _layer_norm(mode, args, kwargs)
+    if target is F.linear:
+        return _linear(mode, args, kwargs)
+    if target is torch.addmm:
+        return _addmm(mode, args, kwargs)
     return None
 
 
@@ -193,6 +198,47 @@ def _layer_norm(mode, args, kwargs):
     if not _grad_free([x] + params):
         return None
     return _new(mode, x.shape, x.dtype, x.fake_device)
+
+
+def _matrix_operands(ts) -> bool:
+    first = ts[0]
+    return all(type(t) is FakeTensor and t.dtype == first.dtype and t.numel() > 0 and _plain(t, first.fake_device)
+               for t in ts) and _grad_free(ts)
+
+
+def _linear(mode, args, kwargs):
+    """F.linear with a 2-D input (eager: addmm or mm, a fresh contiguous result) or a contiguous 3-D input and a
+    bias (eager: addmm of the input flattened to 2-D, then viewed back: the result is a view, built as one)."""
+    b = _bind(("input", "weight", "bias"), {"bias": None}, args, kwargs)
+    if b is None:
+        return None
+    x, w, bias = b["input"], b["weight"], b["bias"]
+    ts = [x, w] + ([bias] if bias is not None else [])
+    if type(x) is not FakeTensor or type(w) is not FakeTensor or w.dim() != 2 or x.dim() not in (2, 3) or \
+            x.shape[-1] != w.shape[1] or (bias is not None and (type(bias) is not FakeTensor or
+                                                               tuple(bias.shape) != (w.shape[0],))) or \
+            (x.dim() == 3 and bias is None) or not _matrix_operands(ts):
+        return None
+    rows = x.numel() // x.shape[-1]
+    out = _new(mode, (rows, w.shape[0]), x.dtype, x.fake_device)
+    if x.dim() == 2:
+        return out
+    with mode:
+        return out.view(x.shape[0], x.shape[1], w.shape[0])
+
+
+def _addmm(mode, args, kwargs):
+    """torch.addmm(bias, mat1, mat2) with a 1-D bias or one of the result's shape: a fresh contiguous result."""
+    b = _bind(("input", "mat1", "mat2"), {}, args, kwargs)
+    if b is None:
+        return None
+    bias, m1, m2 = b["input"], b["mat1"], b["mat2"]
+    if type(m1) is not FakeTensor or type(m2) is not FakeTensor or type(bias) is not FakeTensor or \
+            m1.dim() != 2 or m2.dim() != 2 or m1.shape[1] != m2.shape[0] or \
+            tuple(bias.shape) not in ((m2.shape[1],), (m1.shape[0], m2.shape[1])) or \
+            not _matrix_operands([bias, m1, m2]):
+        return None
+    return _new(mode, (m1.shape[0], m2.shape[1]), m1.dtype, m1.fake_device)
 
 
 _CONV_NAMES = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")

@@ -14,7 +14,8 @@ from ember.frontend.meta import fake_of_real, fast_result
 
 
 def _meta(t):
-    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.is_leaf)
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.is_leaf, t.storage_offset(),
+            t._is_view(), tuple(t._base.shape) if t._is_view() else None)
 
 
 def _run(mode, kind, target, args, kwargs):
@@ -94,6 +95,13 @@ IN_RULES = {  # name: (kind, target, args, kwargs)
                                                                                   "eps": 1e-6}),
     "layer_norm_float64_no_bias": ("call_function", F.layer_norm, [r(6, 8, dtype=torch.float64), (8,),
                                                                    r(8, dtype=torch.float64)], {}),
+    "linear_2d_bias": ("call_function", F.linear, [r(4, 8), r(6, 8, grad=True), r(6, grad=True)], {}),
+    "linear_2d_no_bias": ("call_function", F.linear, [r(4, 8), r(6, 8)], {}),
+    "linear_3d_bias_view": ("call_function", F.linear, [r(1, 16, 32), r(48, 32), r(48)], {}),
+    "linear_3d_bias_kw_float64": ("call_function", F.linear, [r(2, 3, 5, dtype=torch.float64)],
+                                  {"weight": r(7, 5, dtype=torch.float64), "bias": r(7, dtype=torch.float64)}),
+    "addmm_1d_bias": ("call_function", torch.addmm, [r(6), r(4, 8), r(8, 6, grad=True)], {}),
+    "addmm_2d_bias": ("call_function", torch.addmm, [r(4, 6), r(4, 8), r(8, 6)], {}),
     "cat_dim1": ("call_function", torch.cat, [[r(1, 4, 3, 3), r(1, 2, 3, 3), r(1, 1, 3, 3)], 1], {}),
     "cat_neg_dim_kw": ("call_function", torch.cat, [(r(2, 5), r(2, 1))], {"dim": -1}),
     "cat_dim0": ("call_function", torch.cat, [[r(3, 2), r(1, 2)]], {}),
@@ -180,6 +188,13 @@ OUTSIDE_RULES = {  # name: (kind, target, args, kwargs, context)
     "layer_norm_transposed": ("call_function", F.layer_norm, [r(5, 4).t(), (5,)], {}, None),
     "layer_norm_mixed_dtype": ("call_function", F.layer_norm, [r(2, 4, dtype=torch.bfloat16), (4,), r(4)], {},
                                None),
+    "linear_3d_no_bias": ("call_function", F.linear, [r(2, 3, 5), r(4, 5)], {}, None),
+    "linear_3d_transposed": ("call_function", F.linear, [r(5, 3, 2).transpose(0, 2), r(4, 5), r(4)], {}, None),
+    "linear_4d": ("call_function", F.linear, [r(2, 2, 3, 5), r(4, 5), r(4)], {}, None),
+    "linear_1d": ("call_function", F.linear, [r(5), r(4, 5), r(4)], {}, None),
+    "linear_transposed_weight": ("call_function", F.linear, [r(3, 5), r(5, 4).t()], {}, None),
+    "addmm_beta": ("call_function", torch.addmm, [r(6), r(4, 8), r(8, 6)], {"beta": 0.5}, None),
+    "addmm_bias_broadcast_row": ("call_function", torch.addmm, [r(1, 6), r(4, 8), r(8, 6)], {}, None),
     "cat_mixed_dtype": ("call_function", torch.cat, [[r(2, 3), r(2, 3, dtype=torch.float64)]], {}, None),
     "cat_legacy_empty": ("call_function", torch.cat, [[r(2, 3), r(0)]], {}, None),
     "cat_out": ("call_function", torch.cat, [[r(2, 3), r(2, 3)]], {"out": r(4, 3)}, None),
