@@ -5,7 +5,10 @@
 1. Capture time = first call of a freshly compiled model minus a plain (uncompiled) call, each model in a fresh
    state (ember.reset(), torch._dynamo.reset()). Both compilers get the same backend: a recording wrapper around
    "run the graph as captured" (what backend="eager" does), which also counts graphs and ops.
-   Graph breaks come from ember.explain / torch._dynamo.explain.
+   Graph breaks come from ember.explain / torch._dynamo.explain. Cold means: torch._dynamo.reset() runs before
+   every capture of either compiler and clears FakeTensorMode's process-wide dispatch cache (which both use);
+   ember.reset() forgets ember's graphs, guards, decoded bytecode and resume code. Process-wide one-time costs
+   (imports, torch's lazy op registrations) are paid before anything is timed.
 2. Per-call overhead of a cached 10-op function on small tensors: median per-call time minus the uncompiled call's.
 Goals (issues 2 and 3): capture time at most 1/5 of torch.compile's; per-call overhead no more than torch.compile's.
 

@@ -761,3 +761,8 @@ def reset_caches() -> None:
         fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
         fc.warned = False
     FrameCompiler._by_function = weakref.WeakKeyDictionary()
+    # decoded bytecode and resume code too: a capture after reset() pays what a fresh process pays
+    # (bench/frontend.py's cold capture times rely on it)
+    from ember.frontend import bytecode_gen, interpreter
+    interpreter.clear_caches()
+    bytecode_gen.clear_caches()

@@ -52,6 +52,7 @@ class Guards:
 _SEGMENT = r"(?:\.[A-Za-z_]\w*|\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+)\])"
 _TOKEN = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?<![\w.\])'"])([A-Za-z_]\w*""" + _SEGMENT + "+)")
 _SEGMENTS = re.compile(_SEGMENT)
+_ROOT = re.compile(r"[A-Za-z_]\w*")
 _CONDITIONAL = re.compile(r"\b(or|if|lambda|for)\b")
 
 
@@ -63,42 +64,57 @@ def share_paths(guards: list[str], after: list[str]) -> tuple[str, list[str]]:
     most of a cached call's cost. A guard whose evaluation may be partial (`or`, `x if c else y`, a lambda or
     comprehension) binds nothing. Works on the text (a regex over paths, string literals skipped): parsing and
     unparsing the guards as a tree cost more than the rest of a resnet18 capture."""
-    counts: dict[str, int] = {}
-    found = []   # per text: [(start, end, segments of the path)] for its paths
+    # a path prefix is known by a small int (its parent's int and its last segment), not by its text: hashing
+    # ever longer prefix strings was most of the work on densenet121's 3,500 guards
+    prefix_ids: dict[tuple, int] = {}
+    counts: list[int] = []
+    parsed: dict[str, tuple] = {}   # chain text -> (segments, prefix ids of segments[1:])
+    found = []   # per text: [(start, end, segments, prefix ids)] for its paths
     for text in [*guards, *after]:
         paths = []
         for m in _TOKEN.finditer(text):
-            if m.group(2) is None:
-                continue
             chain = m.group(2)
-            root = re.match(r"[A-Za-z_]\w*", chain).group(0)
-            segs = [root] + _SEGMENTS.findall(chain, len(root))
-            prefix = root
-            for seg in segs[1:]:
-                prefix += seg
-                counts[prefix] = counts.get(prefix, 0) + 1
-            paths.append((m.start(2), m.end(2), segs))
+            if chain is None:
+                continue
+            p = parsed.get(chain)
+            if p is None:
+                root = _ROOT.match(chain).group(0)
+                segs = [root] + _SEGMENTS.findall(chain, len(root))
+                ids, parent = [], root
+                for seg in segs[1:]:
+                    key = (parent, seg)
+                    pid = prefix_ids.get(key)
+                    if pid is None:
+                        pid = prefix_ids[key] = len(counts)
+                        counts.append(0)
+                    ids.append(pid)
+                    parent = pid
+                p = parsed[chain] = (segs, ids)
+            for pid in p[1]:
+                counts[pid] += 1
+            paths.append((m.start(2), m.end(2), *p))
         found.append(paths)
-    bound: dict[str, str] = {}
+    bound: dict[int, str] = {}
 
     def rewrite(text: str, paths: list, may_bind: bool) -> str:
         out, pos = [], 0
-        for start, end, segs in paths:
-            expr = key = segs[0]
-            for seg in segs[1:]:
-                key += seg
-                if key in bound:
-                    expr = bound[key]
+        for start, end, segs, ids in paths:
+            expr = segs[0]
+            for seg, pid in zip(segs[1:], ids):
+                if pid in bound:
+                    expr = bound[pid]
                     continue
                 expr += seg
-                if may_bind and counts[key] > 1:
-                    bound[key] = f"___p{len(bound)}"
-                    expr = f"({bound[key]} := {expr})"
+                if may_bind and counts[pid] > 1:
+                    bound[pid] = f"___p{len(bound)}"
+                    expr = f"({bound[pid]} := {expr})"
             out += [text[pos:start], expr]
             pos = end
         out.append(text[pos:])
         return "".join(out)
 
-    cond = [rewrite(g, paths, not _CONDITIONAL.search(g)) for g, paths in zip(guards, found)]
+    # ("or"/"if"/"lambda" substrings first: the word regex is slow, and most guards contain none of them)
+    cond = [rewrite(g, paths, not (("or" in g or "if" in g or "lambda" in g) and _CONDITIONAL.search(g)))
+            for g, paths in zip(guards, found)]
     rest = [rewrite(t, paths, False) for t, paths in zip(after, found[len(guards):])]
     return (" and ".join(cond) if cond else "True"), rest

@@ -11,6 +11,7 @@ One `Frame` interprets one code object; calls to user functions are inlined as c
 """
 from __future__ import annotations
 
+import bisect
 import builtins
 import collections
 import copy
@@ -33,6 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ember.errors import Unsupported
 from ember.frontend.guards import Guards
+from ember.frontend.meta import fake_of_real, fast_result
 from ember.frontend.values import (
     NULL, AutocastCtxV, AutocastExitV, GradExit, PartialV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV,
     GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
@@ -184,11 +186,17 @@ def attr_source(parent: str | None, name: str) -> str | None:
 
 
 def where(code: types.CodeType, offset: int) -> str:
-    line = None
-    for start, _end, lineno in code.co_lines():
-        if start <= offset and lineno is not None:
-            line = lineno
-    return f"{code.co_filename}:{line}"
+    """file:line of an instruction (every recorded op carries one: walking co_lines per op was a tenth of
+    GPT-2's capture, so each code's line starts are listed once)"""
+    starts = _LINE_STARTS.get(code)
+    if starts is None:
+        starts = _LINE_STARTS[code] = ([], [])
+        for start, _end, lineno in code.co_lines():
+            if lineno is not None:
+                starts[0].append(start)
+                starts[1].append(lineno)
+    i = bisect.bisect_right(starts[0], offset)
+    return f"{code.co_filename}:{starts[1][i - 1] if i else None}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -250,7 +258,9 @@ class Capture:
             if source is None:
                 return self.tensor_constant(value)
             g.tensor(source, value)
-            fake = self.fake_mode.from_tensor(value)
+            fake = fake_of_real(self.fake_mode, value)
+            if fake is None:
+                fake = self.fake_mode.from_tensor(value)
             node = self.graph.placeholder(f"l_{len(self.inputs)}_" + _ident(source))
             node.meta["val"] = fake
             node.meta["source"] = source
@@ -351,16 +361,19 @@ class Capture:
         node_kwargs = _map_v(kwargs, _to_node)
         fake_args = _map_v(args, _to_fake)
         fake_kwargs = _map_v(kwargs, _to_fake)
-        try:
-            with self.fake_mode:
-                if kind == "call_method":
-                    out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                else:
-                    out = target(*fake_args, **fake_kwargs)
-        except Unsupported:
-            raise
-        except Exception as e:  # data-dependent shapes, or an error eager would raise too: run it in Python
-            raise Unsupported(f"{_target_name(target)} cannot be captured ({type(e).__name__}: {str(e)[:200]})")
+        # the commonest ops on plain inputs: the result's metadata without a FakeTensorMode dispatch (ember.frontend.meta)
+        out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs)
+        if out is None:
+            try:
+                with self.fake_mode:
+                    if kind == "call_method":
+                        out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                    else:
+                        out = target(*fake_args, **fake_kwargs)
+            except Unsupported:
+                raise
+            except Exception as e:  # data-dependent shapes, or an error eager would raise too: run it in Python
+                raise Unsupported(f"{_target_name(target)} cannot be captured ({type(e).__name__}: {str(e)[:200]})")
         if not _contains_tensor(out):
             if kind == "call_method" and target.endswith("_") or out is None:
                 raise Unsupported(f"{_target_name(target)} returns no tensor")
@@ -524,7 +537,14 @@ class StopCapture(Exception):
 # ---------------------------------------------------------------------------------------------------------
 
 _INSTRUCTIONS: dict[types.CodeType, tuple[list, dict]] = {}
+_LINE_STARTS: dict[types.CodeType, tuple[list, list]] = {}
 _EXCEPTION_TABLES: dict[types.CodeType, list] = {}
+
+
+def clear_caches() -> None:
+    _INSTRUCTIONS.clear()
+    _EXCEPTION_TABLES.clear()
+    _LINE_STARTS.clear()
 
 
 def exception_table(code: types.CodeType) -> list:
