@@ -788,6 +788,9 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
     return (P.div(s, total) if reduction == 1 else s), total
 
 
+MAX_POOL_TAPS = 25  # windows up to this size are a pointwise maximum of their taps, larger ones a reduction
+
+
 @reg(aten.max_pool2d_with_indices.default)
 def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     """A max reduction over each window (out-of-bounds taps are -inf); indices from the window's argmax."""
@@ -815,7 +818,17 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
         return e
     win = TensorBox(lead + [oh, ow, kh, kw], x.dtype, loader)
     n = len(lead)
-    values = P.reduce("max", win, [n + 2, n + 3])
+    if kh * kw <= MAX_POOL_TAPS:
+        # the maximum of the taps, pointwise: its loops run over the output (channels-last: C innermost, so the
+        # taps' loads are contiguous and vectorize; NCHW: over the output width), where a reduction over each
+        # 3x3 window was a scalar loop of 9 (resnet18 b8 224px: 85 ms, eager 5 ms)
+        taps = [TensorBox(lead + [oh, ow], x.dtype, lambda idx, a=a, c=c: loader(list(idx) + [a, c]))
+                for a in range(kh) for c in range(kw)]
+        values = taps[0]
+        for t in taps[1:]:
+            values = P.pointwise("maximum", values, t)
+    else:
+        values = P.reduce("max", win, [n + 2, n + 3])
     k = P.reduce("argmax", win, [n + 2, n + 3])
     hi = P.add(P.sub(P.iota(values.size, n, torch.int64, 0, sh), ph), P.mul(P.div(k, kw), dh))
     wi = P.add(P.sub(P.iota(values.size, n + 1, torch.int64, 0, sw), pw), P.mul(P.pointwise("remainder", k, kw), dw))
