@@ -126,9 +126,9 @@ class Graph:
     def _eager_layout(self, x: TensorBox) -> TensorBox:
         """x as eager lays it out (its `eager_stride`, else contiguous) when it is a window onto a
         channels-last buffer: for ATen calls and graph outputs."""
-        if x.strided is None or x.strided[0].name not in self.cl:
-            return x
         want = getattr(x, "eager_stride", None)
+        if x.strided is None or x.strided[0].name not in self.cl or tuple(int(s) for s in x.strided[1]) == want:
+            return x
         return self.realize(TensorBox(x.size, x.dtype, x.loader),
                             stride=want if want is not None else ir.contiguous_strides(x.size))
 
@@ -280,7 +280,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                     if isinstance(v, TensorBox):
                         val = a.meta.get("val")
                         stride = val.stride() if _dense(val) else None
-                        if v.strided is not None and v.strided[0].name in g.cl:  # eager's layout back
+                        if v.strided is not None and v.strided[0].name in g.cl and (  # eager's layout back
+                                stride is None or tuple(int(s) for s in v.strided[1]) != tuple(stride)):
                             g.origins = getattr(v, "origin_names", ())
                             v = g.realize(TensorBox(v.size, v.dtype, v.loader),
                                           stride=stride if stride is not None else ir.contiguous_strides(v.size))

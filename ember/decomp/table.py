@@ -835,6 +835,55 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     return values, P.add(P.mul(hi, w), wi)
 
 
+@reg(aten.avg_pool2d.default)
+def _avg_pool2d(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    """The sum of the taps (out-of-bounds taps are 0) over a divisor; declined where the divisor varies over
+    the output (padding without count_include_pad, ceil_mode windows past the edge) or windows are large."""
+    if not floaty(x.dtype) or x.ndim not in (3, 4):
+        return NotImplemented
+    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
+    (kh, kw), (sh, sw), (ph, pw) = pair(kernel), pair(stride or kernel), pair(padding)
+    oh, ow = out().shape[-2:]
+    h, w = int(x.size[-2]), int(x.size[-1])
+    if kh * kw > MAX_POOL_TAPS:
+        return NotImplemented
+
+    def divisors(o, k, s, p, n):  # per output position along one dim: (clipped to the padding, to the input)
+        out = []
+        for i in range(o):
+            start, end = i * s - p, min(i * s - p + k, n + p)
+            out.append((end - start, min(end, n) - max(start, 0)))
+        return out
+    dh, dw = divisors(oh, kh, sh, ph, h), divisors(ow, kw, sw, pw, w)
+    pick = 0 if count_include_pad else 1
+    sizes = {a[pick] * b[pick] for a in dh for b in dw}
+    if divisor_override is None and len(sizes) != 1:
+        return NotImplemented
+    div = divisor_override or sizes.pop()
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    lead = list(x.size[:-2])
+    zero = ir.Expr("const", (0.0,), acc)
+
+    def tap(a, c):
+        def loader(idx):
+            *b, i, j = idx
+            hi, wi = i * sh - ph + a, j * sw - pw + c
+            e = P._cast_expr(x.loader(list(b) + [sympy.Min(sympy.Max(hi, 0), h - 1), sympy.Min(sympy.Max(wi, 0), w - 1)]), acc)
+            for v, n in ((hi, h), (wi, w)):
+                if ph or pw or ceil_mode:
+                    iv = ir.Expr("index", (v,), torch.int64)
+                    inside = ir.Expr("logical_and", (ir.Expr("ge", (iv, ir.Expr("const", (0,), torch.int64)), torch.bool),
+                                                     ir.Expr("lt", (iv, ir.Expr("const", (n,), torch.int64)), torch.bool)), torch.bool)
+                    e = ir.Expr("where", (inside, e, zero), acc)
+            return e
+        return TensorBox(lead + [oh, ow], acc, loader)
+    total = None
+    for a in range(kh):
+        for c in range(kw):
+            total = tap(a, c) if total is None else P.add(total, tap(a, c))
+    return P.cast(P.div(total, float(div)), x.dtype)
+
+
 @reg(aten.native_batch_norm_backward.default)
 def _bn_backward(dy, x, w, rm, rv, save_mean, save_invstd, train, eps, mask):
     if train and (TRAIN_BATCH_NORM_AS_ATEN or not _bn_on_cpu()):
