@@ -793,7 +793,11 @@ MAX_POOL_TAPS = 25  # windows up to this size are a pointwise maximum of their t
 
 @reg(aten.max_pool2d_with_indices.default)
 def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """A max reduction over each window (out-of-bounds taps are -inf); indices from the window's argmax."""
+    """Windows up to MAX_POOL_TAPS taps: pointwise over the output, the maximum of the taps and the flat input
+    index of the first maximum (of the last NaN), as eager's CPU kernels, out-of-bounds taps skipped. The loops
+    then run over the output (channels-last: C innermost, so the taps' loads are contiguous and vectorize;
+    NCHW: over the output width), where a reduction over each 3x3 window was a scalar loop of 9 per output
+    element (resnet18 b8 224px: 85 ms, eager 5 ms). Larger windows: max/argmax reductions."""
     if not floaty(x.dtype):
         return NotImplemented
     pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
@@ -802,37 +806,57 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     oh, ow = vals.shape[-2:]
     h, w = int(x.size[-2]), int(x.size[-1])
     lead = list(x.size[:-2])
+    n = len(lead)
+    i64 = lambda v: ir.Expr("const", (v,), torch.int64)  # noqa: E731
     neg_inf = ir.Expr("const", (-math.inf,), x.dtype)
 
-    def loader(idx):
-        *b, i, j, a, c = idx
+    def tap(idx, a, c):
+        """(value, -inf outside the input; whether inside; the flat index hi * w + wi) of tap (a, c)."""
+        *b, i, j = idx
         hi, wi = i * sh - ph + a * dh, j * sw - pw + c * dw
-        conds = []
-        for v, n in ((hi, h), (wi, w)):
+        inside = None
+        for v, lim in ((hi, h), (wi, w)):
             iv = ir.Expr("index", (v,), torch.int64)
-            conds += [ir.Expr("ge", (iv, ir.Expr("const", (0,), torch.int64)), torch.bool),
-                      ir.Expr("lt", (iv, ir.Expr("const", (n,), torch.int64)), torch.bool)]
+            for cnd in (ir.Expr("ge", (iv, i64(0)), torch.bool), ir.Expr("lt", (iv, i64(lim)), torch.bool)):
+                inside = cnd if inside is None else ir.Expr("logical_and", (inside, cnd), torch.bool)
         e = x.loader(list(b) + [sympy.Min(sympy.Max(hi, 0), h - 1), sympy.Min(sympy.Max(wi, 0), w - 1)])
-        for cnd in conds:
-            e = ir.Expr("where", (cnd, e, neg_inf), x.dtype)
-        return e
-    win = TensorBox(lead + [oh, ow, kh, kw], x.dtype, loader)
-    n = len(lead)
-    if kh * kw <= MAX_POOL_TAPS:
-        # the maximum of the taps, pointwise: its loops run over the output (channels-last: C innermost, so the
-        # taps' loads are contiguous and vectorize; NCHW: over the output width), where a reduction over each
-        # 3x3 window was a scalar loop of 9 (resnet18 b8 224px: 85 ms, eager 5 ms)
-        taps = [TensorBox(lead + [oh, ow], x.dtype, lambda idx, a=a, c=c: loader(list(idx) + [a, c]))
-                for a in range(kh) for c in range(kw)]
-        values = taps[0]
-        for t in taps[1:]:
-            values = P.pointwise("maximum", values, t)
-    else:
+        return ir.Expr("where", (inside, e, neg_inf), x.dtype), inside, ir.Expr("index", (hi * w + wi,), torch.int64)
+
+    if kh * kw > MAX_POOL_TAPS:
+        win = TensorBox(lead + [oh, ow, kh, kw], x.dtype, lambda idx: tap(idx[:-2], idx[-2], idx[-1])[0])
         values = P.reduce("max", win, [n + 2, n + 3])
-    k = P.reduce("argmax", win, [n + 2, n + 3])
-    hi = P.add(P.sub(P.iota(values.size, n, torch.int64, 0, sh), ph), P.mul(P.div(k, kw), dh))
-    wi = P.add(P.sub(P.iota(values.size, n + 1, torch.int64, 0, sw), pw), P.mul(P.pointwise("remainder", k, kw), dw))
-    return values, P.add(P.mul(hi, w), wi)
+        k = P.reduce("argmax", win, [n + 2, n + 3])
+        hi = P.add(P.sub(P.iota(values.size, n, torch.int64, 0, sh), ph), P.mul(P.div(k, kw), dh))
+        wi = P.add(P.sub(P.iota(values.size, n + 1, torch.int64, 0, sw), pw),
+                   P.mul(P.pointwise("remainder", k, kw), dw))
+        return values, P.add(P.mul(hi, w), wi)
+    taps = [(a, c) for a in range(kh) for c in range(kw)]
+
+    def max_loader(idx):
+        e = None
+        for a, c in taps:
+            v = tap(idx, a, c)[0]
+            e = v if e is None else ir.Expr("maximum", (e, v), x.dtype)
+        return e
+
+    def argmax_loader(idx):
+        # eager: `if (val > maxval || isnan(val))` over the taps inside the input, the first of them taken always
+        best = arg = found = None
+        for a, c in taps:
+            v, inside, flat = tap(idx, a, c)
+            if best is None:
+                best, arg, found = v, flat, inside
+                continue
+            better = ir.Expr("logical_or", (ir.Expr("gt", (v, best), torch.bool), ir.Expr("ne", (v, v), torch.bool)),
+                             torch.bool)
+            first = ir.Expr("logical_not", (found,), torch.bool)
+            take = ir.Expr("logical_and", (inside, ir.Expr("logical_or", (first, better), torch.bool)), torch.bool)
+            best = ir.Expr("where", (take, v, best), x.dtype)
+            arg = ir.Expr("where", (take, flat, arg), torch.int64)
+            found = ir.Expr("logical_or", (found, inside), torch.bool)
+        return arg
+    size = lead + [oh, ow]
+    return TensorBox(size, x.dtype, max_loader), TensorBox(size, torch.int64, argmax_loader)
 
 
 @reg(aten.avg_pool2d.default)

@@ -191,7 +191,8 @@ def test_max_pool_values_and_indices_match_eager(kw, memory_format):
     got, want = run(xg), f(x.clone().requires_grad_())
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
-    assert any(isinstance(b, Reduction) for b in _forward(run).sched.buffers.values())
+    big = kw["kernel_size"] == 6  # windows over 25 taps are reductions, smaller ones pointwise over the output
+    assert any(isinstance(b, Reduction) for b in _forward(run).sched.buffers.values()) == big
 
 
 AVG = [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=(2, 3), stride=(1, 2),
