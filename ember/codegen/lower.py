@@ -118,6 +118,13 @@ class Graph:
         idx = [sympy.Symbol(f"l{i}", integer=True, nonnegative=True) for i in range(4)]
         return any(e.op == "load" and e.args[0] in self.cl for e in fn(idx).walk())
 
+    def reads_layout_changed(self, x: TensorBox) -> bool:
+        """Whether x's value loads from a buffer not in eager's layout (storage-order ops must not see it)."""
+        if not self.cl:
+            return False
+        idx = [sympy.Symbol(f"l{i}", integer=True, nonnegative=True) for i in range(x.ndim)]
+        return any(e.op == "load" and e.args[0] in self.cl for e in x.loader(idx).walk())
+
     def _note_layout(self, buf: Buffer) -> None:
         if len(buf.size) == 4 and tuple(buf.stride) != ir.contiguous_strides(buf.size) \
                 and tuple(buf.stride) == channels_last_strides(buf.size):

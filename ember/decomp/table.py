@@ -497,6 +497,8 @@ def _pad(x, pad, value=0):
 def _as_strided(x, size, stride, storage_offset=None):
     if (x.strided is not None and x.strided[2] != 0) or storage_offset is not None:
         return NotImplemented  # offsets are absolute in the storage, which only eager's tensor knows
+    if ir.GRAPH.reads_layout_changed(x):  # storage order is eager's only in eager's layout: an ATen call
+        return NotImplemented
     return P.as_strided(x, size, stride, 0)
 
 

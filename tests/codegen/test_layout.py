@@ -210,3 +210,12 @@ def test_avg_pool_matches_eager_and_an_aten_call_gets_eager_layout(kw, memory_fo
         run = compile_graph(torch.fx.symbolic_trace(f), [x])
         _assert_same([run(x)], [f(x)])
     assert bool(lower.FALLBACK_COUNTS) == ("count_include_pad" in kw)
+
+
+def test_as_strided_of_a_channels_last_value_reads_eager_storage_order():
+    """as_strided addresses storage: on a value ember stores channels-last it is an ATen call on eager's layout."""
+    f = WithConv(torch.nn.Conv2d(3, 4, 3), lambda conv, x: torch.as_strided(torch.relu(conv(x)), (2, 4, 3), (5, 7, 2)))
+    x = torch.randn(2, 3, 6, 7)
+    with torch.no_grad():
+        run = compile_graph(torch.fx.symbolic_trace(f), [x])
+        _assert_same([run(x)], [f(x)])
