@@ -219,3 +219,16 @@ def test_as_strided_of_a_channels_last_value_reads_eager_storage_order():
     with torch.no_grad():
         run = compile_graph(torch.fx.symbolic_trace(f), [x])
         _assert_same([run(x)], [f(x)])
+
+
+@pytest.mark.parametrize("out_size", [1, (3, 2)], ids=["global", "3x2"])
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_adaptive_avg_pool_after_a_convolution_matches_eager(out_size, memory_format):
+    """Global pooling is a mean over H, W (read at a stride of C from a channels-last buffer); other sizes stay
+    ATen calls, whose argument gets eager's layout back."""
+    f = WithConv(torch.nn.Conv2d(3, 6, 3), lambda conv, x: (F.adaptive_avg_pool2d(conv(x).relu(), out_size),
+                                                            F.adaptive_avg_pool2d(conv(x), out_size).flatten(1)))
+    x = torch.randn(2, 3, 11, 9).contiguous(memory_format=memory_format)
+    with torch.no_grad():
+        run = compile_graph(torch.fx.symbolic_trace(f), [x])
+        _assert_same(run(x), f(x))
