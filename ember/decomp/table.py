@@ -497,8 +497,16 @@ def _pad(x, pad, value=0):
 def _as_strided(x, size, stride, storage_offset=None):
     if (x.strided is not None and x.strided[2] != 0) or storage_offset is not None:
         return NotImplemented  # offsets are absolute in the storage, which only eager's tensor knows
-    if ir.GRAPH.reads_layout_changed(x):  # storage order is eager's only in eager's layout: an ATen call
-        return NotImplemented
+    if ir.GRAPH.reads_layout_changed(x):
+        # it addresses storage: x must be stored in eager's layout (a copy, unless only the strides of size-1
+        # dims differ, as for a channels-last [N, C, 1, 1] mean), or it stays an ATen call
+        want = getattr(x, "eager_stride", None)
+        if want is None:
+            return NotImplemented
+        same = x.strided is not None and x.strided[2] == 0 and tuple(x.strided[0].size) == tuple(x.size) and all(
+            int(a) == int(b) for a, b, n in zip(x.strided[1], want, x.size) if int(n) != 1)
+        if not same:
+            x = ir.GRAPH.realize(TensorBox(x.size, x.dtype, x.loader), stride=want)
     return P.as_strided(x, size, stride, 0)
 
 
