@@ -139,17 +139,20 @@ class Graph:
         return self.realize(TensorBox(x.size, x.dtype, x.loader),
                             stride=want if want is not None else ir.contiguous_strides(x.size))
 
-    def extern(self, target, args, kwargs, fallback: bool):
-        """A library call / kept ATen op on materialized arguments; returns boxes shaped like its meta value."""
+    def extern(self, target, args, kwargs, fallback: bool, channels_last: bool = False):
+        """A library call / kept ATen op on materialized arguments; returns boxes shaped like its meta value.
+        channels_last: its 4-D arguments and results are channels-last (convolutions of a channels-last graph
+        always are)."""
         reads = []
-        conv_cl = self.channels_last and target in CONVOLUTIONS and args[0].ndim == 4 and not args[6]
+        conv_cl = channels_last or (self.channels_last and target in CONVOLUTIONS and args[0].ndim == 4
+                                    and not args[6])
         if conv_cl:  # input and weight channels-last (oneDNN: 36 ms vs 49 ms with an NCHW weight, 8x64x56x56)
-            args = list(args)
-            for i in (0, 1):
-                x = args[i]
-                if x.strided is None or tuple(x.strided[1]) != channels_last_strides(x.size):
-                    args[i] = self.realize(TensorBox(x.size, x.dtype, x.loader), stride=channels_last_strides(x.size))
-            args = tuple(args)
+            def to_cl(x):
+                if isinstance(x, TensorBox) and x.ndim == 4 and (
+                        x.strided is None or tuple(x.strided[1]) != channels_last_strides(x.size)):
+                    return self.realize(TensorBox(x.size, x.dtype, x.loader), stride=channels_last_strides(x.size))
+                return x
+            args = pytree.tree_map(to_cl, args, is_leaf=lambda x: isinstance(x, TensorBox))
 
         def arg(x):
             if isinstance(x, TensorBox):

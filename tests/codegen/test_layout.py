@@ -233,3 +233,28 @@ def test_adaptive_avg_pool_after_a_convolution_matches_eager(out_size, memory_fo
     with torch.no_grad():
         run = compile_graph(torch.fx.symbolic_trace(f), [x])
         _assert_same(run(x), f(x))
+
+
+def test_densenet_concatenation_of_channels_is_a_library_copy_in_channels_last():
+    """Concatenating 3+ channels-last values along C: one torch.cat (channels-last result), not a per-element
+    choice of the piece in the consumer's inner loop over C; equal to eager."""
+    class Dense(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = torch.nn.ModuleList(torch.nn.Conv2d(4 + 3 * i, 3, 3, padding=1) for i in range(3))
+            self.bns = torch.nn.ModuleList(torch.nn.BatchNorm2d(4 + 3 * i) for i in range(4))
+
+        def forward(self, x):
+            feats = [x]
+            for conv, bn in zip(self.convs, self.bns):
+                feats.append(conv(torch.relu(bn(torch.cat(feats, 1)))))
+            return torch.relu(self.bns[3](torch.cat(feats, 1)))
+    m = _randomized(Dense())
+    x = torch.randn(2, 4, 9, 7)
+    lower.FALLBACK_COUNTS.clear()
+    with torch.no_grad():
+        run = compile_graph(torch.fx.symbolic_trace(m), [x])
+        _assert_same([run(x)], [m(x)])
+    assert not lower.FALLBACK_COUNTS
+    cats = [it for it in _forward(run).sched.items if isinstance(it, ExternBuffer) and it.target == torch.ops.aten.cat.default]
+    assert len(cats) == 2 and all(_is_cl(o) for c in cats for o in c.outputs)
