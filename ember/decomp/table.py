@@ -848,6 +848,9 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
                    P.mul(P.pointwise("remainder", k, kw), dw))
         return values, P.add(P.mul(hi, w), wi)
     taps = [(a, c) for a in range(kh) for c in range(kw)]
+    # each input element is read by about kh*kw/(sh*sw) windows: a costly producer (resnet's batch norm + relu)
+    # is computed once into a buffer instead (resnet18 b8 224px: 40 ms fused, 12 ms + 8 ms separate)
+    x = P.reuse(x, max(1, (kh * kw) // (sh * sw)))
 
     def max_loader(idx):
         e = None
