@@ -53,6 +53,11 @@ def resnet18():
     return torchvision.models.resnet18().eval(), (torch.randn(8, 3, 224, 224),)
 
 
+def densenet121():
+    import torchvision
+    return torchvision.models.densenet121().eval(), (torch.randn(16, 3, 128, 128),)
+
+
 def bert():
     import transformers
     m = transformers.BertModel(transformers.BertConfig()).eval()
@@ -92,7 +97,7 @@ def adam_by_hand():
 
 
 WORKLOADS = {"pointwise": pointwise, "ln_gelu_softmax": ln_gelu_softmax, "mlp": mlp, "resnet18": resnet18,
-             "bert": bert, "adam": adam}
+             "densenet121": densenet121, "bert": bert, "adam": adam}
 EMBER_VERSION = {"adam": adam_by_hand}  # where ember runs a hand-written equivalent (see its docstring)
 TRAINING = {"adam"}
 

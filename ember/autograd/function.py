@@ -132,6 +132,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             # forward's inputs may be saved for the backward, which needs their old values.
             aten_gm.meta["ember_input_mutations"] = [(m.input_index, m.output_index) for m in meta.mutations]
             aten_gm.meta["ember_guarded"] = guarded    # the wrapper need not check the inputs again
+            aten_gm.meta["ember_inference"] = True  # code generators may choose layouts (no backward reads them)
             return _Artifact(meta, fw_compiler(aten_gm, inputs), name, no_grad=no_grad)
         log.debug("%s: joint graph %d nodes -> forward %d, backward %d; saves %d tensors (%d bytes), "
                   "recomputes %d nodes", name, len(joint.graph.nodes), len(part.forward.graph.nodes),

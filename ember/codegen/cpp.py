@@ -27,6 +27,10 @@ PRELUDE = r"""
 #include <limits>
 #include <algorithm>
 //@MVEC@
+// index clamps by value: std::min/max (by reference) inside an index kept g++ from vectorizing the loop
+// ("control flow in loop": a max-pool's padded taps, 8x slower)
+static inline int64_t ember_imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t ember_imax(int64_t a, int64_t b) { return a > b ? a : b; }
 template <typename T> static inline T ember_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> static inline T ember_min(T a, T b) { return (a != a || a < b) ? a : b; }
 template <typename T> static inline T ember_floordiv(T a, T b) {  // as at::native div_floor_floating
@@ -125,7 +129,7 @@ def literal(v, dtype: torch.dtype) -> str:
 
 # C expression of a sympy index (int64 arithmetic)
 index_code = functools.partial(ir.index_code,
-                               syntax=ir.IndexSyntax("/", "std::min<int64_t>", "std::max<int64_t>", "LL"))
+                               syntax=ir.IndexSyntax("/", "ember_imin", "ember_imax", "LL"))
 
 
 
@@ -235,14 +239,13 @@ def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True, t
     with no barrier after it); returns (opening lines, body indent, closing lines)."""
     lines, closes, r = [], [], rvars(len(inner))
     par = "for" if team else "parallel for"
-    if team:
-        clause += " nowait"
+    nowait = " nowait" if team else ""  # on the shared-out loop only (never on an inner `omp simd`)
     for k, (v, n) in enumerate(zip(r, inner)):
         first, last = k == 0, k == len(inner) - 1
         if first and last and parallel:
-            lines.append(f"{indent}#pragma omp {par} simd{clause}" if simd else f"{indent}#pragma omp {par}{clause}")
+            lines.append(f"{indent}#pragma omp {par} simd{clause}{nowait}" if simd else f"{indent}#pragma omp {par}{clause}{nowait}")
         elif first and parallel:
-            lines.append(f"{indent}#pragma omp {par}{clause}")
+            lines.append(f"{indent}#pragma omp {par}{clause}{nowait}")
         elif last and simd:
             lines.append(f"{indent}#pragma omp simd{clause}")
         lines.append(f"{indent}for (int64_t {v} = 0; {v} < {int(n)}; {v}++) {{")

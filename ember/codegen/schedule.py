@@ -18,6 +18,7 @@ Extern calls are scheduled between groups, and dead buffers are dropped.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import sympy
 
@@ -105,17 +106,61 @@ def _outer_index(size, x0) -> list:
     return [ir.ModIndex(ir.FloorDiv(x0, st), s) if s != 1 else sympy.Integer(0) for s, st in zip(size, strides)]
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopView:
+    """A buffer's dims in the order its loops walk them: memory order (largest stride first). The identity for
+    row-major buffers; a channels-last [N, C, H, W] buffer is walked as [N, H, W, C], C innermost, so its stores
+    (and the loads of channels-last inputs) are contiguous in the inner loop."""
+    size: tuple
+    stride: tuple
+    fn: Callable  # the buffer's fn over the loop-ordered index
+
+
+def loop_view(buf) -> LoopView:
+    view = getattr(buf, "_loop_view", None)
+    if view is not None:
+        return view
+    size, stride = tuple(buf.size), tuple(buf.stride)
+    view = LoopView(size, stride, buf.fn)
+    if stride != ir.contiguous_strides(size) and all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in (*size, *stride)):
+        # size-1 dims outermost (their stride is meaningless), then by decreasing stride (stable)
+        perm = sorted(range(len(size)), key=lambda d: (size[d] != 1, -int(stride[d])))
+        psize, pstride = tuple(size[p] for p in perm), tuple(stride[p] for p in perm)
+        if perm != list(range(len(size))) and all(
+                int(a) == int(b) for a, b, n in zip(pstride, ir.contiguous_strides(psize), psize) if n != 1):
+            def unperm(idx):
+                out = [None] * len(perm)
+                for k, p in enumerate(perm):
+                    out[p] = idx[k]
+                return out
+            fn = (lambda idx, r: buf.fn(unperm(idx), r)) if isinstance(buf, Reduction) else \
+                (lambda idx: buf.fn(unperm(idx)))
+            view = LoopView(psize, pstride, fn)
+    buf._loop_view = view
+    return view
+
+
+def _dense_rows(buf) -> bool:
+    """Whether buf's elements lie in memory in its loop order with no gaps (so row x0 of a group over its
+    loops is the memory range [x0 * width, (x0 + 1) * width))."""
+    if buf.offset != 0:
+        return False
+    view = loop_view(buf) if isinstance(buf, (Pointwise, Reduction)) else LoopView(tuple(buf.size), tuple(buf.stride), None)
+    return all(a == b for a, b, n in zip(view.stride, ir.contiguous_strides(view.size), view.size) if n != 1)
+
+
 def make_member(buf, numel: int) -> Member | None:
     """buf as a member of a group of `numel` rows, or None when its iteration space does not split so."""
     if ir.prod(buf.size) == 0:  # nothing to compute: allocated only, in a group of no rows
         return Member(buf, (), None, 0, set()) if numel == 0 else None
+    view = loop_view(buf)
     if isinstance(buf, Reduction):
         if ir.prod(buf.size) != numel:
             return None
-        outer, inner, groups = buf.size, buf.rsize, None
+        outer, inner, groups = view.size, buf.rsize, None
     else:
         for groups in (merged_dims(buf), None):  # contiguous dims merged, else the buffer's own dims
-            size = buf.size if groups is None else tuple(ir.prod(buf.size[d] for d in g) for g in groups)
+            size = view.size if groups is None else tuple(ir.prod(view.size[d] for d in g) for g in groups)
             ks = [k for k in range(len(size) + 1) if ir.prod(size[:k]) == numel]
             if ks:
                 outer, inner = size[:ks[-1]], size[ks[-1]:]
@@ -126,17 +171,17 @@ def make_member(buf, numel: int) -> Member | None:
     oidx = [ir.simplify_index(i, ranges) for i in _outer_index(outer, X0)]
     r = rvars(len(inner))
     if isinstance(buf, Reduction):
-        body = buf.fn(oidx, r)
+        body = view.fn(oidx, r)
         index = oidx
     else:
         index = oidx + r
         if groups is not None:  # unmerge: each merged index back to the buffer's dims
             full = []
             for g, i in zip(groups, index):
-                full += [ir.simplify_index(j, ranges) for j in _outer_index([buf.size[d] for d in g], i)]
+                full += [ir.simplify_index(j, ranges) for j in _outer_index([view.size[d] for d in g], i)]
             index = full
-        body = buf.fn(index)
-    store = ir.simplify_index(buf.offset + sum((i * s for i, s in zip(index, buf.stride)), sympy.Integer(0)), ranges)
+        body = view.fn(index)
+    store = ir.simplify_index(buf.offset + sum((i * s for i, s in zip(index, view.stride)), sympy.Integer(0)), ranges)
     body = _simplify_loads(body, ranges)
     return Member(buf, tuple(inner), body, store, reads_of(body))
 
@@ -146,11 +191,12 @@ def merged_dims(buf: Pointwise) -> list[list[int]]:
     [8, 64, 56, 56] batch-norm loops over 512 rows of 3136 elements instead of 28672 rows of 56."""
     if getattr(buf, "_merged", None) is not None:
         return buf._merged
-    n = len(buf.size)
+    view = loop_view(buf)
+    n = len(view.size)
     idx = [sympy.Symbol(f"m{i}", integer=True, nonnegative=True) for i in range(n)]
-    e = buf.fn(idx)
+    e = view.fn(idx)
     offsets = [x.args[1] for x in e.walk() if x.op == "load"]
-    offsets.append(sum((i * st for i, st in zip(idx, buf.stride)), sympy.Integer(0)))
+    offsets.append(sum((i * st for i, st in zip(idx, view.stride)), sympy.Integer(0)))
     blocked = set()
     for x in e.walk():  # index values and indirect indices must see the dims as they are
         if x.op == "index":
@@ -167,7 +213,7 @@ def merged_dims(buf: Pointwise) -> list[list[int]]:
     for d in range(1, n):
         a, b = idx[d - 1], idx[d]
         ok = a not in blocked and b not in blocked and all(
-            sympy.expand(off.coeff(a) - buf.size[d] * off.coeff(b)) == 0 and off.coeff(a).is_number
+            sympy.expand(off.coeff(a) - view.size[d] * off.coeff(b)) == 0 and off.coeff(a).is_number
             and off.coeff(b).is_number for off in polys)
         if ok:
             groups[-1].append(d)
@@ -199,7 +245,7 @@ def _simplify_loads(e: Expr, ranges) -> Expr:
 def _row_local(m: Member, producer: Member, numel: int) -> bool:
     """Whether every element m reads from producer's buffer was written in the same row x0."""
     buf = producer.buf
-    if tuple(buf.stride) != ir.contiguous_strides(buf.size) or buf.offset != 0:
+    if not _dense_rows(buf):
         return False
     width = ir.prod(producer.inner) if not producer.is_reduction else 1
     ranges = {X0: numel, **{r: s for r, s in zip(rvars(len(m.inner)), m.inner)}}
@@ -220,8 +266,7 @@ SCRATCH_BYTES = 128 * 1024  # per-thread row buffers of one group live on the st
 
 
 def _row_contiguous(m: Member) -> bool:
-    buf = m.buf
-    return tuple(buf.stride) == ir.contiguous_strides(buf.size) and buf.offset == 0
+    return _dense_rows(m.buf)
 
 
 def _default_rows(buf) -> int:
@@ -229,12 +274,13 @@ def _default_rows(buf) -> int:
         return 0
     if isinstance(buf, Reduction):
         return ir.prod(buf.size)
-    size = [ir.prod(buf.size[d] for d in g) for g in merged_dims(buf)]
+    full = loop_view(buf).size
+    size = [ir.prod(full[d] for d in g) for g in merged_dims(buf)]
     if len(size) <= 1:
         return 1
     if size[-1] >= 16:
         return ir.prod(size[:-1])
-    return ir.prod(buf.size[:-1])
+    return ir.prod(full[:-1])
 
 
 def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) -> Schedule:

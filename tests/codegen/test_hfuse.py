@@ -224,10 +224,11 @@ def test_adam_per_parameter_methods_in_place_one_parallel_region():
 
 
 def test_old_value_read_at_another_index_is_not_overwritten():
-    """x is updated in place, but the graph also needs x's old value transposed: the same kernel reads other
-    elements of x than it writes, so the new value must go to a fresh buffer (and be copied back)."""
+    """x is updated in place, but the graph also needs x's old value flipped: the same kernel reads other
+    elements of x than it writes, so the new value must go to a fresh buffer (and be copied back). (Not x.t():
+    its result has eager's transposed strides, and loops walk memory order, so it reads the element written.)"""
     def f(x, y):
-        old_t = x.t() * 2
+        old_t = x.flip(0) * 2
         x.mul_(3).add_(y)
         return old_t
 

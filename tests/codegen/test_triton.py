@@ -321,3 +321,32 @@ def test_horizontal_fusion_of_many_parameters_is_chunked():
     kernels = {name for _, name, *_ in compiled.kernels}
     assert 3 <= len(kernels) <= 4, len(kernels)   # ceil(70 / 32) = 3
     assert tb.MAX_BLOCKS_PER_KERNEL == 32
+
+
+@pytest.mark.parametrize("inference", [True, False], ids=["inference", "training-forward"])
+def test_conv_block_channels_last_layout(inference):
+    """The layout choice is the lowering's, so Triton kernels get it too: an inference graph's batch norm, relu,
+    max-pool and residual add between convolutions are stored channels-last (C innermost), the result has
+    eager's strides; a graph not marked inference keeps eager's layouts."""
+    import torch.nn.functional as F
+
+    from ember.codegen.lower import channels_last_strides
+    from ember.codegen.triton import compile_aten
+
+    def f(x, w1, w2, rm, rv, g, b):
+        y = F.max_pool2d(torch.relu(F.batch_norm(F.conv2d(x, w1, padding=1), rm, rv, g, b)), 3, 2, 1)
+        return torch.relu(F.conv2d(y, w2, padding=1) + y)
+    xs = [rand(2, 3, 12, 10), rand(8, 3, 3, 3), rand(8, 8, 3, 3), rand(8), rand(8).abs() + 0.5, rand(8), rand(8)]
+    gm, ref = trace_aten(f, xs)
+    gm.meta["ember_inference"] = inference
+    call = compile_aten(gm, xs).compiled
+    got = call(xs)[0]
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    assert got.stride() == ref.stride()
+    cl = [b for b in call.sched.buffers.values() if len(b.size) == 4 and int(b.size[1]) == 8
+          and tuple(int(s) for s in b.stride) == tuple(int(s) for s in channels_last_strides(b.size))]
+    assert bool(cl) == inference
+    if inference:  # the max-pool output: rows over (n, h, w), channels the contiguous inner index
+        pool = [m for grp in call.sched.items if hasattr(grp, "members") for m in grp.members
+                if tuple(int(s) for s in m.buf.size) == (2, 8, 6, 5) and m.buf in cl]
+        assert pool and all(tuple(int(s) for s in m.inner) == (8,) for m in pool)
