@@ -24,12 +24,12 @@ train)
     | grep -v -i warn | tail -8 ;;
 final)   # one command for a session's last ~10 device minutes: the GPU tests of what changed, every bench row
   # with Inductor but the training one (Inductor's compile alone takes 2-3 minutes), then that row without it
-  timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
+  timeout 80 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
     | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
-  timeout 400 python3 bench/gpu.py --only pointwise,"adam step","infer, reduce","infer, default",resnet50,bert,gpt2 \
+  timeout 390 python3 bench/gpu.py --only pointwise,"adam step","infer, reduce","infer, default",resnet50,bert,gpt2 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22
-  timeout 150 python3 bench/gpu.py --only "train step" --columns eager,ember 2>&1 | tee "$OUT/train.log" \
+  timeout 110 python3 bench/gpu.py --only "train step" --columns eager,ember 2>&1 | tee "$OUT/train.log" \
     | grep -v -i warn | grep -E "^\||Error" | tail -8 ;;
 quick)   # a check while working: optimizer and CUDA-graph tests, the Adam rows with a kernel profile
   timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
