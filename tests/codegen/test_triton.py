@@ -337,10 +337,13 @@ def test_conv_block_channels_last_layout(inference):
         y = F.max_pool2d(torch.relu(F.batch_norm(F.conv2d(x, w1, padding=1), rm, rv, g, b)), 3, 2, 1)
         return torch.relu(F.conv2d(y, w2, padding=1) + y)
     xs = [rand(2, 3, 12, 10), rand(8, 3, 3, 3), rand(8, 8, 3, 3), rand(8), rand(8).abs() + 0.5, rand(8), rand(8)]
-    gm, ref = trace_aten(f, xs)
-    gm.meta["ember_inference"] = inference
-    call = compile_aten(gm, xs).compiled
-    got = call(xs)[0]
+    # cuDNN convolutions default to TF32 on the GPU: eager's NCHW and ember's NHWC algorithms then differ by
+    # TF32 rounding (0.057 here on the H100), far above the float32 tolerance this test checks layouts with
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        gm, ref = trace_aten(f, xs)
+        gm.meta["ember_inference"] = inference
+        call = compile_aten(gm, xs).compiled
+        got = call(xs)[0]
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
     assert got.stride() == ref.stride()
     cl = [b for b in call.sched.buffers.values() if len(b.size) == 4 and int(b.size[1]) == 8
