@@ -103,7 +103,7 @@ class CompiledGraph:
 
         self.lib = lib
         self.call = wrapper.python_wrapper(self.sched, kernel_call, {
-            **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)})
+            **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)}, persistent=True)
         if code_log.isEnabledFor(10):
             code_log.debug("host program:\n%s", self.call.source)
 

@@ -932,6 +932,19 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return P.pointwise("pow", P.reduce("sum", P.pointwise("pow", a, float(ord)), dims, keepdim), 1.0 / ord)
 
 
+# ------------------------------------------------------------------------------------------------ matmuls
+@reg(aten.addmm.default)
+def addmm(bias, a, b, *, beta=1, alpha=1):
+    """On CPU, a linear layer's addmm as the library mm plus a lazy bias add, which fuses into whatever reads
+    the result (gelu, the residual add + layer_norm): addmm itself first copies the broadcast bias into its
+    output (one more pass over it, and one more parallel region) and then accumulates the product on it."""
+    v = out()
+    if v.device.type != "cpu" or beta != 1 or alpha != 1 or not floaty(v.dtype) \
+            or not isinstance(bias, TensorBox) or bias.dtype != v.dtype:
+        return NotImplemented
+    return P.add(ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False), bias, dtype=v.dtype)
+
+
 # ------------------------------------------------------------------------------------------------ foreach
 # torch._foreach_* ops (optimizers) apply one op to each tensor of a list: decomposed into that op per tensor,
 # so the scheduler sees N independent pointwise loops it can fuse horizontally. Overload kinds: `List` (a list
