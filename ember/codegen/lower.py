@@ -146,7 +146,14 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                                                (node.args, node.kwargs))
                 g.val = node.meta.get("val")
                 if node.target is operator.getitem:
-                    env[node] = args[0][args[1]]
+                    out = args[0][args[1]]
+                    # one result of a multi-output decomposition (layer_norm's) read by several nodes: computed
+                    # once, as any other node's result (else each extern reading it stored its own copy)
+                    if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and out.cost() > 3:
+                        g.origins = getattr(out, "origin_names", g.origins)
+                        out = g.realize(out)
+                        out.origin_names = g.origins
+                    env[node] = out
                     continue
                 if not isinstance(node.target, torch._ops.OpOverload):
                     raise Unsupported(f"{node.target} is not an ATen op (ember compiles ATen-level graphs)")

@@ -106,3 +106,75 @@ def test_training_step_with_kept_buffers_matches_eager_twice():
         torch.testing.assert_close(got, want)
         for p, q in zip(m.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
+
+
+def _items(graph):
+    from ember.codegen.schedule import FusedGroup
+    groups = [it for it in graph.sched.items if isinstance(it, FusedGroup)]
+    externs = [str(it.target) for it in graph.sched.items if not isinstance(it, FusedGroup)]
+    return groups, externs
+
+
+def test_linear_bias_fuses_into_gelu_and_layer_norm():
+    """addmm on CPU is mm + a bias add that the reading kernel does (no separate pass over the result)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(96, 384), torch.nn.GELU(), torch.nn.Linear(384, 96), torch.nn.LayerNorm(96)).eval()
+    with torch.no_grad():
+        x = torch.randn(4, 50, 96)  # 3-D: the linear runs on a [200, 96] view
+        f, graphs = _compiled_graphs(m, x)
+        groups, externs = _items(graphs[0])
+        assert externs == ["aten.mm.default", "aten.mm.default"], externs
+        assert len(groups) == 2, groups  # bias + gelu; bias + layer_norm
+        for _ in range(2):
+            x = torch.randn(4, 50, 96)
+            torch.testing.assert_close(f(x), m(x))
+
+
+def test_linear_outputs_returned_and_read_by_attention():
+    """Bias adds whose readers are library calls (attention) or the caller are kernels of their own."""
+    torch.manual_seed(0)
+    q, k, v = (torch.nn.Linear(64, 64) for _ in range(3))
+
+    def fn(x):
+        b, s, _ = x.shape
+        heads = [p(x).view(b, s, 4, 16).transpose(1, 2) for p in (q, k, v)]
+        return torch.nn.functional.scaled_dot_product_attention(*heads), q(x)
+    with torch.no_grad():
+        x = torch.randn(2, 24, 64)
+        f, _ = _compiled_graphs(fn, x)
+        x = torch.randn(2, 24, 64)
+        for got, want in zip(f(x), fn(x)):
+            torch.testing.assert_close(got, want)
+
+
+def test_addmm_with_scaling_or_integers_stays_a_library_call():
+    torch.manual_seed(0)
+    with torch.no_grad():
+        b, x, w = torch.randn(20), torch.randn(10, 30), torch.randn(30, 20)
+        fn = lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2.0).relu()
+        f, graphs = _compiled_graphs(fn, b, x, w)
+        assert "aten.addmm.default" in _items(graphs[0])[1]
+        torch.testing.assert_close(f(b, x, w), fn(b, x, w))
+        bi, xi, wi = torch.randint(-5, 5, (20,)), torch.randint(-5, 5, (10, 30)), torch.randint(-5, 5, (30, 20))
+        fi = lambda b, x, w: torch.addmm(b, x, w) * 2
+        torch.testing.assert_close(ember.compile(fi)(bi, xi, wi), fi(bi, xi, wi))
+
+
+def test_layer_norm_read_by_three_matmuls_is_stored_once():
+    """A layer_norm result read by several extern calls is one buffer (each extern had stored its own copy)."""
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(128)
+    ws = [torch.randn(128, 128) for _ in range(3)]
+
+    def fn(x):
+        y = ln(x)
+        return [y @ w for w in ws]
+    with torch.no_grad():
+        x = torch.randn(64, 128)
+        f, graphs = _compiled_graphs(fn, x)
+        groups, externs = _items(graphs[0])
+        stored = [m.buf.name for g in groups for m in g.members if not m.local]
+        assert len(stored) == 1, stored
+        x = torch.randn(64, 128)
+        for got, want in zip(f(x), fn(x)):
+            torch.testing.assert_close(got, want)
