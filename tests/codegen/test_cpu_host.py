@@ -178,3 +178,17 @@ def test_layer_norm_read_by_three_matmuls_is_stored_once():
         x = torch.randn(64, 128)
         for got, want in zip(f(x), fn(x)):
             torch.testing.assert_close(got, want)
+
+
+def test_softmax_row_computes_exp_once():
+    """A softmax over the innermost dim keeps exp(x - max) in the per-thread row buffer for the row sum and the
+    output; softmax over another dim, or over rows too long for the buffer, still matches eager."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        x = torch.randn(64, 1000) * 4
+        f, graphs = _compiled_graphs(lambda t: torch.softmax(torch.nn.functional.gelu(t), -1), x)
+        assert graphs[0].source.count("= ember_expf(") == 1, graphs[0].source
+        torch.testing.assert_close(f(x), torch.softmax(torch.nn.functional.gelu(x), -1))
+        for t, dim in [(torch.randn(300, 70) * 4, 0), (torch.randn(3, 40000) * 4, -1), (torch.randn(5, 6, 7), 1)]:
+            fn = lambda t: torch.softmax(t * 2, dim)
+            torch.testing.assert_close(ember.compile(fn)(t), fn(t))
