@@ -65,7 +65,8 @@ def test_a_matmul_output_that_is_returned_is_fresh_each_call():
 
 def test_threads_calling_one_graph_at_once_get_their_own_results():
     """The kept buffers serve one call at a time (the C++ kernels release the GIL): a call that finds them in
-    use allocates its own."""
+    use allocates its own. The threads run with grad mode on (it is per thread), so each misses the no-grad
+    entry and compiles at the same time as the others: lowering takes turns (its state is module-global)."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 256)
     fn = lambda x: torch.nn.functional.gelu(lin(x)).softmax(-1)
@@ -192,3 +193,16 @@ def test_softmax_row_computes_exp_once():
         for t, dim in [(torch.randn(300, 70) * 4, 0), (torch.randn(3, 40000) * 4, -1), (torch.randn(5, 6, 7), 1)]:
             fn = lambda t: torch.softmax(t * 2, dim)
             torch.testing.assert_close(ember.compile(fn)(t), fn(t))
+
+
+def test_row_reductions_calling_libm_use_wide_vectors_and_match_eager():
+    """Groups with reductions that call libm (exp, erf) are compiled for 512-bit vectors too."""
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(200, 999, dtype=dtype) * 3
+        fn = lambda t: (torch.log_softmax(t, -1), torch.special.erf(t).sum(-1), torch.logsumexp(t, -1))
+        with torch.no_grad():
+            f, graphs = _compiled_graphs(fn, x)
+            assert 'EMBER_WIDE void' in graphs[0].source
+            for got, want in zip(f(x), fn(x)):
+                torch.testing.assert_close(got, want)
