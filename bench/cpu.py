@@ -5,7 +5,8 @@
 --no-inductor leaves the Inductor columns out (its cold compile takes minutes on 2 cores); --no-compile-time
 leaves out the compile-time columns (each a new process per compiler).
 
-Per workload: median run time of each (repeated calls after warm-up), the speedup over eager, and each
+Per workload: median run time of each (repeated calls after warm-up, one call of each compiler per round, so
+that all see the same load on a shared machine), the speedup over eager, and each
 compiler's compile time = its first call, measured in a new process: cold (empty caches: a fresh
 TORCHINDUCTOR_CACHE_DIR / EMBER_CACHE_DIR) and warm (the same process started again on the filled cache).
 ember runs through ember.compile (the frontend) with its default backend. Inference workloads run under
@@ -114,21 +115,26 @@ def compiled(name, compiler):
     return ember.compile(fn), args
 
 
-def time_call(fn, args, name, reps=None):
+def time_calls(fns: dict, name: str) -> dict:
+    """Median seconds per call of each {compiler: (fn, args)}, the compilers' calls interleaved (one call of
+    each per round), so that each sees the same load on a shared machine."""
     ctx = torch.enable_grad() if name in TRAINING else torch.no_grad()
     with ctx:
-        fn(*args)
-        fn(*args)
-        t0 = time.perf_counter()
-        fn(*args)
-        one = time.perf_counter() - t0
-        reps = reps or max(5, min(50, int(2.0 / max(one, 1e-6))))
-        ts = []
-        for _ in range(reps):
+        one = 0.0
+        for fn, args in fns.values():
+            fn(*args)
+            fn(*args)
             t0 = time.perf_counter()
             fn(*args)
-            ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+            one += time.perf_counter() - t0
+        reps = max(5, min(50, int(2.0 * len(fns) / max(one, 1e-6))))
+        ts: dict = {k: [] for k in fns}
+        for _ in range(reps):
+            for k, (fn, args) in fns.items():
+                t0 = time.perf_counter()
+                fn(*args)
+                ts[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in ts.items()}
 
 
 def compile_time_child(name, compiler):
@@ -164,25 +170,31 @@ def compile_times(name, compiler) -> tuple[float, float]:
 
 def main(names, compilers=("eager", "inductor", "ember"), compile_time=True):
     print(f"# bench/cpu.py  {datetime.datetime.now().isoformat(timespec='minutes')}  {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, torch {torch.__version__}, threads {torch.get_num_threads()}")
+          f"{os.cpu_count()} cores, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'workload':18s} {'eager ms':>9s} {'inductor ms':>12s} {'ember ms':>9s} {'inductor x':>11s} {'ember x':>8s}"
           f" {'ind cold s':>11s} {'ind warm s':>11s} {'ember cold s':>13s} {'ember warm s':>13s}")
     for name in names:
         row = dict.fromkeys(("eager", "inductor", "ember"), float("nan"))
+        fns = {}
+        ctx = torch.enable_grad() if name in TRAINING else torch.no_grad()
         for compiler in compilers:
             torch.manual_seed(0)
             fn, args = compiled(name, compiler)
             try:
-                row[compiler] = time_call(fn, args, name) * 1e3
+                with ctx:
+                    fn(*args)  # compiles here
+                fns[compiler] = (fn, args)
             except Exception as e:  # a compiler that fails on a workload shows as nan, with the reason
                 print(f"  [{compiler} {name}: {type(e).__name__}: {str(e)[:200]}]", file=sys.stderr)
-                row[compiler] = float("nan")
+        row.update({k: v * 1e3 for k, v in time_calls(fns, name).items()})
+        del fns
         nan2 = (float("nan"), float("nan"))
         ic, iw = compile_times(name, "inductor") if compile_time and "inductor" in compilers else nan2
         ec, ew = compile_times(name, "ember") if compile_time else nan2
         print(f"{name:18s} {row['eager']:9.3f} {row['inductor']:12.3f} {row['ember']:9.3f} "
               f"{row['eager'] / row['inductor']:10.2f}x {row['eager'] / row['ember']:7.2f}x "
-              f"{ic:11.2f} {iw:11.2f} {ec:13.2f} {ew:13.2f}", flush=True)
+              f"{ic:11.2f} {iw:11.2f} {ec:13.2f} {ew:13.2f}   (load {os.getloadavg()[0]:.2f})", flush=True)
 
 
 if __name__ == "__main__":

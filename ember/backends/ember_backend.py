@@ -13,6 +13,7 @@ options (ember.compile(options=...)):
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from typing import Callable
 
@@ -24,6 +25,9 @@ from ember.tools.logs import get_logger
 
 fallback_log = get_logger("fallbacks")
 code_log = get_logger("output_code")
+# lowering keeps its state in module globals (ir.GRAPH, the Expr interning table): graphs compiled by several
+# threads at once (each missing its guards, e.g. on grad mode, which is per thread) take turns
+_LOWERING = threading.Lock()
 STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0, "internal_errors": 0}
 
 
@@ -110,7 +114,7 @@ class CompiledGraph:
         self.lib = lib
         self.call = wrapper.python_wrapper(self.sched, kernel_call, {
             **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)},
-            check_inputs=not self.gm.meta.get("ember_guarded", False))
+            check_inputs=not self.gm.meta.get("ember_guarded", False), persistent=True)
         if code_log.isEnabledFor(10):
             code_log.debug("host program:\n%s", self.call.source)
 
@@ -130,9 +134,10 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         STATS["eager_graphs"] += 1
         return gm.forward
     try:
-        low, out_spec, _ = lower.lower(gm, example_inputs)
-        sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
-        source, kernels = cpp.generate(sched)
+        with _LOWERING:
+            low, out_spec, _ = lower.lower(gm, example_inputs)
+            sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
+            source, kernels = cpp.generate(sched)
     except lower.Unsupported as e:
         fallback_log.warning("graph runs eagerly: %s", e)
         STATS["eager_graphs"] += 1

@@ -233,9 +233,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                 g.val = node.meta.get("val")
                 if node.target is operator.getitem:
                     out = args[0][args[1]]
-                    # an element of a multi-output decomposition read by several nodes: as for single outputs
+                    # one result of a multi-output decomposition (layer_norm's) read by several nodes: computed
+                    # once, as any other node's result (else each extern reading it stored its own copy)
                     if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and out.cost() > 3:
-                        g.origins = getattr(out, "origin_names", ())
+                        g.origins = getattr(out, "origin_names", g.origins)
                         out = g.realize(out)
                         out.origin_names = g.origins
                     env[node] = out

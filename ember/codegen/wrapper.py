@@ -3,10 +3,17 @@ dead ones of the same layout), runs kernels and extern calls in schedule order a
 
 Backend-neutral: a backend supplies `kernel_call(group) -> str`, the Python statement that runs a group
 (C++: a ctypes call on data pointers; Triton: a kernel launch).
+
+`persistent=True` (the C++ backend) keeps the buffers that never leave a call (not graph outputs, nothing a
+kept ATen op could return a view of) from one call to the next, and matmul externs write into theirs
+(`aten.addmm.out`...): on CPU each fresh multi-megabyte tensor is fresh pages from the kernel, and first
+touching them cost BERT-base ~90K page faults per call (the bias copy inside addmm was 16% of its time).
+A call that finds the set in use (another thread inside the same graph) allocates a private one.
 """
 from __future__ import annotations
 
 import math
+import threading
 from typing import Callable
 
 import torch
@@ -61,6 +68,12 @@ def _extent(b) -> int:
     return (sum((n - 1) * abs(st) for n, st in zip(size, stride)) + 1) * b.dtype.itemsize
 
 
+# extern ops that write into a given buffer through their `out=` overload (one output, no views)
+OUT_VARIANTS = {torch.ops.aten.mm.default: torch.ops.aten.mm.out, torch.ops.aten.addmm.default: torch.ops.aten.addmm.out,
+                torch.ops.aten.bmm.default: torch.ops.aten.bmm.out,
+                torch.ops.aten.baddbmm.default: torch.ops.aten.baddbmm.out}
+
+
 class Wrapper:
     def __init__(self, sched: Schedule):
         self.sched = sched
@@ -92,9 +105,10 @@ class Wrapper:
 
 
 def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], extra_globals: dict,
-                   check_inputs: bool = True) -> Callable:
+                   check_inputs: bool = True, persistent: bool = False) -> Callable:
     """Build `call(args) -> outputs`; returns the function (its source is `call.source`). check_inputs=False:
-    the caller guarantees the inputs' types, shapes, strides and dtypes (the frontend's guards did check them)."""
+    the caller guarantees the inputs' types, shapes, strides and dtypes (the frontend's guards did check them).
+    persistent: buffers private to a call are kept for the next call (see the module docstring)."""
     w = Wrapper(sched)
     w.globals.update(extra_globals)
     w.globals["_Tensor"] = torch.Tensor  # an input that is None (an unused gradient) runs the graph eagerly
@@ -130,6 +144,21 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
             pinned |= set(it.inputs)
     free: dict = {}
     ours: set = set()
+    slots: list = []  # persistent: (size, stride, dtype) of each kept buffer, allocated by _new_slots()
+    body: list[str] = []
+
+    def alloc(b, indent="    "):
+        key = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
+        keep = persistent and b.name not in pinned  # pinned buffers may be (views of) what the call returns
+        if free.get((key, keep)):
+            body.append(f"{indent}{b.name} = {free[(key, keep)].pop()}  # reuses a dead buffer")
+        elif keep:
+            body.append(f"{indent}{b.name} = _S[{len(slots)}]")
+            slots.append(key)
+        else:
+            body.append(f"{indent}{b.name} = _empty({key[0]}, {key[1]}, dtype={w.const(b.dtype)})")
+        ours.add(b.name)
+
     for j, it in enumerate(sched.items):
         if isinstance(it, FusedGroup):
             for m in it.members:
@@ -137,34 +166,48 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
                     continue
                 b = m.buf
                 if m.dest:  # written in place into a graph input (schedule._write_in_place)
-                    L.append(f"    {b.name} = {m.dest}  # updated in place")
+                    body.append(f"    {b.name} = {m.dest}  # updated in place")
                     continue
-                key = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
-                if free.get(key):
-                    L.append(f"    {b.name} = {free[key].pop()}  # reuses a dead buffer")
-                else:
-                    L.append(f"    {b.name} = _empty({key[0]}, {key[1]}, dtype={w.const(b.dtype)})")
-                ours.add(b.name)
+                alloc(b)
             if it.numel > 0:
-                L.append(f"    {kernel_call(it)}")
+                body.append(f"    {kernel_call(it)}")
         else:
             args = ", ".join([w.arg(a) for a in it.args] + [f"{k}={w.arg(v)}" for k, v in it.kwargs.items()])
-            fn = w.const(it.target)
-            L.append(f"    {it.name} = {fn}({args})")
-            for i, o in enumerate(it.outputs):
-                if o is None:
-                    continue
-                if o.name != it.name:
-                    L.append(f"    {o.name} = {it.name}[{i}]")
-                L.append(f"    if {o.name} is not None and {o.name}.stride() != {tuple(int(s) for s in o.stride)}: "
-                         f"{o.name} = _restride({o.name}, {tuple(int(s) for s in o.stride)})")
+            o = it.outputs[0] if len(it.outputs) == 1 else None
+            if persistent and it.target in OUT_VARIANTS and not it.fallback and o is not None \
+                    and o.name == it.name and o.name not in pinned:
+                alloc(o)  # the library call writes into a kept buffer
+                body.append(f"    {w.const(OUT_VARIANTS[it.target])}({args}, out={o.name})")
+            else:
+                body.append(f"    {it.name} = {w.const(it.target)}({args})")
+                for i, o in enumerate(it.outputs):
+                    if o is None:
+                        continue
+                    if o.name != it.name:
+                        body.append(f"    {o.name} = {it.name}[{i}]")
+                    body.append(f"    if {o.name} is not None and {o.name}.stride() != {tuple(int(s) for s in o.stride)}: "
+                                f"{o.name} = _restride({o.name}, {tuple(int(s) for s in o.stride)})")
         for r, lj in last.items():
             if lj == j and r in ours and r not in pinned:
                 b = sched.buffers[r]
                 key = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
-                free.setdefault(key, []).append(r)
+                free.setdefault((key, persistent), []).append(r)
     outs = [w.arg(o) if isinstance(o, TensorArg) else w.const(o) for o in low.outputs]
-    L.append(f"    return [{', '.join(outs)}]")
+    body.append(f"    return [{', '.join(outs)}]")
+    if slots:
+        # one set of kept buffers, used by one call at a time (the C++ kernels release the GIL); a call that
+        # finds it taken gets a private set
+        w.globals.update(_slots=[], _lock=threading.Lock(), _new_slots=lambda: [
+            torch.empty_strided(size, stride, dtype=dtype) for size, stride, dtype in slots])
+        L += ["    _mine = _lock.acquire(False)",
+              "    try:",
+              "        _S = _slots if _mine else _new_slots()",
+              "        if not _S:",
+              "            _S.extend(_new_slots())"]
+        L += ["    " + line for line in body]
+        L += ["    finally:", "        if _mine:", "            _lock.release()"]
+    else:
+        L += body
     src = "\n".join(L) + "\n"
     ns = dict(w.globals)
     exec(compile(src, "<ember wrapper>", "exec"), ns)

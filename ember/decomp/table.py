@@ -648,7 +648,14 @@ def _softmax(x, dim, half_to_float=False):
     # 16-bit inputs are computed in float32 and rounded once, as eager's kernels accumulate (a float16/bfloat16
     # row sum that reached memory between kernels lost the digits log_softmax keeps near 0)
     x = P.reuse(P.cast(x, _acc(odt())), 3)
-    e = P.reuse(P.unary("exp", P.sub(x, P.reduce("max", x, [dim], True))), 2)
+    e = P.unary("exp", P.sub(x, P.reduce("max", x, [dim], True)))
+    # on CPU, a softmax over the innermost dim whose row fits the scheduler's per-thread row buffer computes
+    # exp once into that buffer, read by the row sum and the output (exp recomputed for the output was 12% of
+    # a fused layer_norm+gelu+softmax row, single-threaded); elsewhere the store would reach memory
+    from ember.codegen.schedule import SCRATCH_BYTES
+    row = int(x.size[-1]) * ir.itemsize(x.dtype) if x.ndim else 0
+    e = P.realize(e) if out().device.type == "cpu" and dim % x.ndim == x.ndim - 1 and row <= SCRATCH_BYTES // 2 \
+        else P.reuse(e, 2)
     # times the reciprocal of the row sum (one division per row, hoisted out of the loop), as eager's CPU
     # kernel does: a division per element was a tenth of a fused layer_norm+gelu+softmax row on CPU
     return P.cast(P.mul(e, P.unary("reciprocal", P.reduce("sum", e, [dim], True))), odt())
@@ -1036,6 +1043,19 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord == 2:
         return P.unary("sqrt", P.reduce("sum", P.mul(a, a), dims, keepdim))
     return P.pointwise("pow", P.reduce("sum", P.pointwise("pow", a, float(ord)), dims, keepdim), 1.0 / ord)
+
+
+# ------------------------------------------------------------------------------------------------ matmuls
+@reg(aten.addmm.default)
+def addmm(bias, a, b, *, beta=1, alpha=1):
+    """On CPU, a linear layer's addmm as the library mm plus a lazy bias add, which fuses into whatever reads
+    the result (gelu, the residual add + layer_norm): addmm itself first copies the broadcast bias into its
+    output (one more pass over it, and one more parallel region) and then accumulates the product on it."""
+    v = out()
+    if v.device.type != "cpu" or beta != 1 or alpha != 1 or not floaty(v.dtype) \
+            or not isinstance(bias, TensorBox) or bias.dtype != v.dtype:
+        return NotImplemented
+    return P.add(ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False), bias, dtype=v.dtype)
 
 
 # ------------------------------------------------------------------------------------------------ foreach

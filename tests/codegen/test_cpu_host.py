@@ -1,0 +1,208 @@
+"""The C++ backend's host program: buffers kept from call to call, matmuls writing into them, linear layers as
+a matrix product whose bias add fuses into the next kernel. Compared with eager on fresh random inputs."""
+import threading
+
+import torch
+
+import ember
+from ember.backends import ember_backend
+
+
+def _compiled_graphs(fn, *args):
+    """Compile fn with the ember backend; return (compiled fn, the CompiledGraph objects it made)."""
+    made = []
+    orig = ember_backend.compile_aten
+
+    def rec(gm, ex, options=None):
+        r = orig(gm, ex, options)
+        made.append(getattr(r, "compiled", None))
+        return r
+    ember_backend.compile_aten = rec
+    try:
+        f = ember.compile(fn)
+        f(*args)
+    finally:
+        ember_backend.compile_aten = orig
+    return f, [g for g in made if g is not None]
+
+
+def test_kept_buffers_do_not_leak_into_earlier_results():
+    """Intermediates (an mm written through aten.mm.out, a fused row) live in buffers kept across calls; the
+    outputs must still be fresh tensors: a second call must not change what the first returned."""
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(64, 96), torch.randn(96, 32)
+
+    def fn(x):
+        h = torch.relu(x @ w1)
+        return torch.softmax(h @ w2, -1), (h * 2).sum(-1)
+    with torch.no_grad():
+        x1, x2 = torch.randn(128, 64), torch.randn(128, 64)
+        f, graphs = _compiled_graphs(fn, x1)
+        src = graphs[0].call.source
+        assert "_S[" in src and "out=" in src, src  # something is kept, and a matmul writes into it
+        a = f(x1)
+        a_copy = [t.clone() for t in a]
+        b = f(x2)
+        for got, want in zip(a, a_copy):
+            torch.testing.assert_close(got, want)
+        for got, want in zip(b, fn(x2)):
+            torch.testing.assert_close(got, want)
+        assert a[0].data_ptr() != b[0].data_ptr()
+
+
+def test_a_matmul_output_that_is_returned_is_fresh_each_call():
+    torch.manual_seed(0)
+    w = torch.randn(48, 40)
+    with torch.no_grad():
+        x1, x2 = torch.randn(30, 48), torch.randn(30, 48)
+        f, _ = _compiled_graphs(lambda x: (x @ w, (x @ w).tanh()), x1)
+        a = f(x1)
+        b = f(x2)
+        torch.testing.assert_close(a[0], x1 @ w)
+        torch.testing.assert_close(b[0], x2 @ w)
+        torch.testing.assert_close(b[1], (x2 @ w).tanh())
+
+
+def test_threads_calling_one_graph_at_once_get_their_own_results():
+    """The kept buffers serve one call at a time (the C++ kernels release the GIL): a call that finds them in
+    use allocates its own. The threads run with grad mode on (it is per thread), so each misses the no-grad
+    entry and compiles at the same time as the others: lowering takes turns (its state is module-global)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 256)
+    fn = lambda x: torch.nn.functional.gelu(lin(x)).softmax(-1)
+    xs = [torch.randn(512, 256) for _ in range(4)]
+    with torch.no_grad():
+        f, _ = _compiled_graphs(fn, xs[0])
+        results: dict = {}
+
+        def worker(i):
+            for _ in range(20):
+                results[i] = f(xs[i])
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for i, x in enumerate(xs):
+            torch.testing.assert_close(results[i], fn(x))
+
+
+def test_training_step_with_kept_buffers_matches_eager_twice():
+    """Forward intermediates saved for the backward are graph outputs (fresh per call); the rest is kept.
+    float64: in float32 the layer norm's backward puts a few gradient elements 1e-5 apart in summation order."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16), torch.nn.LayerNorm(16))
+    ref = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16), torch.nn.LayerNorm(16))
+    m.double()
+    ref.double()
+    ref.load_state_dict(m.state_dict())
+    f = ember.compile(lambda mod, x: mod(x).pow(2).sum())
+    for _ in range(2):
+        x = torch.randn(20, 32, dtype=torch.float64)
+        m.zero_grad()
+        ref.zero_grad()
+        got, want = f(m, x), ref(x).pow(2).sum()
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want)
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+
+
+def _items(graph):
+    from ember.codegen.schedule import FusedGroup
+    groups = [it for it in graph.sched.items if isinstance(it, FusedGroup)]
+    externs = [str(it.target) for it in graph.sched.items if not isinstance(it, FusedGroup)]
+    return groups, externs
+
+
+def test_linear_bias_fuses_into_gelu_and_layer_norm():
+    """addmm on CPU is mm + a bias add that the reading kernel does (no separate pass over the result)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(96, 384), torch.nn.GELU(), torch.nn.Linear(384, 96), torch.nn.LayerNorm(96)).eval()
+    with torch.no_grad():
+        x = torch.randn(4, 50, 96)  # 3-D: the linear runs on a [200, 96] view
+        f, graphs = _compiled_graphs(m, x)
+        groups, externs = _items(graphs[0])
+        assert externs == ["aten.mm.default", "aten.mm.default"], externs
+        assert len(groups) == 2, groups  # bias + gelu; bias + layer_norm
+        for _ in range(2):
+            x = torch.randn(4, 50, 96)
+            torch.testing.assert_close(f(x), m(x))
+
+
+def test_linear_outputs_returned_and_read_by_attention():
+    """Bias adds whose readers are library calls (attention) or the caller are kernels of their own."""
+    torch.manual_seed(0)
+    q, k, v = (torch.nn.Linear(64, 64) for _ in range(3))
+
+    def fn(x):
+        b, s, _ = x.shape
+        heads = [p(x).view(b, s, 4, 16).transpose(1, 2) for p in (q, k, v)]
+        return torch.nn.functional.scaled_dot_product_attention(*heads), q(x)
+    with torch.no_grad():
+        x = torch.randn(2, 24, 64)
+        f, _ = _compiled_graphs(fn, x)
+        x = torch.randn(2, 24, 64)
+        for got, want in zip(f(x), fn(x)):
+            torch.testing.assert_close(got, want)
+
+
+def test_addmm_with_scaling_or_integers_stays_a_library_call():
+    torch.manual_seed(0)
+    with torch.no_grad():
+        b, x, w = torch.randn(20), torch.randn(10, 30), torch.randn(30, 20)
+        fn = lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2.0).relu()
+        f, graphs = _compiled_graphs(fn, b, x, w)
+        assert "aten.addmm.default" in _items(graphs[0])[1]
+        torch.testing.assert_close(f(b, x, w), fn(b, x, w))
+        bi, xi, wi = torch.randint(-5, 5, (20,)), torch.randint(-5, 5, (10, 30)), torch.randint(-5, 5, (30, 20))
+        fi = lambda b, x, w: torch.addmm(b, x, w) * 2
+        torch.testing.assert_close(ember.compile(fi)(bi, xi, wi), fi(bi, xi, wi))
+
+
+def test_layer_norm_read_by_three_matmuls_is_stored_once():
+    """A layer_norm result read by several extern calls is one buffer (each extern had stored its own copy)."""
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(128)
+    ws = [torch.randn(128, 128) for _ in range(3)]
+
+    def fn(x):
+        y = ln(x)
+        return [y @ w for w in ws]
+    with torch.no_grad():
+        x = torch.randn(64, 128)
+        f, graphs = _compiled_graphs(fn, x)
+        groups, externs = _items(graphs[0])
+        stored = [m.buf.name for g in groups for m in g.members if not m.local]
+        assert len(stored) == 1, stored
+        x = torch.randn(64, 128)
+        for got, want in zip(f(x), fn(x)):
+            torch.testing.assert_close(got, want)
+
+
+def test_softmax_row_computes_exp_once():
+    """A softmax over the innermost dim keeps exp(x - max) in the per-thread row buffer for the row sum and the
+    output; softmax over another dim, or over rows too long for the buffer, still matches eager."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        x = torch.randn(64, 1000) * 4
+        f, graphs = _compiled_graphs(lambda t: torch.softmax(torch.nn.functional.gelu(t), -1), x)
+        assert graphs[0].source.count("= ember_expf(") == 1, graphs[0].source
+        torch.testing.assert_close(f(x), torch.softmax(torch.nn.functional.gelu(x), -1))
+        for t, dim in [(torch.randn(300, 70) * 4, 0), (torch.randn(3, 40000) * 4, -1), (torch.randn(5, 6, 7), 1)]:
+            fn = lambda t: torch.softmax(t * 2, dim)
+            torch.testing.assert_close(ember.compile(fn)(t), fn(t))
+
+
+def test_row_reductions_calling_libm_use_wide_vectors_and_match_eager():
+    """Groups with reductions that call libm (exp, erf) are compiled for 512-bit vectors too."""
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(200, 999, dtype=dtype) * 3
+        fn = lambda t: (torch.log_softmax(t, -1), torch.special.erf(t).sum(-1), torch.logsumexp(t, -1))
+        with torch.no_grad():
+            f, graphs = _compiled_graphs(fn, x)
+            assert 'EMBER_WIDE void' in graphs[0].source
+            for got, want in zip(f(x), fn(x)):
+                torch.testing.assert_close(got, want)
