@@ -10,8 +10,8 @@ that all see the same load on a shared machine), the speedup over eager, and eac
 compiler's compile time = its first call, measured in a new process: cold (empty caches: a fresh
 TORCHINDUCTOR_CACHE_DIR / EMBER_CACHE_DIR) and warm (the same process started again on the filled cache).
 ember runs through ember.compile (the frontend) with its default backend. Inference workloads run under
-torch.no_grad(). Adam: eager and Inductor run torch.optim.Adam(foreach=True).step(); ember runs the same update
-written out (`adam_by_hand`), because ember's frontend does not capture torch.optim's step() yet.
+torch.no_grad(). Adam: every compiler runs torch.optim.Adam(foreach=True).step() (ember's frontend captures it
+from the second call on, as one graph).
 The machine is shared: numbers are ratios from one run, and they move a lot between runs.
 """
 from __future__ import annotations
@@ -78,28 +78,8 @@ def adam():
     return step, ()
 
 
-def adam_by_hand():
-    """The same Adam step written out (ember's frontend cannot capture torch.optim's step() yet: it graph-breaks
-    on record_function), updating params and state in place exactly as torch.optim.Adam (foreach) does."""
-    layers = [torch.nn.Linear(512, 512) for _ in range(10)]
-    params = [l.weight.detach() for l in layers]
-    grads = [torch.randn_like(p) for p in params]
-    m = [torch.zeros_like(p) for p in params]
-    v = [torch.zeros_like(p) for p in params]
-    lr, b1, b2, eps, t = 1e-3, 0.9, 0.999, 1e-8, 2
-
-    def step(params, grads, m, v):
-        bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
-        for p, g, mi, vi in zip(params, grads, m, v):
-            mi.lerp_(g, 1 - b1)
-            vi.mul_(b2).addcmul_(g, g, value=1 - b2)
-            p.addcdiv_(mi, (vi.sqrt() / (bc2 ** 0.5)).add_(eps), value=-lr / bc1)
-    return step, (params, grads, m, v)
-
-
 WORKLOADS = {"pointwise": pointwise, "ln_gelu_softmax": ln_gelu_softmax, "mlp": mlp, "resnet18": resnet18,
              "densenet121": densenet121, "bert": bert, "adam": adam}
-EMBER_VERSION = {"adam": adam_by_hand}  # where ember runs a hand-written equivalent (see its docstring)
 TRAINING = {"adam"}
 
 
@@ -110,8 +90,6 @@ def compiled(name, compiler):
     if compiler == "inductor":
         return torch.compile(fn), args
     import ember
-    if name in EMBER_VERSION:
-        fn, args = EMBER_VERSION[name]()
     return ember.compile(fn), args
 
 

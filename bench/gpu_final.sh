@@ -4,6 +4,7 @@
 #                                   # the Triton OpInfo subset (float32, bfloat16); autograd peak memory
 #   bash bench/gpu_final.sh bench   # bench/gpu.py: eager, Inductor and ember on every row but the training one
 #   bash bench/gpu_final.sh train   # the densenet121 training row (Inductor's compile alone takes ~3 minutes)
+#   (bench/gpu.py --only splits at commas: a row name with a comma is matched by a part of it)
 #   bash bench/gpu_final.sh final   # all of it in one command (tests of what changed, bench, training row)
 #   bash bench/gpu_final.sh quick   # while working: optimizer/CUDA-graph tests, Adam rows with a kernel profile
 set -u
@@ -17,7 +18,7 @@ tests)
     | tee "$OUT/tests.log" | grep -E "passed|failed|FAIL|Error" | tail -25
   timeout 150 python3 bench/autograd.py --device cuda --no-inductor 2>&1 | grep -v Warn | tee "$OUT/autograd.log" | tail -7 ;;
 bench)
-  timeout 580 python3 bench/gpu.py --only pointwise,"adam step","infer, reduce","infer, default",resnet50,bert,gpt2 \
+  timeout 580 python3 bench/gpu.py --only pointwise,"adam step","128px infer",resnet50,bert,gpt2 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | tail -22 ;;
 train)
   timeout 580 python3 bench/gpu.py --only "train step" --columns "${2:-eager,ember}" 2>&1 | tee "$OUT/train.log" \
@@ -27,7 +28,7 @@ final)   # one command for a session's last ~10 device minutes: the GPU tests of
   timeout 80 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
     | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
-  timeout 390 python3 bench/gpu.py --only pointwise,"adam step","infer, reduce","infer, default",resnet50,bert,gpt2 \
+  timeout 390 python3 bench/gpu.py --only pointwise,"adam step","128px infer",resnet50,bert,gpt2 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22
   timeout 110 python3 bench/gpu.py --only "train step" --columns eager,ember 2>&1 | tee "$OUT/train.log" \
     | grep -v -i warn | grep -E "^\||Error" | tail -8 ;;
