@@ -106,6 +106,7 @@ STATE_PROBES = {getattr(torch._C, n) for n in ("_is_tracing", "_get_tracing_stat
 # The wrapper torch._disable_dynamo puts around torch functions torch.compile must not trace (Optimizer.zero_grad,
 # state_dict...): ember runs them as Python too rather than interpreting torch._dynamo's own code.
 TORCH_DISABLED_CODE = torch._disable_dynamo(lambda: None).__code__
+DYNAMO_WRAPPER_FILE = "/".join(("_dynamo", "eval_frame.py"))
 
 
 def optim_helpers() -> tuple:
@@ -1899,6 +1900,11 @@ class Frame:
             return self.concrete(f, args, kwargs)
         if isinstance(f, types.FunctionType) and f.__code__ is TORCH_DISABLED_CODE:
             raise Unsupported(f"{f.__qualname__} is marked torch._disable_dynamo: it runs in Python", self.where())
+        if isinstance(f, types.FunctionType) and f.__code__.co_filename.endswith(DYNAMO_WRAPPER_FILE) \
+                and isinstance(getattr(f, "__wrapped__", None), types.FunctionType):
+            # a function torch.compile's first use wrapped for its own tracer (torch.optim's _init_group): the
+            # same function to ember, which runs what it wraps (the wrapper only switches Dynamo off)
+            return self.call_value(fn_v, f.__wrapped__, args, kwargs)
         if isinstance(f, types.FunctionType) and f.__module__ == "torch.optim.optimizer":
             get_value, stack_if_compiling = optim_helpers()
             if f is get_value:

@@ -300,3 +300,22 @@ def test_break_inside_record_function():
     cf = compile(f, Recorder())
     x = torch.randn(4)
     torch.testing.assert_close(cf(x), f(x), **EXACT)
+
+
+def test_step_captured_after_torch_compile_wrapped_torch_optim():
+    """torch.compile's first use wraps some torch.optim methods for its own tracer (Adam._init_group, in
+    torch/_dynamo/eval_frame.py); ember runs the wrapped function itself, so the step is still one graph (it
+    broke into Python before, and bench/cpu.py's Adam row, which runs Inductor first, timed eager)."""
+    torch.compile(lambda x: x + 1, backend="eager")(torch.randn(2))
+    assert torch.optim.Adam._init_group.__code__.co_filename.endswith("eval_frame.py")
+    t = Twins("adam", True)
+    rec = Recorder()
+    step = compile(lambda: t.opt.step(), rec)
+    graphs = []
+    for i in range(3):
+        t.grads()
+        step()
+        t.ref_opt.step()
+        t.assert_equal(f"step {i + 1}")
+        graphs.append(rec.graphs)
+    assert graphs == [0, 1, 1], f"graphs after each call {graphs}: {rec.describe()}"
