@@ -102,19 +102,8 @@ def fast_result(mode: FakeTensorMode, kind: str, target, args: tuple, kwargs: di
         return _pointwise(mode, target, args, kwargs, inplace=False)
     if method:
         return None
-    if target is F.batch_norm:
-        return _batch_norm(mode, args, kwargs)
-    if target is torch.conv2d:
-        return _conv2d(mode, args, kwargs)
-    if target is torch.cat:
-        return _cat(mode, args, kwargs)
-    if target is F.layer_norm:
-        return _layer_norm(mode, args, kwargs)
-    if target is F.linear:
-        return _linear(mode, args, kwargs)
-    if target is torch.addmm:
-        return _addmm(mode, args, kwargs)
-    return None
+    rule = next((r for f, r in _FUNCTION_RULES if target is f), None)
+    return rule(mode, args, kwargs) if rule is not None else None
 
 
 def _pointwise(mode, target, args, kwargs, inplace: bool, unary: bool = False):
@@ -307,3 +296,7 @@ def _cat(mode, args, kwargs):
     shape = list(first.shape)
     shape[dim] = total
     return _new(mode, shape, first.dtype, device)
+
+
+_FUNCTION_RULES = ((F.batch_norm, _batch_norm), (torch.conv2d, _conv2d), (torch.cat, _cat),
+                   (F.layer_norm, _layer_norm), (F.linear, _linear), (torch.addmm, _addmm))

@@ -65,11 +65,9 @@ class Twins:
                 torch.testing.assert_close(state[k], ref_state[k], **EXACT, msg=lambda m: f"{where}: {name}.{k}: {m}")
 
 
-@pytest.mark.parametrize("foreach", [False, True], ids=["for-loop", "foreach"])
-@pytest.mark.parametrize("kind", list(OPTIMIZERS))
-def test_step_is_one_graph_and_exact(kind, foreach):
-    t = Twins(kind, foreach)
-    rec = Recorder()
+def three_compiled_steps(t: Twins, rec: Recorder) -> list[int]:
+    """Three steps of t's optimizer compiled (recorded by rec) and of its eager twin, equal after each; the
+    number of graphs captured after each call."""
     step = compile(lambda: t.opt.step(), rec)
     graphs = []
     for i in range(3):
@@ -78,6 +76,14 @@ def test_step_is_one_graph_and_exact(kind, foreach):
         t.ref_opt.step()
         t.assert_equal(f"step {i + 1}")
         graphs.append(rec.graphs)
+    return graphs
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["for-loop", "foreach"])
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_step_is_one_graph_and_exact(kind, foreach):
+    t, rec = Twins(kind, foreach), Recorder()
+    graphs = three_compiled_steps(t, rec)
     # call 1 creates the state in Python; call 2 captures the whole step; call 3 reuses it
     assert graphs == [0, 1, 1], f"{kind}: graphs after each call {graphs}: {rec.describe()}"
     targets = {getattr(x, "__name__", x) for x in rec.targets(0)}
@@ -308,14 +314,6 @@ def test_step_captured_after_torch_compile_wrapped_torch_optim():
     broke into Python before, and bench/cpu.py's Adam row, which runs Inductor first, timed eager)."""
     torch.compile(lambda x: x + 1, backend="eager")(torch.randn(2))
     assert torch.optim.Adam._init_group.__code__.co_filename.endswith("eval_frame.py")
-    t = Twins("adam", True)
-    rec = Recorder()
-    step = compile(lambda: t.opt.step(), rec)
-    graphs = []
-    for i in range(3):
-        t.grads()
-        step()
-        t.ref_opt.step()
-        t.assert_equal(f"step {i + 1}")
-        graphs.append(rec.graphs)
+    t, rec = Twins("adam", True), Recorder()
+    graphs = three_compiled_steps(t, rec)
     assert graphs == [0, 1, 1], f"graphs after each call {graphs}: {rec.describe()}"
