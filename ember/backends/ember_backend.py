@@ -13,7 +13,6 @@ options (ember.compile(options=...)):
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
 from typing import Callable
 
@@ -25,9 +24,6 @@ from ember.tools.logs import get_logger
 
 fallback_log = get_logger("fallbacks")
 code_log = get_logger("output_code")
-# lowering keeps its state in module globals (ir.GRAPH, the Expr interning table): graphs compiled by several
-# threads at once (each missing its guards, e.g. on grad mode, which is per thread) take turns
-_LOWERING = threading.Lock()
 STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0, "internal_errors": 0}
 
 
@@ -134,7 +130,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         STATS["eager_graphs"] += 1
         return gm.forward
     try:
-        with _LOWERING:
+        with lower.LOWERING_LOCK:
             low, out_spec, _ = lower.lower(gm, example_inputs)
             sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
             source, kernels = cpp.generate(sched)

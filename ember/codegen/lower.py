@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import operator
+import threading
 
 import sympy
 import torch
@@ -192,6 +193,11 @@ class Graph:
         if val is None:
             return call
         return pytree.tree_unflatten(outs, spec)
+
+
+# Lowering keeps its state in module globals (ir.GRAPH, the Expr interning table): graphs compiled by several
+# threads at once (each missing its guards, e.g. on grad mode, which is per thread) take turns, in either backend
+LOWERING_LOCK = threading.Lock()
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:

@@ -1030,14 +1030,15 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         STATS["eager_graphs"] += 1
         return gm.forward
     try:
-        low, out_spec, _ = lower.lower(gm, example_inputs)
-        sched = chunk_wide_groups(split_few_row_groups(
-            schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations"))))
-        device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
-        if (options or {}).get("max_autotune"):
-            from ember.codegen import mm_template
-            sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
-        call = compile_schedule(sched, lambda args: gm(*args), device, not gm.meta.get("ember_guarded", False))
+        with lower.LOWERING_LOCK:
+            low, out_spec, _ = lower.lower(gm, example_inputs)
+            sched = chunk_wide_groups(split_few_row_groups(
+                schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations"))))
+            device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
+            if (options or {}).get("max_autotune"):
+                from ember.codegen import mm_template
+                sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
+            call = compile_schedule(sched, lambda args: gm(*args), device, not gm.meta.get("ember_guarded", False))
     except (lower.Unsupported, NotImplementedError) as e:
         fallback_log.warning("graph runs eagerly (Triton backend): %s: %s", type(e).__name__, e)
         STATS["eager_graphs"] += 1
