@@ -44,14 +44,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
             return triton.compile_aten(g, ex, options)
         return compile_aten(g, ex, options)
 
+    cuda_graphs = mode in ("reduce-overhead", "max-autotune") and options.get("triton.cudagraphs", True) \
+        and _on_cuda(gm, example_inputs)
     cpu_inputs = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor) and not t.is_cuda]
-    if mode in ("reduce-overhead", "max-autotune") and _on_cuda(gm, example_inputs) and cpu_inputs:
+    if cuda_graphs and cpu_inputs:
         # as torch.compile does: a CUDA graph cannot read CPU memory, so this graph (typically an optimizer step
         # with its step counters on the CPU) runs its kernels without one
         fallback_log.info("CUDA graphs skipped for a graph with CPU tensor inputs (%s); torch.optim keeps its "
                           "step counters on the GPU with capturable=True", cpu_inputs[:4])
-    elif mode in ("reduce-overhead", "max-autotune") and _on_cuda(gm, example_inputs) \
-            and options.get("triton.cudagraphs", True):
+    elif cuda_graphs:
         from ember.runtime.cudagraphs import aot_compilers
         fw, bw = aot_compilers(inner)
         return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)

@@ -118,22 +118,30 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
     mutations = gm.meta.get("ember_input_mutations") or []
     # (input index, output index) pairs renumbered for each part: the host graph writes the step counters in
     # place (the device graph has read their old values from the pack by then)
-    dev_gm.meta["ember_input_mutations"] = [(inputs_dev.index(i), dev_outs.index(out_leaves[o]))
-                                            for i, o in mutations if out_leaves[o] in dev_outs and i in inputs_dev]
-    host_gm.meta["ember_input_mutations"] = [(inputs_host.index(i), host_outs.index(out_leaves[o]))
-                                             for i, o in mutations if out_leaves[o] in host_outs and i in inputs_host]
+    # positions in each part (an optimizer step of hundreds of parameters: no list.index per lookup)
+    at_dev_in, at_host_in = _positions(inputs_dev), _positions(inputs_host)
+    at_dev_out, at_host_out = _positions(dev_outs), _positions(host_outs)
+    dev_gm.meta["ember_input_mutations"] = [(at_dev_in[i], at_dev_out[out_leaves[o]]) for i, o in mutations
+                                            if out_leaves[o] in at_dev_out and i in at_dev_in]
+    host_gm.meta["ember_input_mutations"] = [(at_host_in[i], at_host_out[out_leaves[o]]) for i, o in mutations
+                                             if out_leaves[o] in at_host_out and i in at_host_in]
+    at_host_node = _positions(host_inputs)
     plan = {
         "host_inputs": inputs_host,
         "device_inputs": inputs_dev,
         # per pack: dtype, and the positions (among the host inputs) of its members
-        "packs": [(dtype, [host_inputs.index(m) for m in members]) for dtype, members in packs.items()],
+        "packs": [(dtype, [at_host_node[m] for m in members]) for dtype, members in packs.items()],
         "device": device,
         # per output leaf: ("host", k) / ("device", k) / ("const", value)
-        "outputs": [("host", host_outs.index(x)) if isinstance(x, fx.Node) and x in host else
-                    ("device", dev_outs.index(x)) if isinstance(x, fx.Node) else ("const", x) for x in out_leaves],
+        "outputs": [("host", at_host_out[x]) if isinstance(x, fx.Node) and x in host else
+                    ("device", at_dev_out[x]) if isinstance(x, fx.Node) else ("const", x) for x in out_leaves],
         "out_spec": out_spec,
     }
     return host_gm, dev_gm, plan
+
+
+def _positions(items: list) -> dict:
+    return {x: k for k, x in enumerate(items)}
 
 
 class _Pack:
@@ -186,5 +194,4 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
         h = host_fn(*host_args) if has_host_outputs else ()
         leaves = [h[k] if where == "host" else d[k] if where == "device" else k for where, k in outputs]
         return unflatten(leaves)
-    run.host, run.device_part = host_fn, dev_fn
     return run

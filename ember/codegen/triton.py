@@ -1018,13 +1018,13 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     if devices - {"cuda"} and not (os.environ.get("TRITON_INTERPRET") == "1" and devices == {"cpu"}):
         # e.g. torch.optim's step counters, kept on the CPU unless capturable=True: the CPU scalars are computed
         # by the C++ backend and reach the kernels in one copy (host_scalars)
-        from ember.backends.ember_backend import compile_aten as compile_cpp
-        from ember.codegen import host_scalars
-        split = host_scalars.compile_split(gm, example_inputs, lambda g, ex: compile_cpp(g, ex, options),
-                                           lambda g, ex: compile_aten(g, ex, options)) \
-            if devices == {"cpu", "cuda"} else None
-        if split is not None:
-            return split
+        if devices == {"cpu", "cuda"}:
+            from ember.backends.ember_backend import compile_aten as compile_cpp
+            from ember.codegen import host_scalars
+            split = host_scalars.compile_split(gm, example_inputs, lambda g, ex: compile_cpp(g, ex, options),
+                                               lambda g, ex: compile_aten(g, ex, options))
+            if split is not None:
+                return split
         fallback_log.warning("graph runs eagerly (Triton backend): it mixes %s tensors with CUDA ones",
                              "/".join(sorted(devices - {"cuda"})))
         STATS["eager_graphs"] += 1

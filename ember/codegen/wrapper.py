@@ -53,11 +53,16 @@ class _Overlap:
             return False
         for i in self.written:
             lo, hi = ptrs[i], ptrs[i] + self.extents[i]
-            if any(j != i and p < hi and lo < p + e and e and hi > lo
-                   for j, (p, e) in enumerate(zip(ptrs, self.extents))):
+            if lo < hi and any(j != i and e and p < hi and lo < p + e
+                               for j, (p, e) in enumerate(zip(ptrs, self.extents))):
                 return True
         self.last = ptrs
         return False
+
+
+def _layout(b) -> tuple:
+    """(size, stride, dtype) of a buffer: what a dead buffer must match to be reused."""
+    return tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype
 
 
 def _extent(b) -> int:
@@ -148,7 +153,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     body: list[str] = []
 
     def alloc(b, indent="    "):
-        key = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
+        key = _layout(b)
         keep = persistent and b.name not in pinned  # pinned buffers may be (views of) what the call returns
         if free.get((key, keep)):
             body.append(f"{indent}{b.name} = {free[(key, keep)].pop()}  # reuses a dead buffer")
@@ -189,9 +194,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
                                 f"{o.name} = _restride({o.name}, {tuple(int(s) for s in o.stride)})")
         for r, lj in last.items():
             if lj == j and r in ours and r not in pinned:
-                b = sched.buffers[r]
-                key = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
-                free.setdefault((key, persistent), []).append(r)
+                free.setdefault((_layout(sched.buffers[r]), persistent), []).append(r)
     outs = [w.arg(o) if isinstance(o, TensorArg) else w.const(o) for o in low.outputs]
     body.append(f"    return [{', '.join(outs)}]")
     if slots:

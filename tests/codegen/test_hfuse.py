@@ -314,8 +314,9 @@ def triton_compile(gm, inputs):
 @pytest.mark.parametrize("path", ["compiled_path", "scalar_path"])
 def test_triton_adam_is_one_launch_in_place(path, monkeypatch, tmp_path):
     if CUDA and path == "compiled_path":
-        pytest.skip("eager _foreach_addcdiv_ takes its step-size tensor on the CPU only, and graphs mixing CPU and "
-                    "CUDA tensors run eagerly on the Triton backend (capturable=True Adam is tested in test_triton)")
+        pytest.skip("eager _foreach_addcdiv_ takes its step-size tensor on the CPU only, a 1-d CPU tensor, and "
+                    "graphs with CPU tensors other than 0-d ones run eagerly on the Triton backend (Adam with CPU "
+                    "step counters is tested in test_triton)")
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     dev = "cuda" if CUDA else "cpu"
     shapes = [(40, 24), (24,), (9, 40), (3, 5, 7)]

@@ -122,17 +122,23 @@ def _to(x, device):
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad_no_requires"])
-@pytest.mark.parametrize("name", list(IN_RULES))
+def _requires_grad(name: str) -> bool:
+    _, _, args, kwargs = IN_RULES[name]
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in [*args, *kwargs.values()])
+
+
+# the conv2d rule is for CPU only (cuDNN picks output layouts of its own); inputs requiring grad under grad mode
+# are outside the rules (test_outside_rules checks they fall through)
+RULE_CASES = [(name, grad, device) for device in DEVICES for grad in (False, True) for name in IN_RULES
+              if not (device != "cpu" and IN_RULES[name][1] is torch.conv2d)
+              and not (grad and _requires_grad(name))]
+
+
+@pytest.mark.parametrize("name,grad,device", RULE_CASES,
+                         ids=[f"{n}-{'grad_no_requires' if g else 'no_grad'}-{d}" for n, g, d in RULE_CASES])
 def test_rule_matches_eager_and_fake_tensor_mode(name, grad, device):
     kind, target, args, kwargs = IN_RULES[name]
-    if device != "cpu" and target is torch.conv2d:
-        pytest.skip("the conv2d rule is for CPU only (cuDNN picks output layouts of its own)")
     args, kwargs = _to(args, device), _to(kwargs, device)
-    if grad and any(isinstance(a, torch.Tensor) and a.requires_grad
-                    for a in [*args, *kwargs.values()]):
-        pytest.skip("inputs requiring grad under grad mode are outside the rules (see test_outside_rules)")
     with torch.set_grad_enabled(grad):
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         fargs, fkwargs = _fakes(mode, args), _fakes(mode, kwargs)
