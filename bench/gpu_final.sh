@@ -6,6 +6,7 @@
 #   bash bench/gpu_final.sh train   # the densenet121 training row (Inductor's compile alone takes ~3 minutes)
 #   (bench/gpu.py --only splits at commas: a row name with a comma is matched by a part of it)
 #   bash bench/gpu_final.sh final   # all of it in one command (tests of what changed, bench, training row)
+#   bash bench/gpu_final.sh profile # where the time goes: eager and ember on the model rows, kernel and host profiles
 #   bash bench/gpu_final.sh quick   # while working: optimizer/CUDA-graph tests, Adam rows with a kernel profile
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
@@ -32,6 +33,12 @@ final)   # one command for a session's last ~10 device minutes: the GPU tests of
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22
   timeout 110 python3 bench/gpu.py --only "train step" --columns eager,ember 2>&1 | tee "$OUT/train.log" \
     | grep -v -i warn | grep -E "^\||Error" | tail -8 ;;
+profile)   # kernel profiles (GPU time per kernel) and ember's host profile on the model rows, no Inductor
+  timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_layout.py tests/frontend/test_meta.py \
+    ${EXTRA_TESTS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
+  timeout 440 python3 bench/gpu.py --only "${ROWS:-resnet50,bert,gpt2,train step}" --columns eager,ember \
+    --profile "${ROWS:-resnet50,bert,gpt2,train step}" > "$OUT/profile.log" 2>&1
+  grep -E "^\||profile |Error" "$OUT/profile.log" | tail -30 ;;
 quick)   # a check while working: optimizer and CUDA-graph tests, the Adam rows with a kernel profile
   timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py 2>&1 \
