@@ -274,10 +274,15 @@ def profile(step: Callable, label: str, steps: int = 5, top: int = 16) -> None:
     from torch.profiler import profile as prof
     step()
     torch.cuda.synchronize()
-    with prof(activities=[ProfilerActivity.CUDA]) as p:
+    with prof(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as p:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    if "[ember]" in label:   # where the host time goes, by ATen op (self time, so nested ops are not counted twice)
+        cpu = [e for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CPU]
+        print(f"  host ops {label}:", flush=True)
+        for e in sorted(cpu, key=lambda e: -e.self_cpu_time_total)[:12]:
+            print(f"    {e.self_cpu_time_total / steps / 1e3:8.3f} ms {e.count // steps:6d}x  {e.key[:80]}")
     evs = [e for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.self_device_time_total for e in evs) / steps
     launches = sum(e.count for e in evs) / steps
@@ -298,15 +303,18 @@ def check(out, ref) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="comma-separated parts of row names; a part ending in $ is a whole name")
     ap.add_argument("--columns", default="eager,inductor,ember")
     ap.add_argument("--json", default="")
     ap.add_argument("--profile", default="", help="workloads (substrings) whose columns get a kernel profile")
     ap.add_argument("--sweep-blocks", action="store_true", help="time the pointwise chain under other BLOCKs")
     args = ap.parse_args()
-    PROFILE.extend(k for k in args.profile.lower().split(",") if k)
+    PROFILE.extend(k.rstrip("$") for k in args.profile.lower().split(",") if k)
     cols = [c for c in args.columns.split(",") if c]
-    wanted = [w for w in WORKLOADS if not args.only or any(s in w.name.lower() for s in args.only.lower().split(","))]
+    def picked(name: str, part: str) -> bool:   # a substring of the row's name; "...$": the whole name
+        return name == part[:-1] if part.endswith("$") else part in name
+    wanted = [w for w in WORKLOADS if not args.only or any(picked(w.name.lower(), s)
+                                                           for s in args.only.lower().split(","))]
     dev = torch.cuda.get_device_name()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# bench/gpu.py on {dev}, torch {torch.__version__}, Python {platform.python_version()}, {when}",

@@ -34,11 +34,16 @@ final)   # one command for a session's last ~10 device minutes: the GPU tests of
   timeout 110 python3 bench/gpu.py --only "train step" --columns eager,ember 2>&1 | tee "$OUT/train.log" \
     | grep -v -i warn | grep -E "^\||Error" | tail -8 ;;
 profile)   # kernel profiles (GPU time per kernel) and ember's host profile on the model rows, no Inductor
-  timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_layout.py tests/frontend/test_meta.py \
-    ${EXTRA_TESTS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
-  timeout 440 python3 bench/gpu.py --only "${ROWS:-resnet50,bert,gpt2,train step}" --columns eager,ember \
+  timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider ${TESTS:-tests/codegen/test_layout.py tests/frontend/test_meta.py} \
+    2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
+  timeout 440 python3 bench/gpu.py --only "${ROWS:-resnet50,bert,gpt2,train step}" --columns "${COLUMNS:-eager,ember}" \
     --profile "${ROWS:-resnet50,bert,gpt2,train step}" > "$OUT/profile.log" 2>&1
-  grep -E "^\||profile |Error" "$OUT/profile.log" | tail -30 ;;
+  grep -E "^\||profile |Error|eagerly" "$OUT/profile.log" | tail -30
+  if [ -n "${ROWS2:-}" ]; then   # a second set of rows, e.g. with Inductor's column
+    timeout 300 python3 bench/gpu.py --only "$ROWS2" --columns "${COLUMNS2:-inductor}" --profile "$ROWS2" \
+      > "$OUT/profile2.log" 2>&1
+    grep -E "^\||profile |Error" "$OUT/profile2.log" | tail -12
+  fi ;;
 quick)   # a check while working: optimizer and CUDA-graph tests, the Adam rows with a kernel profile
   timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py 2>&1 \

@@ -138,6 +138,13 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
                   "recomputes %d nodes", name, len(joint.graph.nodes), len(part.forward.graph.nodes),
                   len(part.backward.graph.nodes), len(part.saved), part.saved_bytes, len(part.recomputed))
         part.forward.meta["ember_guarded"] = guarded
+        # the forward's outputs past these are saved for the backward: under CUDA graphs they stay in graph memory
+        # (aliases) instead of being cloned and copied back in for the backward
+        part.forward.meta["num_user_outputs"] = part.num_forward_outputs
+        # outputs `finish` copies into their inputs at once, and that the program does not also return
+        returned = {s.index for s in meta.outputs if s.kind == "graph"}
+        part.forward.meta["ember_copied_back"] = [m.output_index for m in meta.mutations
+                                                  if m.output_index not in returned]
         return _Artifact(meta, fw_compiler(part.forward, inputs), name, part, bw_compiler)
 
     # The frontend guards every input's metadata and the grad mode before it calls a graph, so a graph it

@@ -687,11 +687,15 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     if written:                                     # autograd must see the write, as eager's in-place op's
         torch.autograd.graph.increment_version(written)
     pairs = [(d, s, g) for d, s, g in pairs if d is not s]
-    if len(pairs) > 1 and not any(g and (d.requires_grad or s.requires_grad) for d, s, g in pairs) and \
-            len({(d.device, d.dtype, s.device, s.dtype) for d, s, _ in pairs}) == 1:
-        # many copies back that autograd need not see (an optimizer's step counters): one foreach copy, one launch
+    if len(pairs) > 1 and not any(g and (d.requires_grad or s.requires_grad) for d, s, g in pairs):
+        # many copies back that autograd need not see (an optimizer's step counters, batch norms' running
+        # statistics): one foreach copy, one launch, per kind of tensor
+        kinds: dict = {}
+        for d, s, _ in pairs:
+            kinds.setdefault((d.device, d.dtype, s.device, s.dtype), []).append((d, s))
         with torch.no_grad():
-            torch._foreach_copy_([d for d, _, _ in pairs], [s for _, s, _ in pairs])
+            for group in kinds.values():
+                torch._foreach_copy_([d for d, _ in group], [s for _, s in group])
     else:
         mode = torch.is_grad_enabled()
         for dst, src, grad_enabled in pairs:

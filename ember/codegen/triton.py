@@ -31,6 +31,7 @@ import functools
 import hashlib
 import importlib.util
 import math
+import operator
 import os
 import re
 import sys
@@ -1005,6 +1006,31 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
     return call
 
 
+def _cpu_values_pass_through(gm: torch.fx.GraphModule) -> bool:
+    """Whether every CPU tensor of a CUDA graph only travels between library calls, inputs and outputs, so no
+    generated kernel reads one: e.g. the philox seed and offset (CPU scalars) that CUDA attention with dropout
+    returns and its backward takes."""
+    from ember.decomp.table import EXTERN, TABLE
+
+    def library_call(n: torch.fx.Node) -> bool:
+        return n.op == "call_function" and (n.target in EXTERN or (
+            isinstance(n.target, torch._ops.OpOverload) and n.target not in TABLE))
+
+    def on_cpu(n: torch.fx.Node) -> bool:
+        v = n.meta.get("val")
+        return isinstance(v, torch.Tensor) and v.device.type == "cpu"
+
+    for n in gm.graph.nodes:
+        if not on_cpu(n):
+            continue
+        made_by = n.args[0] if n.target is operator.getitem else n
+        if not (n.op == "placeholder" or library_call(made_by)):
+            return False
+        if not all(u.op == "output" or library_call(u) for u in n.users):
+            return False
+    return True
+
+
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
     """Compile a functional ATen-level fx graph (node.meta['val'] set) on CUDA tensors into Triton kernels.
     The same contract as ember.backends.ember_backend.compile_aten (the C++ one)."""
@@ -1015,7 +1041,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     devices = {v.device.type for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
                if isinstance(v, torch.Tensor)} | {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     devices.discard("meta")     # shape-only values some graphs carry
-    if devices - {"cuda"} and not (os.environ.get("TRITON_INTERPRET") == "1" and devices == {"cpu"}):
+    if devices - {"cuda"} and not (os.environ.get("TRITON_INTERPRET") == "1" and devices == {"cpu"}) and \
+            not _cpu_values_pass_through(gm):
         # e.g. torch.optim's step counters, kept on the CPU unless capturable=True: the CPU scalars are computed
         # by the C++ backend and reach the kernels in one copy (host_scalars)
         if devices == {"cpu", "cuda"}:

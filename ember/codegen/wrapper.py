@@ -39,6 +39,31 @@ def _restride(t: torch.Tensor, stride) -> torch.Tensor:
     return out
 
 
+class _LoggedFallback:
+    """The graph run as it is, for a call the compiled code was not built for; the first such call of each
+    graph is logged with the input that differed (EMBER_LOGS=fallbacks)."""
+
+    def __init__(self, fallback: Callable, inputs: list, check_inputs: bool):
+        self.fallback, self.inputs, self.check_inputs, self.calls = fallback, inputs, check_inputs, 0
+
+    def __call__(self, args: list):
+        self.calls += 1
+        if self.calls == 1:
+            from ember.tools.logs import get_logger
+            get_logger("fallbacks").warning("a compiled graph ran eagerly for a call: %s", self.why(args))
+        return self.fallback(args)
+
+    def why(self, args: list) -> str:
+        for i, (b, a) in enumerate(zip(self.inputs, args)):
+            want = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
+            if not isinstance(a, torch.Tensor):
+                return f"input {i} ({b.name}) is a {type(a).__name__}, compiled for a tensor"
+            got = (tuple(a.shape), a.stride(), a.dtype)
+            if self.check_inputs and got != want:
+                return f"input {i} ({b.name}) is (shape, stride, dtype) {got}, compiled for {want}"
+        return "an input written in place shares memory with another input"
+
+
 class _Overlap:
     """`overlap(args)`: whether the memory of an input in `written` overlaps another input's. The inputs' layouts
     are fixed (checked or guarded), so each one's byte range follows from its address; the addresses of the
@@ -135,6 +160,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
         w.globals["_overlap"] = _Overlap(tuple(written), [_extent(b) for b in low.inputs])
         checks.append("_overlap(args)")
     if checks:
+        w.globals["_fallback"] = _LoggedFallback(w.globals["_fallback"], low.inputs, check_inputs)
         L.append(f"    if {' or '.join(checks)}:")
         L.append("        return _fallback(args)")
 

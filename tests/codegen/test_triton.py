@@ -254,6 +254,45 @@ def test_bfloat16_log_softmax_near_zero_computed_in_float32():
         torch.testing.assert_close(got, want.to(torch.bfloat16))
 
 
+@pytest.mark.skipif(not CUDA, reason="the fused attention kernels need a GPU")
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_cuda_attention_training_passes_its_cpu_philox_state_between_library_calls(dropout_p):
+    """CUDA attention returns its philox seed and offset as CPU tensors, saved for its backward. They only travel
+    between the two library calls, so the graphs compile (they used to run eagerly: 'mixes cpu tensors'); the
+    same calls on the same generator state draw the same dropout mask as eager."""
+    import ember
+    from ember.codegen import triton as tb
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(64, 64).cuda()
+
+    def f(x):
+        q = proj(x).view(2, 40, 4, 16).transpose(1, 2)
+        o = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=dropout_p, is_causal=True)
+        return torch.nn.functional.gelu(o.transpose(1, 2).reshape(2, 40, 64)).sum()
+
+    ember.reset()
+    compiled = ember.compile(f)
+    before = dict(tb.STATS)
+    for _ in range(2):
+        x = torch.randn(2, 40, 64, device="cuda", requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        state = torch.cuda.get_rng_state()
+        got = compiled(x)
+        got.backward()
+        grads = [p.grad.clone() for p in proj.parameters()]
+        proj.zero_grad()
+        torch.cuda.set_rng_state(state)
+        want = f(xe)
+        want.backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x.grad, xe.grad)
+        for g, p in zip(grads, proj.parameters()):
+            torch.testing.assert_close(g, p.grad)
+        proj.zero_grad()
+    made = {k: tb.STATS[k] - before[k] for k in before}
+    assert made["eager_graphs"] == 0 and made["graphs"] == 2, made
+
+
 @pytest.mark.skipif(not CUDA, reason="the optimizer step on CUDA tensors")
 @pytest.mark.parametrize("capturable", [True, False])
 def test_compiled_adam_step_on_cuda(capturable):

@@ -166,14 +166,12 @@ def test_aot_module_training_with_cuda_graphs_matches_eager():
     ref = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).cuda()
     ref.load_state_dict(model.state_dict())
     gm = torch.fx.symbolic_trace(model)
-    for with_meta in (True, False):
+    for _ in range(2):          # the second time, graphs are recorded in a new pool with parameters trained
         fw_c, bw_c = aot_compilers(lambda g, ex: g.forward)
-
-        def fw(g, ex, fw_c=fw_c):
-            if with_meta:
-                g.meta["num_user_outputs"] = 1       # what the partitioner should record
-            return fw_c(g, ex)
-        compiled = aot_module(gm, [torch.randn(8, 64, device="cuda")], fw, bw_c)
+        compiled = aot_module(gm, [torch.randn(8, 64, device="cuda")], fw_c, bw_c)
+        art = next(iter(compiled.artifacts.values()))
+        # aot_module records how many outputs are the user's: saved tensors go to the backward uncloned
+        assert art.forward.num_user_outputs == art.part.num_forward_outputs == 1
         opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
         kept = []
         for step in range(4):
@@ -200,6 +198,40 @@ def test_aot_module_training_with_cuda_graphs_matches_eager():
         opt.zero_grad(); ref_opt.zero_grad()
         for got, want in kept:
             torch.testing.assert_close(got, want)
+
+
+def test_batch_norm_running_stats_are_copied_back_uncloned_and_match_eager():
+    """A training forward's input mutations (batch norm's running statistics, its step counter) leave the graph
+    uncloned, since `finish` copies them into the buffers before any other replay; gradients are cloned in one
+    batch. Values, running statistics and gradients as eager over several steps."""
+    from ember.autograd import aot_module
+    from ember.runtime.cudagraphs import aot_compilers
+    torch.manual_seed(0)
+
+    def net():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                   torch.nn.Conv2d(8, 4, 3), torch.nn.BatchNorm2d(4)).cuda()
+    model, ref = net(), net()
+    ref.load_state_dict(model.state_dict())
+    fw_c, bw_c = aot_compilers(lambda g, ex: g.forward)
+    compiled = aot_module(torch.fx.symbolic_trace(model), [torch.randn(4, 3, 12, 12, device="cuda")], fw_c, bw_c)
+    art = next(iter(compiled.artifacts.values()))
+    assert len(art.forward.copied_back) == 6           # two running means, two variances, two counters
+    for _ in range(4):
+        x = torch.randn(4, 3, 12, 12, device="cuda")
+        out = compiled(x)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        want = ref(x)
+        torch.testing.assert_close(out, want)
+        out.square().mean().backward()
+        want.square().mean().backward()
+        for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, r.grad, msg=name)
+        for (name, b), r in zip(model.named_buffers(), ref.buffers()):
+            torch.testing.assert_close(b, r, msg=name)
+        model.zero_grad(set_to_none=False)   # gradients kept from one step to the next: they must be ours
+        ref.zero_grad(set_to_none=False)
+    assert art.forward.replays >= 2
 
 
 def test_train_step_with_default_adam_under_reduce_overhead():
