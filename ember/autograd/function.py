@@ -60,6 +60,10 @@ class CompiledGraphFunction(torch.autograd.Function):
         diff = set(art.meta.tangent_of)
         ctx.mark_non_differentiable(*[o for k, o in enumerate(fw_outs) if k not in diff and
                                       isinstance(o, torch.Tensor)])
+        # no zero gradients made for the non-differentiable outputs (a training graph's hundreds of batch norm
+        # statistics): backward makes zeros only for differentiable outputs that got no gradient
+        ctx.set_materialize_grads(False)
+        ctx.tangent_meta = [(fw_outs[k].shape, fw_outs[k].dtype, fw_outs[k].device) for k in art.meta.tangent_of]
         return tuple(fw_outs)
 
     @staticmethod
@@ -72,8 +76,9 @@ class CompiledGraphFunction(torch.autograd.Function):
                 f"carry no autograd history. Compile that code with ember.compile(..., backend='eager') or run it "
                 f"uncompiled.")
         saved = ctx.saved_tensors
-        tangents = [grads[k].contiguous() if grads[k].layout == torch.strided else grads[k]
-                    for k in art.meta.tangent_of]
+        tangents = [torch.zeros(shape, dtype=dtype, device=device) if grads[k] is None else
+                    grads[k].contiguous() if grads[k].layout == torch.strided else grads[k]
+                    for k, (shape, dtype, device) in zip(art.meta.tangent_of, ctx.tangent_meta)]
         if art.backward is None:
             art.backward = art.bw_compiler(art.part.backward, [*saved, *tangents])
         gin = iter(art.backward(*saved, *tangents))

@@ -206,3 +206,25 @@ def test_row_reductions_calling_libm_use_wide_vectors_and_match_eager():
             assert 'EMBER_WIDE void' in graphs[0].source
             for got, want in zip(f(x), fn(x)):
                 torch.testing.assert_close(got, want)
+
+
+def test_compiled_for_the_real_inputs_layout_when_the_trace_had_another():
+    """A backward graph is traced with its saved tensors' layouts as the trace saw them (a view), but the compiled
+    forward may return them dense: the graph is compiled for the layout of the real inputs it is first called
+    with, so later calls pass the input check instead of running the graph eagerly every time."""
+    from tests.codegen.aten_trace import trace_aten
+
+    def fn(x, y):
+        return (x * 2 + y).sum(-1), torch.exp(x) @ y.t()
+    torch.manual_seed(0)
+    gm, _ = trace_aten(fn, [torch.randn(32, 48).t(), torch.randn(48, 32)])   # traced: x a transposed view
+    x, y = torch.randn(48, 32), torch.randn(48, 32)                           # real: x dense
+    compiled = ember_backend.compile_aten(gm, [x, y])
+    eager_calls = []
+    traced_forward = gm.forward
+    gm.forward = lambda *a: eager_calls.append(1) or traced_forward(*a)
+    for _ in range(2):
+        x, y = torch.randn(48, 32), torch.randn(48, 32)
+        for got, want in zip(compiled(x, y), fn(x, y)):
+            torch.testing.assert_close(got, want)
+    assert not eager_calls
