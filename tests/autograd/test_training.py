@@ -267,3 +267,28 @@ def test_in_place_kernel_writes_are_seen_by_autograd():
             y.backward()
     run(lambda f: f)
     run(ember.compile)
+
+
+def test_differentiable_output_without_a_gradient_gets_zeros():
+    """Of two differentiable outputs, backward through one: the other's gradient is zeros (autograd no longer
+    materializes them, so the compiled Function's backward makes them); a batch norm's statistics ride along."""
+    torch.manual_seed(0)
+    w = torch.randn(6, 6, requires_grad=True)
+
+    def make(bn):
+        def fn(x):
+            h = bn(x @ w)
+            return h.relu(), h.sigmoid()
+        return fn
+    bn = torch.nn.BatchNorm1d(6)
+    ref_bn = copy.deepcopy(bn)
+    compiled, eager = ember.compile(make(bn)), make(ref_bn)
+    for _ in range(2):
+        x = torch.randn(8, 6)
+        a, b = compiled(x)
+        ra, rb = eager(x)
+        (ga,) = torch.autograd.grad(b.sum(), [w])
+        (gr,) = torch.autograd.grad(rb.sum(), [w])
+        torch.testing.assert_close(a, ra)
+        torch.testing.assert_close(ga, gr)
+        torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)
