@@ -25,8 +25,6 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-from torch._subclasses.fake_tensor import FakeTensor
-
 from ember.codegen import ir
 from ember.codegen.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, TensorArg, TensorBox
 from ember.tools.logs import get_logger
@@ -212,24 +210,12 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
     inputs = []
     constants: dict = {}
     users = {n: len(n.users) for n in gm.graph.nodes}
-    # ops whose results depend on the inputs' strides, not only their values
-    storage_ops = any(n.op == "call_function" and getattr(n.target, "_schema", None) is not None and
-                      n.target._schema.name in ("aten::as_strided", "aten::as_strided_scatter",
-                                                "aten::as_strided_copy") for n in gm.graph.nodes)
     try:
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 v = node.meta.get("val", None)
                 idx = len(inputs)
-                ex = example_inputs[idx] if idx < len(example_inputs) else None
-                v = ex if v is None else v
-                if isinstance(v, torch.Tensor) and isinstance(ex, torch.Tensor) and ex is not v and \
-                        not isinstance(ex, FakeTensor) and ex.shape == v.shape and ex.dtype == v.dtype and \
-                        ex.stride() != v.stride() and not storage_ops:
-                    # compiled for the layout the real input has: a backward's saved tensor may come out of the
-                    # compiled forward dense where the trace had a view (then every call would fail the input
-                    # check and run eagerly). Values do not depend on it: views are index arithmetic here.
-                    v = ex
+                v = example_inputs[idx] if v is None and idx < len(example_inputs) else v
                 if isinstance(v, torch.Tensor):
                     buf = g.add(InputBuffer(f"arg{idx}", tuple(v.shape), tuple(v.stride()), v.dtype, 0))
                     env[node] = TensorBox.of_buffer(buf)

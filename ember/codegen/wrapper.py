@@ -149,10 +149,15 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     names = [b.name for b in low.inputs]
     if names:
         L.append(f"    {', '.join(names)}, = args")
-    checks = [f"not isinstance({b.name}, _Tensor) or "
-              f"{b.name}.shape != {tuple(int(s) for s in b.size)} or {b.name}.stride() != "
-              f"{tuple(int(s) for s in b.stride)} or {b.name}.dtype != {w.const(b.dtype)}" for b in low.inputs] \
-        if check_inputs else []
+    # An input with the compiled shape and dtype but other strides is copied into the compiled layout: a
+    # backward's saved tensor may come out of the compiled forward dense where the trace saw a view, and
+    # running eagerly on every call would be the price otherwise. Not for inputs written in place or returned.
+    kept_layout = set(sched.inplace.values()) | {o.buffer for o in low.outputs if isinstance(o, TensorArg)}
+    restrided = [b for b in low.inputs if b.name not in kept_layout] if check_inputs else []
+    checks = [f"not isinstance({b.name}, _Tensor) or {b.name}.shape != {tuple(int(s) for s in b.size)} or "
+              f"{b.name}.dtype != {w.const(b.dtype)}" +
+              (f" or {b.name}.stride() != {tuple(int(s) for s in b.stride)}" if b not in restrided else "")
+              for b in low.inputs] if check_inputs else []
     if sched.inplace:
         # an input written in place must not share memory with another input (then the kernels would read
         # values already overwritten): such a call runs the functional graph, whose results are copied back
@@ -163,6 +168,9 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
         w.globals["_fallback"] = _LoggedFallback(w.globals["_fallback"], low.inputs, check_inputs)
         L.append(f"    if {' or '.join(checks)}:")
         L.append("        return _fallback(args)")
+    for b in restrided:
+        stride = tuple(int(s) for s in b.stride)
+        L.append(f"    if {b.name}.stride() != {stride}: {b.name} = _restride({b.name}, {stride})")
 
     # lifetimes: the last item that reads each buffer; outputs and buffers fallbacks saw never die
     last, pinned = {}, {o.buffer for o in low.outputs if isinstance(o, TensorArg)}

@@ -208,10 +208,10 @@ def test_row_reductions_calling_libm_use_wide_vectors_and_match_eager():
                 torch.testing.assert_close(got, want)
 
 
-def test_compiled_for_the_real_inputs_layout_when_the_trace_had_another():
+def test_input_with_other_strides_is_copied_into_the_compiled_layout():
     """A backward graph is traced with its saved tensors' layouts as the trace saw them (a view), but the compiled
-    forward may return them dense: the graph is compiled for the layout of the real inputs it is first called
-    with, so later calls pass the input check instead of running the graph eagerly every time."""
+    forward may return them dense: such an input is copied into the layout the graph was compiled for, instead
+    of the whole graph running eagerly on every call."""
     from tests.codegen.aten_trace import trace_aten
 
     def fn(x, y):
