@@ -229,7 +229,7 @@ def sweep_flat_blocks() -> None:
     gm = torch.fx.symbolic_trace(chain)
     aten_gm, _ = trace_forward(gm, [x])
     default = tr.launch_config
-    for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (8192, 16)):
+    for block, warps in ((1024, 4), (512, 4), (1024, 8), (2048, 16), (512, 2), (256, 2), (2048, 8)):
         tr.launch_config = lambda shape, rows, rmax, b=block, w=warps: (
             {"BLOCK": b, "num_warps": w} if shape == tr.FLAT else default(shape, rows, rmax))
         try:

@@ -46,7 +46,12 @@ except Exception as e:
                     lines = call.source.splitlines()
                     print("graph", type(gm).__name__, "line", tb.tb_lineno, ":", lines[tb.tb_lineno - 1][:300])
                     names = [n for n in lines[tb.tb_lineno - 1].split("(")[1].split(")")[0].split(", ")]
-                    print("args:", names[:20])
+                    loc = tb.tb_frame.f_locals
+                    for a in names[:24]:
+                        t = loc.get(a.strip())
+                        if isinstance(t, torch.Tensor):
+                            print("   ", a, t.device, tuple(t.shape), t.stride(), t.dtype, t.storage_offset(),
+                                  t.untyped_storage().nbytes())
         tb = tb.tb_next
 for i, (gm, r) in enumerate(graphs):
     odd = [n for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)
