@@ -46,6 +46,13 @@ except Exception as e:
                     lines = call.source.splitlines()
                     print("graph", type(gm).__name__, "line", tb.tb_lineno, ":", lines[tb.tb_lineno - 1][:300])
                     names = [n for n in lines[tb.tb_lineno - 1].split("(")[1].split(")")[0].split(", ")]
+                    kname = lines[tb.tb_lineno - 1].split("# ")[-1].split("[")[0].strip()
+                    src = call.kernel_source
+                    start = src.find(f"def {kname}(")
+                    if start >= 0:
+                        start = src.rfind("@triton.jit", 0, start)
+                        end = src.find("@triton.jit", start + 12)
+                        print(src[start:end if end > 0 else None])
                     loc = tb.tb_frame.f_locals
                     for a in names[:24]:
                         t = loc.get(a.strip())

@@ -296,13 +296,15 @@ def cat(xs: Sequence[TensorBox], dim: int, dtype: torch.dtype) -> TensorBox:
             return xs[k].loader([i - starts[k] if d == dim else i for d, i in enumerate(idx)])
         e = None
         for x, s in reversed(list(zip(xs, starts))):
-            sub = [i - s if d == dim else i for d, i in enumerate(idx)]
+            # every piece is loaded at every position (the where picks afterwards): its index is clamped into its
+            # own range, the last piece's too, so an untaken branch never reads out of bounds (a negative index
+            # into the last piece was an illegal address on the GPU)
+            inside = [sympy.Min(sympy.Max(i - s, 0), int(x.size[dim]) - 1) if d == dim and len(xs) > 1 else
+                      (i - s if d == dim else i) for d, i in enumerate(idx)]
             if e is None:
-                e = x.loader(sub)
+                e = x.loader(inside)
             else:
                 end = s + int(x.size[dim])
-                # clamp the index into x's range so the untaken branch never reads out of bounds
-                inside = [sympy.Min(sympy.Max(i, 0), int(x.size[dim]) - 1) if d == dim else i for d, i in enumerate(sub)]
                 e = Expr("where", (Expr("lt", (Expr("index", (idx[dim],), torch.int64),
                                                Expr("const", (end,), torch.int64)), torch.bool),
                                    x.loader(inside), e), dtype)

@@ -101,3 +101,41 @@ def test_reshaped_linear_output_is_read_without_division_in_the_inner_loop():
     kernel = c.compiled.source.split("fused fx nodes: gelu")[1]
     inner = [line for line in kernel.splitlines() if "float t0 = " in line]
     assert inner and "/" not in inner[-1] and "%" not in inner[-1], inner
+
+
+def test_cat_never_loads_a_piece_outside_its_range():
+    """Every piece of a concatenation is loaded at every output position (a where picks afterwards), so each
+    piece's index must stay inside it. The last piece's was not clamped: through GPT-2's backward (the gradients
+    of q, k and v, transposed, concatenated into the qkv gradient) it went negative, an illegal address on the
+    H100. Evaluated here for every output position."""
+    import itertools
+    import math
+
+    import sympy
+
+    from ember.codegen.ir import InputBuffer, TensorBox, contiguous_strides
+    from ember.decomp import prims
+
+    def piece(name, size):
+        return TensorBox.of_buffer(InputBuffer(name, size, contiguous_strides(size), torch.float32, 0))
+    heads, seq, d = 2, 3, 4                                   # each piece: (heads, seq, d) -> (seq, heads * d)
+    pieces = [prims.reshape(prims.permute(piece(f"p{k}", (heads, seq, d)), (1, 0, 2)), (seq, heads * d))
+              for k in range(3)]
+    out = prims.cat(pieces, 1, torch.float32)
+    idx = [sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(2)]
+    loads, todo = [], [out.loader(idx)]
+    while todo:
+        e = todo.pop()
+        if getattr(e, "op", None) == "load":
+            loads.append(e.args)
+        elif hasattr(e, "args"):
+            todo += [a for a in e.args if hasattr(a, "op")]
+    assert len(loads) == 3
+    # evaluated as the GPU does: integer // and % round toward zero (C), as Triton's do
+    c_ops = {"floor": math.trunc, "Mod": lambda a, b: int(math.fmod(a, b)), "ModIndex": lambda a, b: int(math.fmod(a, b)),
+             "FloorDiv": lambda a, b: int(a / b), "Min": min, "Max": max}
+    for name, off in loads:
+        at = sympy.lambdify(idx, off, modules=[c_ops, "math"])
+        for pos in itertools.product(range(seq), range(3 * heads * d)):
+            value = int(at(*pos))
+            assert 0 <= value < heads * seq * d, (name, pos, value)
