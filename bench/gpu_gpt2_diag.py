@@ -34,6 +34,23 @@ try:
         loss.backward()
     torch.cuda.synchronize()
     print("no error")
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        loss = fn(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.cuda.synchronize()
+    evs = sorted((e for e in prof.key_averages() if e.key.startswith("k_")), key=lambda e: -e.self_device_time_total)
+    for e in evs[:2]:
+        print(f"{e.key}: {e.self_device_time_total / 1e3:.3f} ms, {e.count} launches")
+        for gm, r in graphs:
+            call = getattr(r, "compiled", None)
+            if call is None or f"def {e.key}(" not in call.kernel_source:
+                continue
+            src = call.kernel_source
+            start = src.rfind("@triton.jit", 0, src.find(f"def {e.key}("))
+            end = src.find("@triton.jit", start + 12)
+            print(src[start:end if end > 0 else None][:3000])
+            print([ln for ln in call.source.splitlines() if e.key in ln][:2])
 except Exception as e:
     print("ERROR", type(e).__name__, str(e)[:200])
     tb = e.__traceback__
