@@ -114,7 +114,9 @@ def test_forward_backward_training_matches_eager_with_adam():
         opt.step(); ref_opt.step(); opt.zero_grad(); ref_opt.zero_grad()
     with torch.no_grad():
         x = torch.randn(32, 64, device="cuda")
-        torch.testing.assert_close(f(x, *ps)[0], mlp(x, *ref)[0])
+        # four Adam steps scale each gradient by its running RMS: the capture's 1e-6 differences above, on
+        # gradients near zero, move parameters by up to a few 1e-4 (failed 1 run in 6 at 1e-5 on the H100)
+        torch.testing.assert_close(f(x, *ps)[0], mlp(x, *ref)[0], atol=1e-3, rtol=1e-3)
 
 
 def test_two_forwards_before_backwards_evacuate_saved_tensors():
