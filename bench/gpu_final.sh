@@ -19,7 +19,7 @@ tests)
     | tee "$OUT/tests.log" | grep -E "passed|failed|FAIL|Error" | tail -25
   timeout 150 python3 bench/autograd.py --device cuda --no-inductor 2>&1 | grep -v Warn | tee "$OUT/autograd.log" | tail -7 ;;
 bench)
-  timeout 580 python3 bench/gpu.py --only pointwise,"adam step","128px infer",resnet50,bert,gpt2 \
+  timeout 580 python3 bench/gpu.py --only pointwise,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | tail -22 ;;
 train)
   timeout 580 python3 bench/gpu.py --only "train step" --columns "${2:-eager,ember}" 2>&1 | tee "$OUT/train.log" \
@@ -29,7 +29,7 @@ final)   # one command for a session's last ~10 device minutes: the GPU tests of
   timeout 80 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
     | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
-  timeout 390 python3 bench/gpu.py --only pointwise,"adam step","128px infer",resnet50,bert,gpt2 \
+  timeout 390 python3 bench/gpu.py --only pointwise,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22
   timeout 110 python3 bench/gpu.py --only "train step" --columns eager,ember 2>&1 | tee "$OUT/train.log" \
     | grep -v -i warn | grep -E "^\||Error" | tail -8 ;;

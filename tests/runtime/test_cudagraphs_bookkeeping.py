@@ -12,3 +12,21 @@ def test_saved_start_finds_where_the_backward_inputs_begin():
     assert _saved_start(sig, [tangent]) is None                         # nothing lines up: stay cloning
     assert _saved_start(sig, [outs[3]]) == 3
     assert _saved_start(sig, [outs[2], tangent]) is None                # a partial match is no match
+
+
+def test_fresh_like_shares_one_aligned_allocation_per_dtype():
+    """The clones of a replay's outputs: contiguous ones are 64-byte aligned views of one allocation per dtype
+    and device, others (a transposed output) their own; shapes, strides and dtypes as the sources'."""
+    from ember.runtime.cudagraphs import _fresh_like
+    torch.manual_seed(0)
+    src = [torch.randn(3, 5), torch.randn(7), torch.randn(4, 4).t(), torch.randn(2, dtype=torch.float64),
+           torch.randn(0), torch.randn(9)]
+    out = _fresh_like(src)
+    torch._foreach_copy_(out, src)
+    for s, o in zip(src, out):
+        assert (o.shape, o.stride(), o.dtype) == (s.shape, s.stride(), s.dtype)
+        assert o.data_ptr() % 64 == 0
+        torch.testing.assert_close(o, s)
+    assert out[0].untyped_storage().data_ptr() == out[1].untyped_storage().data_ptr() == \
+        out[5].untyped_storage().data_ptr()
+    assert out[2].untyped_storage().data_ptr() != out[0].untyped_storage().data_ptr()
