@@ -22,17 +22,16 @@ bench)
   timeout 580 python3 bench/gpu.py --only pointwise,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2 \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | tail -22 ;;
 train)
-  timeout 580 python3 bench/gpu.py --only "train step" --columns "${2:-eager,ember}" 2>&1 | tee "$OUT/train.log" \
+  timeout 580 python3 bench/gpu.py --only "train step" --columns "${2:-eager,inductor-train,ember}" 2>&1 | tee "$OUT/train.log" \
     | grep -v -i warn | tail -8 ;;
-final)   # one command for a session's last ~10 device minutes: the GPU tests of what changed, every bench row
-  # with Inductor but the training one (Inductor's compile alone takes 2-3 minutes), then that row without it
-  timeout 80 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
+final)   # one command for a session's last ~10 device minutes: the GPU tests of what changed, then every bench row
+  # (the training row without Inductor's column: its compile alone takes ~3.5 minutes; `train` with
+  # --columns eager,inductor-train,ember measures it)
+  timeout 70 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
     | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
-  timeout 390 python3 bench/gpu.py --only pointwise,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2 \
-    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22
-  timeout 110 python3 bench/gpu.py --only "train step" --columns eager,ember 2>&1 | tee "$OUT/train.log" \
-    | grep -v -i warn | grep -E "^\||Error" | tail -8 ;;
+  timeout 515 python3 bench/gpu.py --only pointwise,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2,"train step" \
+    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22 ;;
 profile)   # kernel profiles (GPU time per kernel) and ember's host profile on the model rows, no Inductor
   timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider ${TESTS:-tests/codegen/test_layout.py tests/frontend/test_meta.py} \
     2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
