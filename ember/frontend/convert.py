@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
-from ember.frontend.guards import check_tensor, share_paths
+from ember.frontend.guards import DICT_GET, share_paths
 from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
 )
@@ -257,7 +257,8 @@ class EntryCodegen:
         self.fc, self.cap = fc, cap
         self.consts = cap.consts
         self.lines: list[str] = []
-        self.namespace: dict[str, Any] = {"___MISS": MISS, "___check_tensor": check_tensor, "___torch": torch,
+        self.namespace: dict[str, Any] = {"___MISS": MISS, DICT_GET: dict.get,
+                                          "___torch": torch,
                                           "___NULL": NULL, "___new_object": _new_object,
                                           "___make_cell": _make_cell, "___grad_exit": _GradExit,
                                           "___call_compiled": _call_compiled, "___cfg": fc.cfg,
