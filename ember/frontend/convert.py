@@ -84,6 +84,8 @@ class FrameCompiler:
         self.resumes: dict[tuple, FrameCompiler] = {}
         self.argnames = _arg_names(self.code)
         self.bind = _make_binder(fn, self.argnames)
+        # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
+        self.n_positional = self.code.co_argcount if len(self.argnames) == self.code.co_argcount else -1
         # the entry's parameters: the argument names, or stand-ins where a name is no identifier (pytest's
         # `@py_assert1` locals reach resume functions)
         self.params = [n if n.isidentifier() and not keyword.iskeyword(n) else f"___arg{i}"
@@ -112,7 +114,7 @@ class FrameCompiler:
 
     # -- the hot path ------------------------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict):
-        frame_args = self.bind(*args, **kwargs)
+        frame_args = args if len(args) == self.n_positional and not kwargs else self.bind(*args, **kwargs)
         for e in self.entries:
             r = e.fn(*frame_args)
             if r is not MISS:
