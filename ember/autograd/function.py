@@ -158,9 +158,13 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             return gm(*args)
         if art.training:
             outs = CompiledGraphFunction.apply(art, *inputs)
-        elif art.no_grad:
-            with torch.no_grad():
+        elif art.no_grad:   # (torch.no_grad() as a context manager cost several times this, every step)
+            prev = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            try:
                 outs = art.forward(*inputs)
+            finally:
+                torch._C._set_grad_enabled(prev)
         else:
             outs = art.forward(*inputs)
         return finish(art.meta, inputs, outs)

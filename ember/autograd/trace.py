@@ -688,10 +688,15 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
         torch.autograd.graph.increment_version(written)
     pairs = [(d, s, g) for d, s, g in pairs if d is not s]
     if len(pairs) > 1 and not any(g and (d.requires_grad or s.requires_grad) for d, s, g in pairs) and \
-            len({(d.device, d.dtype, s.device, s.dtype) for d, s, _ in pairs}) == 1:
+            _one_device_and_dtype(pairs):
         # many copies back that autograd need not see (an optimizer's step counters): one foreach copy, one launch
-        with torch.no_grad():
+        # (grad mode switched directly: torch.no_grad() as a context manager cost more than the copy on a CPU)
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
             torch._foreach_copy_([d for d, _, _ in pairs], [s for _, s, _ in pairs])
+        finally:
+            torch._C._set_grad_enabled(prev)
     else:
         mode = torch.is_grad_enabled()
         for dst, src, grad_enabled in pairs:
@@ -714,6 +719,12 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     if meta.grad_mode_after is not None:
         torch.set_grad_enabled(meta.grad_mode_after)   # as the graph's own _set_grad_enabled call left it
     return pytree.tree_unflatten(flat, meta.out_spec)
+
+
+def _one_device_and_dtype(pairs: list) -> bool:
+    dtype, device = pairs[0][0].dtype, pairs[0][0].device
+    return all(d.dtype is dtype and s.dtype is dtype and d.device == device and s.device == device
+               for d, s, _ in pairs)
 
 
 def run_graph(compiled: Callable, meta: TraceMeta, gm: torch.nn.Module | None = None) -> Callable:
