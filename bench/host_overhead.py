@@ -13,7 +13,9 @@ Columns: "eager" is the uncompiled call; "nothing" is ember's frontend (guards, 
 effects) with a backend that returns the first call's outputs and runs nothing: frontend cost alone;
 "aot_eager" adds ember's autograd runtime with ATen graphs run eagerly; "ember" is the whole pipeline with the
 C++ backend (host program + kernels). --profile ROW prints cProfile's top functions of that row's ember call
-(and of its "nothing" call).
+(and of its "nothing" call). --against DIR adds "nothing" and "ember" columns of the ember package in another
+checkout (e.g. a `git worktree` of an older commit), imported in this process as `ember_against` (its imports
+rewritten): an A/B in one process, where separate runs on a shared machine differ by more than the change.
 """
 from __future__ import annotations
 
@@ -21,8 +23,11 @@ import argparse
 import cProfile
 import pathlib
 import pstats
+import re
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -68,14 +73,18 @@ def ten_op_row() -> Callable[[Callable], Callable[[], object]]:
     return make
 
 
+CLOCK = time.process_time   # --clock: CPU time of this process (a shared machine's waits left out) or wall time
+
+
 def per_call(f: Callable[[], object], calls: int, block: int = 20) -> float:
-    """Median seconds per call over blocks of `block` calls (one call is near perf_counter's resolution)."""
+    """Median seconds per call over blocks of `block` calls (one call is near the clock's resolution)."""
     samples = []
+    clock = CLOCK
     for _ in range(max(1, calls // block)):
-        t = time.perf_counter()
+        t = clock()
         for _ in range(block):
             f()
-        samples.append((time.perf_counter() - t) / block)
+        samples.append((clock() - t) / block)
     return statistics.median(samples)
 
 
@@ -85,6 +94,18 @@ COMPILERS = {
     "aot_eager": lambda fn: ember.compile(fn, backend="aot_eager"),
     "ember": lambda fn: ember.compile(fn, backend="ember"),
 }
+
+
+def load_against(checkout: str):
+    """The ember package of another checkout, importable next to this one as `ember_against`."""
+    dest = pathlib.Path(tempfile.mkdtemp(prefix="ember_against_"))
+    shutil.copytree(pathlib.Path(checkout) / "ember", dest / "ember_against")
+    for f in (dest / "ember_against").rglob("*.py"):
+        text = re.sub(r"^(\s*)(from|import) ember\b", r"\1\2 ember_against", f.read_text(), flags=re.M)
+        f.write_text(text.replace("import ember_against\n", "import ember_against as ember\n"))
+    sys.path.insert(0, str(dest))
+    import ember_against
+    return ember_against
 
 
 def build(rows: dict, warm: int = 3) -> dict:
@@ -120,13 +141,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="measurements per cell, interleaved (median)")
     p.add_argument("--profile", choices=["a", "b", "c"], help="cProfile of this row's ember and nothing calls")
     p.add_argument("--rows", default="abc", help="which rows to run, e.g. 'bc'")
+    p.add_argument("--against", metavar="DIR", help="also time the ember package of this checkout (A/B)")
+    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                   help="cpu: this process's CPU time (default; other processes' load does not count), wall: elapsed")
+    p.add_argument("--no-aot-eager", action="store_true", help="leave out the (slow) aot_eager column")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1: no OpenMP waits)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
+    global CLOCK
+    CLOCK = time.process_time if a.clock == "cpu" else time.perf_counter
     rows = {"(a) 10-op function, 8 elements": ten_op_row(),
             f"(b) Adam.step, 10 x {a.size}x{a.size}": adam_row(10, a.size),
             f"(c) Adam.step, 160 x {a.size}x{a.size}": adam_row(160, a.size)}
     rows = {k: v for k, v in rows.items() if k[1] in a.rows}
+    if a.no_aot_eager:
+        del COMPILERS["aot_eager"]
+    if a.against:
+        other = load_against(a.against)
+        COMPILERS["nothing (against)"] = lambda fn: other.compile(fn, backend=nothing)
+        COMPILERS["ember (against)"] = lambda fn: other.compile(fn, backend="ember")
     calls = build(rows)
     print(machine())
     if a.profile:
@@ -142,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             times[rname, cname].append(per_call(f, n))
     med = {k: min(v) * 1e6 for k, v in times.items()}   # the least disturbed of the repeats (a shared machine)
     print(f"per-call time, µs (best of {a.repeats} interleaved measurements, each the median over blocks "
-          f"of 20 calls); torch threads {a.threads}")
+          f"of 20 calls, {a.clock} clock); torch threads {a.threads}")
     header = ["row", *COMPILERS, "ember - nothing"]
+    if a.against:
+        print(f"against: {a.against}")
     body = []
     for rname in rows:
         cell = lambda c: f"{med[rname, c]:.1f}" if (rname, c) in med else "failed"  # noqa: E731
