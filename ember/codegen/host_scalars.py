@@ -165,17 +165,19 @@ class _Pack:
         n = len(positions)
         self.positions, self.n, self.size = positions, n, torch.empty((), dtype=dtype).element_size()
         self.buffers = [torch.empty(n, dtype=dtype, pin_memory=True) for _ in range(2)]
-        self.events = [torch.cuda.Event(), torch.cuda.Event()]  # re-recorded each turn (not one new per call)
+        self.events: list[torch.cuda.Event | None] = [None, None]
         self.ptrs = (ctypes.c_int64 * n)()
         self.turn, self.device = 0, device
 
     def send(self, host_args: list[torch.Tensor]) -> torch.Tensor:
         k, self.turn = self.turn, 1 - self.turn
-        self.events[k].synchronize()   # (an event never recorded is complete)
+        if self.events[k] is not None:
+            self.events[k].synchronize()
         self.ptrs[:] = [host_args[i].data_ptr() for i in self.positions]
         buf = self.buffers[k]
         _gather_fn()(self.ptrs, self.n, self.size, buf.data_ptr())
         out = buf.to(self.device, non_blocking=True)
+        self.events[k] = torch.cuda.Event()
         self.events[k].record()
         return out
 
