@@ -25,6 +25,8 @@ import inspect
 import keyword
 import linecache
 import operator
+import re
+import reprlib
 import types
 import warnings
 import weakref
@@ -150,7 +152,7 @@ class FrameCompiler:
         for g in entry.guards:
             try:
                 if not entry.check(g, frame_args):
-                    return g
+                    return _failed_check(entry, g, frame_args)
             except Exception as e:
                 return f"{g} (raised {type(e).__name__})"
         return "(none)"
@@ -609,6 +611,32 @@ class EntryCodegen:
         entry.source = text
         entry.graph_inputs = [i.source for i in self.cap.inputs]
         return entry
+
+
+_TYPE_CHECK = re.compile(r"type\((\((___g\d+) := (.*)\)|.*)\) is ___K\d+")
+
+
+def _failed_check(entry: Entry, guard: str, frame_args) -> str:
+    """Which check of a failed guard `type(S) is K and ...` (a tensor's, a container's) failed, e.g.
+    `x.stride() == (1,)`, with the tensor's source in place of the guard's local: the recompile log says what
+    changed rather than the whole guard."""
+    parts = guard.split(" and ")
+    m = _TYPE_CHECK.fullmatch(parts[0])
+    if m is None:
+        return guard
+    local, source = (m.group(2), m.group(3)) if m.group(2) else (m.group(1), m.group(1))
+    for i in range(1, len(parts) + 1):
+        try:
+            ok = entry.check(" and ".join(parts[:i]), frame_args)
+        except Exception:   # a prefix cut inside a string or a call: say the whole guard
+            return guard
+        if not ok:
+            check = parts[i - 1].replace(f"({local} := {source})", source).replace(local, source)
+            consts = entry.fn.__globals__   # say what the constants the check compares with are
+            named = [f"{k} = {reprlib.repr(consts[k])}" for k in dict.fromkeys(re.findall(r"___K\d+", check))
+                     if k in consts]
+            return f"{check} ({', '.join(named)})" if named else check
+    return guard
 
 
 # ---------------------------------------------------------------------------------------------------------
