@@ -66,8 +66,9 @@ class Guards:
 _SEGMENT = r"(?:\.[A-Za-z_]\w*|\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+)\])"
 _CHAIN = r"[A-Za-z_]\w*" + _SEGMENT + "*"
 _KEYED = rf"{DICT_GET}\(({_CHAIN}), ({_CHAIN})\)"
-_TOKEN = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?<![\w.\])'"])(""" + _KEYED + _SEGMENT + "*|"
-                    r"[A-Za-z_]\w*" + _SEGMENT + "+)")
+# (not `___g3.dtype`: a tensor guard's local, Guards.tensor, is bound already)
+_TOKEN = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?<![\w.\])'"])(?!___g\d)(""" + _KEYED + _SEGMENT +
+                    "*|" r"[A-Za-z_]\w*" + _SEGMENT + "+)")
 _SEGMENTS = re.compile(_SEGMENT)
 _ROOT = re.compile(r"[A-Za-z_]\w*")
 _KEYED_RE = re.compile(_KEYED)
