@@ -1562,8 +1562,9 @@ class Frame:
 
     def tensor_keyed_item(self, obj: ObjV, idx: TensorV) -> V:
         """d[t] for a dict keyed by tensors that are graph inputs (an optimizer's `state`, keyed by parameters):
-        the value is read through `dict.get(d, <t's source>)` (guards.DICT_GET), so each call looks it up with the tensor found at
-        that source, and the value's own guards (type and keys) fail when it is missing. A missing key (a
+        the value is read through `dict.get(d, <t's source>)` (guards.DICT_GET: one lookup per call, shared by the
+        guards and graph inputs that read it), so each call looks it up with the tensor found at that source, and
+        the value's own guards (type and keys) fail when it is missing. A missing key (a
         defaultdict's lazy state creation) is left to Python."""
         real = next((inp.real for inp in self.cap.inputs if inp.node is idx.node), None)
         if real is None or idx.source is None or obj.source is None or any(
