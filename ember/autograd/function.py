@@ -160,7 +160,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     def run(*args):
         inputs = [*args, *lifted()]
         if guarded:
-            art = artifacts[example_key]
+            art = example_art   # (not artifacts[example_key]: hashing that tuple of tuples cost ~0.3 us an input)
         else:
             key = _signature(inputs)
             if key not in artifacts:
@@ -170,9 +170,13 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             return gm(*args)
         if art.training:
             outs = CompiledGraphFunction.apply(art, *inputs)
-        elif art.no_grad:
-            with torch.no_grad():
+        elif art.no_grad:   # (torch.no_grad() as a context manager cost several times this, every step)
+            prev = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            try:
                 outs = art.forward(*inputs)
+            finally:
+                torch._C._set_grad_enabled(prev)
         else:
             outs = art.forward(*inputs)
         return finish(art.meta, inputs, outs)
@@ -181,7 +185,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     # compiler's error surfaces while compiling; other signatures are built on their first call.
     example = [*example_inputs, *lifted()]
     example_key = _signature(example)
-    artifacts[example_key] = build(example)
+    artifacts[example_key] = example_art = build(example)
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
     return run
 

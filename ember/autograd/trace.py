@@ -689,13 +689,19 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     pairs = [(d, s, g) for d, s, g in pairs if d is not s]
     if len(pairs) > 1 and not any(g and (d.requires_grad or s.requires_grad) for d, s, g in pairs):
         # many copies back that autograd need not see (an optimizer's step counters, batch norms' running
-        # statistics): one foreach copy, one launch, per kind of tensor
+        # statistics): one foreach copy, one launch, per kind of tensor (grad mode switched directly:
+        # torch.no_grad() as a context manager cost more than the copy on a CPU)
         kinds: dict = {}
         for d, s, _ in pairs:
-            kinds.setdefault((d.device, d.dtype, s.device, s.dtype), []).append((d, s))
-        with torch.no_grad():
+            # (get_device: an int, cheaper than building torch.device objects for every pair)
+            kinds.setdefault((d.get_device(), d.dtype, s.get_device(), s.dtype), []).append((d, s))
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
             for group in kinds.values():
                 torch._foreach_copy_([d for d, _ in group], [s for _, s in group])
+        finally:
+            torch._C._set_grad_enabled(prev)
     else:
         mode = torch.is_grad_enabled()
         for dst, src, grad_enabled in pairs:

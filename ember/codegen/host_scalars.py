@@ -18,6 +18,7 @@ tensor gives up the split: the caller runs the graph eagerly.
 from __future__ import annotations
 
 import ctypes
+import operator
 from typing import Callable
 
 import torch
@@ -140,6 +141,16 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
     return host_gm, dev_gm, plan
 
 
+def _picker(positions: list[int]) -> Callable[[tuple | list], tuple]:
+    """`lambda xs: tuple(xs[i] for i in positions)` as one C call (operator.itemgetter) on every call."""
+    if not positions:
+        return lambda xs: ()
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda xs: (xs[i],)
+    return operator.itemgetter(*positions)
+
+
 def _positions(items: list) -> dict:
     return {x: k for k, x in enumerate(items)}
 
@@ -188,10 +199,20 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
     outputs = plan["outputs"]
     unflatten = fast_unflatten(plan["out_spec"])
 
+    host_of, dev_of = _picker(host_idx), _picker(dev_idx)
+    # the output leaves, picked from (*device outputs, *host outputs, *constants) in one C call
+    n_dev = sum(where == "device" for where, _ in outputs)
+    n_host = sum(where == "host" for where, _ in outputs)
+    consts = tuple(k for where, k in outputs if where == "const")
+    at, c = [], 0
+    for where, k in outputs:
+        at.append(k if where == "device" else n_dev + k if where == "host" else n_dev + n_host + c)
+        c += where == "const"
+    leaves_of = _picker(at)
+
     def run(*args):
-        host_args = [args[i] for i in host_idx]
-        d = dev_fn(*[args[i] for i in dev_idx], *[p.send(host_args) for p in packs])
+        host_args = host_of(args)
+        d = dev_fn(*dev_of(args), *[p.send(host_args) for p in packs])
         h = host_fn(*host_args) if has_host_outputs else ()
-        leaves = [h[k] if where == "host" else d[k] if where == "device" else k for where, k in outputs]
-        return unflatten(leaves)
+        return unflatten(leaves_of((*d, *h, *consts)))
     return run

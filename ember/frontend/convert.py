@@ -25,6 +25,8 @@ import inspect
 import keyword
 import linecache
 import operator
+import re
+import reprlib
 import types
 import warnings
 import weakref
@@ -34,7 +36,7 @@ import torch
 import torch.fx
 
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
-from ember.frontend.guards import check_tensor, share_paths
+from ember.frontend.guards import DICT_GET, share_paths
 from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
 )
@@ -84,6 +86,8 @@ class FrameCompiler:
         self.resumes: dict[tuple, FrameCompiler] = {}
         self.argnames = _arg_names(self.code)
         self.bind = _make_binder(fn, self.argnames)
+        # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
+        self.n_positional = self.code.co_argcount if len(self.argnames) == self.code.co_argcount else -1
         # the entry's parameters: the argument names, or stand-ins where a name is no identifier (pytest's
         # `@py_assert1` locals reach resume functions)
         self.params = [n if n.isidentifier() and not keyword.iskeyword(n) else f"___arg{i}"
@@ -112,7 +116,7 @@ class FrameCompiler:
 
     # -- the hot path ------------------------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict):
-        frame_args = self.bind(*args, **kwargs)
+        frame_args = args if len(args) == self.n_positional and not kwargs else self.bind(*args, **kwargs)
         for e in self.entries:
             r = e.fn(*frame_args)
             if r is not MISS:
@@ -148,7 +152,7 @@ class FrameCompiler:
         for g in entry.guards:
             try:
                 if not entry.check(g, frame_args):
-                    return g
+                    return _failed_check(entry, g, frame_args)
             except Exception as e:
                 return f"{g} (raised {type(e).__name__})"
         return "(none)"
@@ -257,7 +261,8 @@ class EntryCodegen:
         self.fc, self.cap = fc, cap
         self.consts = cap.consts
         self.lines: list[str] = []
-        self.namespace: dict[str, Any] = {"___MISS": MISS, "___check_tensor": check_tensor, "___torch": torch,
+        self.namespace: dict[str, Any] = {"___MISS": MISS, DICT_GET: dict.get,
+                                          "___torch": torch,
                                           "___NULL": NULL, "___new_object": _new_object,
                                           "___make_cell": _make_cell, "___grad_exit": _GradExit,
                                           "___call_compiled": _call_compiled, "___cfg": fc.cfg,
@@ -606,6 +611,32 @@ class EntryCodegen:
         entry.source = text
         entry.graph_inputs = [i.source for i in self.cap.inputs]
         return entry
+
+
+_TYPE_CHECK = re.compile(r"type\((\((___g\d+) := (.*)\)|.*)\) is ___K\d+")
+
+
+def _failed_check(entry: Entry, guard: str, frame_args) -> str:
+    """Which check of a failed guard `type(S) is K and ...` (a tensor's, a container's) failed, e.g.
+    `x.stride() == (1,)`, with the tensor's source in place of the guard's local: the recompile log says what
+    changed rather than the whole guard."""
+    parts = guard.split(" and ")
+    m = _TYPE_CHECK.fullmatch(parts[0])
+    if m is None:
+        return guard
+    local, source = (m.group(2), m.group(3)) if m.group(2) else (m.group(1), m.group(1))
+    for i in range(1, len(parts) + 1):
+        try:
+            ok = entry.check(" and ".join(parts[:i]), frame_args)
+        except Exception:   # a prefix cut inside a string or a call: say the whole guard
+            return guard
+        if not ok:
+            check = parts[i - 1].replace(f"({local} := {source})", source).replace(local, source)
+            consts = entry.fn.__globals__   # say what the constants the check compares with are
+            named = [f"{k} = {reprlib.repr(consts[k])}" for k in dict.fromkeys(re.findall(r"___K\d+", check))
+                     if k in consts]
+            return f"{check} ({', '.join(named)})" if named else check
+    return guard
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,10 +11,10 @@ import re
 
 import torch
 
-
-def check_tensor(t, ty, dtype, device, shape, stride, requires_grad) -> bool:
-    return (type(t) is ty and t.dtype is dtype and t.requires_grad is requires_grad and t.shape == shape
-            and t.stride() == stride and t.device == device)
+# The name under which generated code calls `dict.get`: a tensor-keyed item (an optimizer's `state[p]`) is read
+# as `___dict_get(<dict source>, <key source>)` (interpreter.tensor_keyed_item), which share_paths knows as a
+# path step, so `opt.state[p]` is looked up once per call however many guards and graph inputs read it.
+DICT_GET = "___dict_get"
 
 
 class Guards:
@@ -22,6 +22,7 @@ class Guards:
         self.consts = consts
         self.items: list[tuple[int, str]] = []
         self._seen: set[str] = set()
+        self._tensors: set[str] = set()   # sources with a tensor guard
 
     def add(self, expr: str, cost: int = 1) -> None:
         if expr not in self._seen:
@@ -39,20 +40,38 @@ class Guards:
             self.add(f"{source} == {self.consts.ref(value)}", 1)
 
     def tensor(self, source: str, t: torch.Tensor) -> None:
+        """type, dtype, requires_grad, shape, stride and device of the tensor at `source`, written out inline on a
+        local bound at the first check: a call of a checking function cost half again as much (~0.7 against
+        ~0.45 us a tensor, and an optimizer step guards five tensors per parameter). A CPU tensor's device is
+        checked as `is_cpu` (a bool; `t.device` builds a torch.device to compare)."""
+        if source in self._tensors:
+            return
+        self._tensors.add(source)
         c = self.consts.ref
-        self.add(f"___check_tensor({source}, {c(type(t))}, {c(t.dtype)}, {c(t.device)}, {tuple(t.shape)}, "
-                 f"{tuple(t.stride())}, {t.requires_grad})", 2)
+        v = source if source.isidentifier() else f"___g{len(self._tensors)}"   # an argument is a local already
+        first = source if v == source else f"({v} := {source})"
+        device = f"{v}.is_cpu" if t.device.type == "cpu" else f"{v}.device == {c(t.device)}"
+        self.add(f"type({first}) is {c(type(t))} and {v}.dtype is {c(t.dtype)} and {v}.requires_grad is "
+                 f"{t.requires_grad} and {v}.shape == {tuple(t.shape)} and {v}.stride() == {tuple(t.stride())} "
+                 f"and {device}", 2)
 
     def exprs(self) -> list[str]:
         return [e for _, e in sorted(self.items, key=lambda item: item[0])]
 
 
-# A Python string literal (skipped: a path-like text inside one is not a path), or an attribute/subscript chain
-# rooted at a name: `mod._modules['features']._parameters['weight']`, `___K3['opt'].state`, `x[0]`.
+# A Python string literal (skipped: a path-like text inside one is not a path), or a path: an attribute/subscript
+# chain rooted at a name (`mod._modules['features']._parameters['weight']`, `___K3['opt'].state`, `x[0]`), or at
+# a tensor-keyed lookup of one path by another (`___dict_get(___K3['opt'].state, ___K3['opt'].param_groups[0]
+# ['params'][0])['exp_avg']`).
 _SEGMENT = r"(?:\.[A-Za-z_]\w*|\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+)\])"
-_TOKEN = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?<![\w.\])'"])([A-Za-z_]\w*""" + _SEGMENT + "+)")
+_CHAIN = r"[A-Za-z_]\w*" + _SEGMENT + "*"
+_KEYED = rf"{DICT_GET}\(({_CHAIN}), ({_CHAIN})\)"
+# (not `___g3.dtype`: a tensor guard's local, Guards.tensor, is bound already)
+_TOKEN = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?<![\w.\])'"])(?!___g\d)(""" + _KEYED + _SEGMENT +
+                    "*|" r"[A-Za-z_]\w*" + _SEGMENT + "+)")
 _SEGMENTS = re.compile(_SEGMENT)
 _ROOT = re.compile(r"[A-Za-z_]\w*")
+_KEYED_RE = re.compile(_KEYED)
 _CONDITIONAL = re.compile(r"\b(or|if|lambda|for)\b")
 
 
@@ -65,50 +84,87 @@ def share_paths(guards: list[str], after: list[str]) -> tuple[str, list[str]]:
     comprehension) binds nothing. Works on the text (a regex over paths, string literals skipped): parsing and
     unparsing the guards as a tree cost more than the rest of a resnet18 capture."""
     # a path prefix is known by a small int (its parent's int and its last segment), not by its text: hashing
-    # ever longer prefix strings was most of the work on densenet121's 3,500 guards
+    # ever longer prefix strings was most of the work on densenet121's 3,500 guards. A path is (head, segments,
+    # ids): head is the root name, or ("get", dict path, key path, id) for a tensor-keyed lookup.
     prefix_ids: dict[tuple, int] = {}
     counts: list[int] = []
-    parsed: dict[str, tuple] = {}   # chain text -> (segments, prefix ids of segments[1:])
-    found = []   # per text: [(start, end, segments, prefix ids)] for its paths
+    parsed: dict[str, tuple] = {}   # path text -> path
+
+    def prefix_id(key: tuple) -> int:
+        pid = prefix_ids.get(key)
+        if pid is None:
+            pid = prefix_ids[key] = len(counts)
+            counts.append(0)
+        return pid
+
+    def parse(text: str) -> tuple:
+        p = parsed.get(text)
+        if p is not None:
+            return p
+        if text.startswith(DICT_GET + "("):
+            m = _KEYED_RE.match(text)
+            inner = parse(m.group(1)), parse(m.group(2))
+            pid = prefix_id(("get", *(x[2][-1] if x[2] else x[0] for x in inner)))
+            head, parent, rest = ("get", *inner, pid), pid, m.end()
+        else:
+            head = parent = _ROOT.match(text).group(0)
+            rest = len(head)
+        segs, ids = _SEGMENTS.findall(text, rest), []
+        for seg in segs:
+            parent = prefix_id((parent, seg))
+            ids.append(parent)
+        p = parsed[text] = (head, segs, ids)
+        return p
+
+    def count(p: tuple) -> None:
+        head, _, ids = p
+        if type(head) is tuple:
+            count(head[1])
+            count(head[2])
+            counts[head[3]] += 1
+        for pid in ids:
+            counts[pid] += 1
+
+    found = []   # per text: [(start, end, path)]
     for text in [*guards, *after]:
         paths = []
         for m in _TOKEN.finditer(text):
-            chain = m.group(2)
-            if chain is None:
+            if m.group(2) is None:
                 continue
-            p = parsed.get(chain)
-            if p is None:
-                root = _ROOT.match(chain).group(0)
-                segs = [root] + _SEGMENTS.findall(chain, len(root))
-                ids, parent = [], root
-                for seg in segs[1:]:
-                    key = (parent, seg)
-                    pid = prefix_ids.get(key)
-                    if pid is None:
-                        pid = prefix_ids[key] = len(counts)
-                        counts.append(0)
-                    ids.append(pid)
-                    parent = pid
-                p = parsed[chain] = (segs, ids)
-            for pid in p[1]:
-                counts[pid] += 1
-            paths.append((m.start(2), m.end(2), *p))
+            p = parse(m.group(2))
+            count(p)
+            paths.append((m.start(2), m.end(2), p))
         found.append(paths)
     bound: dict[int, str] = {}
 
+    def bind(pid: int, expr: str, may_bind: bool) -> str:
+        if may_bind and counts[pid] > 1:
+            bound[pid] = f"___p{len(bound)}"
+            return f"({bound[pid]} := {expr})"
+        return expr
+
+    def render(p: tuple, may_bind: bool) -> str:
+        head, segs, ids = p
+        # start after the longest prefix already bound (its own prefixes were bound with it: they occur at least
+        # as often)
+        k = len(ids)
+        while k and ids[k - 1] not in bound:
+            k -= 1
+        if k:
+            expr = bound[ids[k - 1]]
+        elif type(head) is tuple:
+            expr = bound.get(head[3]) or bind(
+                head[3], f"{DICT_GET}({render(head[1], may_bind)}, {render(head[2], may_bind)})", may_bind)
+        else:
+            expr = head
+        for seg, pid in zip(segs[k:], ids[k:]):
+            expr = bind(pid, expr + seg, may_bind)
+        return expr
+
     def rewrite(text: str, paths: list, may_bind: bool) -> str:
         out, pos = [], 0
-        for start, end, segs, ids in paths:
-            expr = segs[0]
-            for seg, pid in zip(segs[1:], ids):
-                if pid in bound:
-                    expr = bound[pid]
-                    continue
-                expr += seg
-                if may_bind and counts[pid] > 1:
-                    bound[pid] = f"___p{len(bound)}"
-                    expr = f"({bound[pid]} := {expr})"
-            out += [text[pos:start], expr]
+        for start, end, p in paths:
+            out += [text[pos:start], render(p, may_bind)]
             pos = end
         out.append(text[pos:])
         return "".join(out)

@@ -33,7 +33,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ember.errors import Unsupported
-from ember.frontend.guards import Guards
+from ember.frontend.guards import DICT_GET, Guards
 from ember.frontend.meta import fake_of_real, fast_result
 from ember.frontend.values import (
     NULL, AutocastCtxV, AutocastExitV, GradExit, PartialV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV,
@@ -1562,8 +1562,9 @@ class Frame:
 
     def tensor_keyed_item(self, obj: ObjV, idx: TensorV) -> V:
         """d[t] for a dict keyed by tensors that are graph inputs (an optimizer's `state`, keyed by parameters):
-        the value is read through `dict.get(d, <t's source>)`, so each call looks it up with the tensor found at
-        that source, and the value's own guards (type and keys) fail when it is missing. A missing key (a
+        the value is read through `dict.get(d, <t's source>)` (guards.DICT_GET: one lookup per call, shared by the
+        guards and graph inputs that read it), so each call looks it up with the tensor found at that source, and
+        the value's own guards (type and keys) fail when it is missing. A missing key (a
         defaultdict's lazy state creation) is left to Python."""
         real = next((inp.real for inp in self.cap.inputs if inp.node is idx.node), None)
         if real is None or idx.source is None or obj.source is None or any(
@@ -1574,7 +1575,7 @@ class Frame:
             # the entry that broke here misses and the next call captures the lookup
             raise Unsupported(f"{type(obj.value).__name__}[tensor] of a missing key (a write, left to Python)",
                               self.where(), holds_while=(f"{idx.source} not in {obj.source}",))
-        return self.cap.wrap(obj.value[real], f"{self.cap.consts.ref(dict.get)}({obj.source}, {idx.source})")
+        return self.cap.wrap(obj.value[real], f"{DICT_GET}({obj.source}, {idx.source})")
 
     def type_arg(self, v: V):
         """The argument of a generic alias (list[Tensor], dict[str, int]): classes are ObjV, not constants."""

@@ -228,3 +228,39 @@ def test_input_with_other_strides_is_copied_into_the_compiled_layout():
         for got, want in zip(compiled(x, y), fn(x, y)):
             torch.testing.assert_close(got, want)
     assert not eager_calls
+
+
+def test_host_scalars_split_assembles_outputs_in_order(monkeypatch):
+    """host_scalars.compile_split on a graph mixing 0-d CPU values with "device" values (the meta device stands
+    in for CUDA; the pinned-buffer transfer for a plain gather): every output leaf comes back where the graph
+    returns it (device, host, constants, a host value returned twice), inputs passed to the right part."""
+    import torch.fx as fx
+
+    from ember.codegen import host_scalars
+
+    class Pack:
+        def __init__(self, dtype, positions, device):
+            self.positions = positions
+
+        def send(self, host_args):
+            return torch.stack([host_args[i] for i in self.positions]).to("meta")
+    monkeypatch.setattr(host_scalars, "_Pack", Pack)
+
+    def f(w, step, g, step2):
+        s1 = step + 1
+        s2 = step2 * 2
+        w2 = w - g * s1
+        return (w2, s1, None, (s2, w2, 3), s1)
+    gm = fx.symbolic_trace(f)
+    cpu_nodes = {"step", "step2", "add", "mul"}   # step + 1, step2 * 2
+    w, g = torch.randn(3, device="meta"), torch.randn(3, device="meta")
+    step, step2 = torch.rand(()) + 1, torch.rand(()) + 1
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "call_function"):
+            n.meta["val"] = torch.empty((), device="cpu") if n.name in cpu_nodes else torch.empty(3, device="meta")
+    run = host_scalars.compile_split(gm, [w, step, g, step2], lambda h, ex: h.forward, lambda d, ex: d.forward)
+    out, expected = run(w, step, g, step2), f(w, step, g, step2)
+    assert [type(x) for x in out] == [type(x) for x in expected] and out[2] is None and out[3][2] == 3
+    for got, want in [(out[1], expected[1]), (out[4], expected[4]), (out[3][0], expected[3][0])]:
+        torch.testing.assert_close(got, want)
+    assert out[0].device.type == out[3][1].device.type == "meta" and out[0].shape == (3,)

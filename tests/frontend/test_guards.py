@@ -5,6 +5,7 @@ Counts use dynamic=False (static shapes, specialized Python scalars) so they are
 torch.compile; with dynamic=None torch.compile turns a changing size or int into a symbol after one
 recompile, which ember does later (issue 2: symbolic sizes come later), so those tests assert a range."""
 import random
+import types
 import warnings
 
 import pytest
@@ -459,3 +460,58 @@ def test_shared_paths_evaluate_each_path_once_and_skip_string_literals():
     assert Obj.reads == 2, cond          # x.inner and x.inner.inner once each
     Obj.reads = 0
     assert eval(" and ".join(guards), {"x": o}) is True and Obj.reads > 2
+
+
+def test_shared_paths_look_up_a_tensor_keyed_item_once():
+    """`___dict_get(<dict path>, <key path>)` (an optimizer's `state[p]`) is a path step: the guards and the graph
+    call read it through one lookup, and its dict and key paths are walked once too."""
+    from ember.frontend.guards import DICT_GET, share_paths
+
+    class Key:
+        hashes = 0
+
+        def __hash__(self):
+            Key.hashes += 1
+            return 7
+
+    class Holder:
+        pass
+    h, k = Holder(), Key()
+    h.state, h.params = {k: {"a": 1, "b": 2}}, [k]
+    get = f"{DICT_GET}(h.state, h.params[0])"
+    guards = [f"type({get}) is dict", f"tuple({get}) == ('a', 'b')", f"{get}['a'] == 1", f"{get}['b'] > 1"]
+    cond, after = share_paths(guards, [f"r = ({get}['a'], {get}['b'], h.params[0])"])
+    ns = {"h": h, DICT_GET: dict.get}
+    Key.hashes = 0
+    exec(f"ok = {cond}\n" + after[0], ns)
+    assert ns["ok"] is True and ns["r"] == (1, 2, k)
+    assert Key.hashes == 1, cond
+    assert cond.count(DICT_GET) == 1 and after[0].count(DICT_GET) == 0, (cond, after)
+    h.state[k]["b"] = 0     # the shared condition still reads the current value
+    ns = {"h": h, DICT_GET: dict.get}
+    exec(f"ok = {cond}", ns)
+    assert ns["ok"] is False
+
+
+@pytest.mark.skipif(BASELINE, reason="ember's recompile log")
+@pytest.mark.parametrize("change, reason", [
+    (lambda x: x.double(), "x.dtype is ___K1 (___K1 = torch.float32)"),
+    (lambda x: torch.randn(6)[::2], "x.stride() == (1,)"),
+    (lambda x: torch.randn(4), "x.shape == (3,)"),
+    (lambda x: x.clone().requires_grad_(), "x.requires_grad is False"),
+], ids=["dtype", "stride", "shape", "requires_grad"])
+def test_recompile_reason_names_the_tensor_property(change, reason):
+    """A tensor guard is one `and` chain; the recompile reason is the check in it that failed, with the source
+    in place of the guard's local and the constants it compares with spelled out."""
+    from ember.frontend.convert import FrameCompiler
+
+    holder = types.SimpleNamespace(w=rand(3))
+
+    def f(x): return x * 2 + holder.w
+    cf = compile(f, Recorder(), **STATIC)
+    x = rand(3)
+    cf(x)
+    fc = next(fc for fc in FrameCompiler._all if fc.fn is f)
+    assert fc.failed_guard((change(x),)) == reason
+    holder.w = rand(3).double()
+    assert fc.failed_guard((x,)).startswith("___K") and ".w.dtype is ___K" in fc.failed_guard((x,))

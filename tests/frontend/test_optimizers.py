@@ -317,3 +317,73 @@ def test_step_captured_after_torch_compile_wrapped_torch_optim():
     t, rec = Twins("adam", True), Recorder()
     graphs = three_compiled_steps(t, rec)
     assert graphs == [0, 1, 1], f"graphs after each call {graphs}: {rec.describe()}"
+
+
+def test_state_is_looked_up_once_per_parameter_and_call():
+    """`opt.state[p]` is read by the type and keys guards, three tensor guards and three graph inputs; the entry
+    looks it up once per parameter (Tensor.__hash__, a Python function, runs once per lookup): the break entry's
+    `p not in opt.state` guard, tried first, adds one."""
+    t = Twins("adam", True)
+    step = compile(lambda: t.opt.step(), Recorder())
+    for _ in range(2):
+        t.grads()
+        step()
+    t.grads()
+    hashes = 0
+    orig = torch.Tensor.__hash__
+
+    def counting(self):
+        nonlocal hashes
+        hashes += 1
+        return orig(self)
+    torch.Tensor.__hash__ = counting
+    try:
+        step()
+    finally:
+        torch.Tensor.__hash__ = orig
+    assert hashes == len(list(t.model.parameters())) + 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "ember"])
+@pytest.mark.parametrize("change", ["new tensor", "new state dict", "strides", "dtype", "missing key"])
+def test_state_replaced_between_steps(change, backend):
+    """The state tensors are graph inputs found by source on every call, behind guards on each: a state tensor
+    or state dict replaced between steps is what the next step reads, and one that no longer matches the capture
+    (other strides or dtype, a missing key) recompiles or runs in Python, never reusing the old graph's assumptions.
+    Through the ember backend the kernels were generated for the captured strides and dtypes."""
+    t = Twins("adam", True)
+    step = ember.compile(lambda: t.opt.step(), backend=backend)
+    for i in range(3):
+        t.grads()
+        step()
+        t.ref_opt.step()
+    p, q = next(iter(t.model.parameters())), next(iter(t.ref.parameters()))
+    for opt, x in ((t.opt, p), (t.ref_opt, q)):
+        torch.manual_seed(1)
+        st = opt.state[x]
+        if change == "new tensor":
+            st["exp_avg"] = torch.randn_like(st["exp_avg"])
+        elif change == "new state dict":
+            opt.state[x] = {k: v.clone() * 0.5 for k, v in st.items()}
+        elif change == "strides":    # the same values in a transposed layout
+            st["exp_avg_sq"] = st["exp_avg_sq"].t().contiguous().t()
+        elif change == "dtype":      # a float64 step counter
+            st["step"] = st["step"].double()
+        else:
+            del st["exp_avg_sq"]
+    t.grads()
+    if change == "missing key":
+        with pytest.raises(KeyError):
+            t.ref_opt.step()
+        with pytest.raises(KeyError):
+            step()
+        return
+    step()
+    t.ref_opt.step()
+    if backend == "eager":
+        t.assert_equal(f"after replacing the state ({change})")
+        return
+    for p, q in zip(t.model.parameters(), t.ref.parameters()):   # (fused multiply-adds: a few ulps apart)
+        torch.testing.assert_close(p, q)
+        for k, v in t.ref_opt.state[q].items():
+            torch.testing.assert_close(t.opt.state[p][k], v, msg=lambda m: f"{change}: state {k}: {m}")
