@@ -254,6 +254,15 @@ def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True, t
     return lines, indent, closes
 
 
+MAX_KERNEL_ARGS = 1000   # ctypes passes at most 1024 arguments in one call (the error pointer is one more)
+
+
+def too_many_args(group: FusedGroup) -> bool:
+    """Whether a group's kernel would take more pointers than one ctypes call passes (an Adam step over ~150
+    parameters fused horizontally: 7 pointers each), counted as in kernel_source, or a few more."""
+    return len(set().union(*(m.reads for m in group.members)) | {m.target for m in group.members}) > MAX_KERNEL_ARGS
+
+
 def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     """C++ of one group: `extern "C" void name(pointers..., int64_t* err)`; returns (source, buffer args)."""
     reads = sorted(set().union(*(m.reads for m in group.members)) - {m.buf.name for m in group.members if m.local}

@@ -18,6 +18,7 @@ Extern calls are scheduled between groups, and dead buffers are dropped.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Callable
 
 import sympy
@@ -413,6 +414,28 @@ def order_elementwise(g: FusedGroup) -> None:
         first_size.setdefault(tuple(m.inner), len(first_size))
         m.block = first_block.setdefault(find(i), len(first_block) + 1)
     g.members.sort(key=lambda m: (first_size[tuple(m.inner)], m.block))
+
+
+def split_elementwise(sched: Schedule, too_big: Callable[[FusedGroup], bool]) -> Schedule:
+    """Elementwise (horizontally fused) groups cut between blocks, greedily, into groups that are not `too_big`:
+    a code generator's limit on one kernel (Triton: blocks per kernel, for compile time; C++: the pointer
+    arguments of one ctypes call, at most 1024)."""
+    items = []
+    for it in sched.items:
+        if not isinstance(it, FusedGroup) or not it.elementwise or not too_big(it):
+            items.append(it)
+            continue
+        order_elementwise(it)
+        chunk: list = []
+        for _, members in itertools.groupby(it.members, key=lambda m: m.block):
+            members = list(members)
+            if chunk and too_big(dataclasses.replace(it, members=chunk + members)):
+                items.append(dataclasses.replace(it, members=chunk))
+                chunk = []
+            chunk = chunk + members
+        if chunk:
+            items.append(dataclasses.replace(it, members=chunk))
+    return dataclasses.replace(sched, items=items)
 
 
 def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:

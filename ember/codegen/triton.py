@@ -44,7 +44,7 @@ import torch
 from ember.codegen import ir
 from ember.codegen.ir import Expr, FloorDiv, IndirectSymbol, ModIndex
 from ember.codegen.wrapper import fast_unflatten
-from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars
+from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars, split_elementwise
 from ember.tools.logs import get_logger
 
 code_log = get_logger("output_code")
@@ -392,22 +392,9 @@ def chunk_wide_groups(sched: Schedule, limit: int = MAX_BLOCKS_PER_KERNEL) -> Sc
 
     densenet121's Adam step fused 364 parameters (1,500 pointer arguments, 364 program ranges) into one Triton
     kernel, which took minutes to compile; a few launches more cost microseconds."""
-    items = []
-    for it in sched.items:
-        if not isinstance(it, FusedGroup) or len(it.members) <= limit or group_shape(it) == ROWS:
-            items.append(it)
-            continue
-        order_elementwise(it)
-        blocks = list(dict.fromkeys(m.block for m in it.members))
-        if not it.elementwise or len(blocks) <= limit:
-            items.append(it)
-            continue
-        chunk_of = {b: k // limit for k, b in enumerate(blocks)}
-        for k in range(len(blocks) // limit + 1):
-            members = [m for m in it.members if chunk_of[m.block] == k]
-            if members:
-                items.append(dataclasses.replace(it, members=members))
-    return dataclasses.replace(sched, items=items)
+    def too_big(g: FusedGroup) -> bool:
+        return len(g.members) > limit and group_shape(g) != ROWS and len({m.block for m in g.members}) > limit
+    return split_elementwise(sched, too_big)
 
 
 def _leading_scalars(group: FusedGroup) -> list:

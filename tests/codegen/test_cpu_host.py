@@ -264,3 +264,23 @@ def test_host_scalars_split_assembles_outputs_in_order(monkeypatch):
     for got, want in [(out[1], expected[1]), (out[4], expected[4]), (out[3][0], expected[3][0])]:
         torch.testing.assert_close(got, want)
     assert out[0].device.type == out[3][1].device.type == "meta" and out[0].shape == (3,)
+
+
+def test_adam_over_many_parameters_splits_kernels_under_the_ctypes_argument_limit():
+    """An Adam step over 160 parameters fuses horizontally into one group of ~1,100 pointers, above the 1,024
+    arguments one ctypes call passes (it raised ArgumentError at the first call): the group is cut between
+    parameters. Values and state as eager's."""
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(4, 3)) for _ in range(160)]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    opt, ref = torch.optim.Adam(ps, lr=1e-2), torch.optim.Adam(qs, lr=1e-2)
+    step = ember.compile(lambda: opt.step())
+    for _ in range(3):
+        for p, q in zip(ps, qs):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        step()
+        ref.step()
+    for p, q in zip(ps, qs):
+        torch.testing.assert_close(p, q)
+        torch.testing.assert_close(opt.state[p]["exp_avg_sq"], ref.state[q]["exp_avg_sq"])
