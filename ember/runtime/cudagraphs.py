@@ -61,9 +61,12 @@ class GraphPool:
         alive = [t for t in (r() for r in self.aliases) if t is not None]
         self.aliases = [weakref.ref(t) for t in alive]
         if alive:
-            read = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
-            if any(t.untyped_storage().data_ptr() not in read for t in alive):
-                return False
+            given = set(map(id, inputs))
+            # the usual case, a backward handed its own saved tensors, by identity; else by storage (a view of one)
+            if not all(id(t) in given for t in alive):
+                read = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+                if any(t.untyped_storage().data_ptr() not in read for t in alive):
+                    return False
         for saved in list(self.pending):
             if saved is not consuming:
                 saved.evacuate()
