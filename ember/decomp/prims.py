@@ -299,8 +299,9 @@ def cat(xs: Sequence[TensorBox], dim: int, dtype: torch.dtype) -> TensorBox:
             # every piece is loaded at every position (the where picks afterwards): its index is clamped into its
             # own range, the last piece's too, so an untaken branch never reads out of bounds (a negative index
             # into the last piece was an illegal address on the GPU)
-            inside = [sympy.Min(sympy.Max(i - s, 0), int(x.size[dim]) - 1) if d == dim and len(xs) > 1 else
-                      (i - s if d == dim else i) for d, i in enumerate(idx)]
+            # (unevaluated: sympy's Min/Max compare their arguments under assumptions, seconds on densenet121)
+            inside = [sympy.Min(sympy.Max(i - s, 0, evaluate=False), int(x.size[dim]) - 1, evaluate=False)
+                      if d == dim and len(xs) > 1 else (i - s if d == dim else i) for d, i in enumerate(idx)]
             if e is None:
                 e = x.loader(inside)
             else:
