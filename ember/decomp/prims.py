@@ -279,6 +279,12 @@ def as_strided(x: TensorBox, size, stride, offset: int = 0) -> TensorBox:
         (i * s for i, s in zip(idx, stride)), sympy.Integer(0))), x.dtype), (buf, stride, off), x.origin)
 
 
+def clamp(i: sympy.Expr, hi: int) -> sympy.Expr:
+    """min(max(i, 0), hi) for an index, built unevaluated: sympy's Min/Max compare their arguments under
+    assumptions when made, which was a visible part of lowering densenet121 (its cats and pooling taps)."""
+    return sympy.Min(sympy.Max(i, 0, evaluate=False), hi, evaluate=False)
+
+
 def cat(xs: Sequence[TensorBox], dim: int, dtype: torch.dtype) -> TensorBox:
     """Concatenation as a piecewise loader: where(index < end_0, x_0, where(index < end_1, x_1, ...))."""
     xs = [x for x in xs if not (x.ndim == 1 and x.size[0] == 0)]
@@ -299,9 +305,8 @@ def cat(xs: Sequence[TensorBox], dim: int, dtype: torch.dtype) -> TensorBox:
             # every piece is loaded at every position (the where picks afterwards): its index is clamped into its
             # own range, the last piece's too, so an untaken branch never reads out of bounds (a negative index
             # into the last piece was an illegal address on the GPU)
-            # (unevaluated: sympy's Min/Max compare their arguments under assumptions, seconds on densenet121)
-            inside = [sympy.Min(sympy.Max(i - s, 0, evaluate=False), int(x.size[dim]) - 1, evaluate=False)
-                      if d == dim and len(xs) > 1 else (i - s if d == dim else i) for d, i in enumerate(idx)]
+            inside = [clamp(i - s, int(x.size[dim]) - 1) if d == dim and len(xs) > 1 else
+                      (i - s if d == dim else i) for d, i in enumerate(idx)]
             if e is None:
                 e = x.loader(inside)
             else:
@@ -332,7 +337,7 @@ def pad(x: TensorBox, pads: Sequence[int], value) -> TensorBox:
                 conds.append(Expr("logical_and", (Expr("ge", (ij, Expr("const", (0,), torch.int64)), torch.bool),
                                                   Expr("lt", (ij, Expr("const", (int(x.size[d]),), torch.int64)),
                                                        torch.bool)), torch.bool))
-                j = sympy.Min(sympy.Max(j, 0), int(x.size[d]) - 1)
+                j = clamp(j, int(x.size[d]) - 1)
             src.append(j)
         e = x.loader(src)
         for c in conds:

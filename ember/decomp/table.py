@@ -846,7 +846,7 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
             iv = ir.Expr("index", (v,), torch.int64)
             for cnd in (ir.Expr("ge", (iv, i64(0)), torch.bool), ir.Expr("lt", (iv, i64(lim)), torch.bool)):
                 inside = cnd if inside is None else ir.Expr("logical_and", (inside, cnd), torch.bool)
-        e = x.loader(list(b) + [sympy.Min(sympy.Max(hi, 0), h - 1), sympy.Min(sympy.Max(wi, 0), w - 1)])
+        e = x.loader(list(b) + [P.clamp(hi, h - 1), P.clamp(wi, w - 1)])
         return ir.Expr("where", (inside, e, neg_inf), x.dtype), inside, ir.Expr("index", (hi * w + wi,), torch.int64)
 
     if kh * kw > MAX_POOL_TAPS:
@@ -922,7 +922,7 @@ def _avg_pool2d(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_
         def loader(idx):
             *b, i, j = idx
             hi, wi = i * sh - ph + a, j * sw - pw + c
-            e = P._cast_expr(x.loader(list(b) + [sympy.Min(sympy.Max(hi, 0), h - 1), sympy.Min(sympy.Max(wi, 0), w - 1)]), acc)
+            e = P._cast_expr(x.loader(list(b) + [P.clamp(hi, h - 1), P.clamp(wi, w - 1)]), acc)
             for v, n in ((hi, h), (wi, w)):
                 if ph or pw or ceil_mode:
                     iv = ir.Expr("index", (v,), torch.int64)
