@@ -109,8 +109,21 @@ def bounds(e, ranges: dict) -> tuple[int, int] | None:
     return None
 
 
+_SIMPLIFIED: dict = {}   # (index, ranges) -> simplified: a pure function, called ~6 times per distinct argument
+
+
 def simplify_index(e, ranges: dict | None = None):
     """Undo the div/mod that reshapes introduce: k*(a//d) + (k/d)... patterns, and a//d, a%d when a < d."""
+    key = (e, frozenset(ranges.items()) if ranges else None)
+    got = _SIMPLIFIED.get(key)
+    if got is None:
+        if len(_SIMPLIFIED) > 200_000:
+            _SIMPLIFIED.clear()
+        got = _SIMPLIFIED[key] = _simplify_index(e, ranges)
+    return got
+
+
+def _simplify_index(e, ranges: dict | None = None):
     e = sympy.expand(e)
     if not e.has(FloorDiv, ModIndex):   # most indices (an optimizer's thousands of flat ones): nothing to undo
         return e
