@@ -334,6 +334,7 @@ def _widen(lines: list[str]) -> str:
 
 
 COLUMN_BLOCK = 256  # kept elements (x0) per block of a column-wise reduction: its accumulators stay in L1
+COLUMN_CHUNK = 16  # reduction steps summed into a partial sum before it joins the next level of a float sum
 
 
 def _step(off, var) -> object:
@@ -403,10 +404,32 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         if nan:
             lines.append(f"{ind}alignas(64) {flag} {acc}_nan[{blk}];")
         lines += xloop + [f"{ind}  {acc}[xi] = {init};" + (f" {acc}_nan[xi] = 0;" if nan else ""), f"{ind}}}"]
-        head, rind, close = _loops(m.inner, ind, False, simd=False)
+        # the reduction runs as one flat loop (each index from it: a division per step of the reduction, outside
+        # the loop over the block's rows); a float sum adds COLUMN_CHUNK steps into one partial sum and
+        # COLUMN_CHUNK of those into a second before the column's sum (one running sum per column drifted past
+        # assert_close's tolerance on 512 rows; the row form sums in 16 vector lanes)
+        nr, rs = ir.prod(m.inner), rvars(len(m.inner))
+        levels = 2 if kind == "sum" and fl and nr > COLUMN_CHUNK else 0
+        head, rind, close = [], ind, []
+        lo, span = "0", nr
+        for lev in range(levels, 0, -1):
+            step = COLUMN_CHUNK ** lev
+            lines.append(f"{ind}alignas(64) {vt} {acc}_p{lev}[{blk}];")
+            head += [f"{rind}for (int64_t c{lev} = {lo}; c{lev} < ember_imin({lo} + {span}, {nr}); c{lev} += {step}) {{",
+                     f"{rind}  #pragma omp simd", f"{rind}  for (int64_t xi = 0; xi < xn; xi++) {acc}_p{lev}[xi] = 0;"]
+            into = f"{acc}_p{lev + 1}" if lev < levels else acc
+            close = [f"{rind}  #pragma omp simd",
+                     f"{rind}  for (int64_t xi = 0; xi < xn; xi++) {into}[xi] += {acc}_p{lev}[xi];", f"{rind}}}"] + close
+            lo, span, rind = f"c{lev}", step, rind + "  "
+        head.append(f"{rind}for (int64_t rf = {lo}; rf < ember_imin({lo} + {span}, {nr}); rf++) {{")
+        close.insert(0, f"{rind}}}")
+        rind += "  "
+        for k, (r, st) in enumerate(zip(rs, ir.contiguous_strides(m.inner))):
+            e = "rf" if k == 0 else f"(rf % {int(st) * int(m.inner[k])})"
+            head.append(f"{rind}const int64_t {r} = {e} / {int(st)};" if int(st) != 1 else f"{rind}const int64_t {r} = {e};")
         b = Body(ptrs, scalars, rind + "  ", {})
         v = b.emit(m.body)
-        a = f"{acc}[xi]"
+        a = f"{acc}_p1[xi]" if levels else f"{acc}[xi]"
         if kind in ("sum", "prod") and m.body.dtype != torch.bool:
             upd = f"{a} {'+' if kind == 'sum' else '*'}= {v};"
         elif kind in ("sum", "any", "max") and m.body.dtype == torch.bool:
@@ -420,6 +443,7 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
                 (f" {acc}_nan[xi] |= ({v} != {v});" if nan else "")
         lines += head + [f"{rind}#pragma omp simd", f"{rind}for (int64_t xi = 0; xi < xn; xi++) {{",
                          f"{rind}  const int64_t x0 = xb + xi; (void)x0;"] + b.lines + [f"{rind}  {upd}", f"{rind}}}"] + close
+        a = f"{acc}[xi]"
         fin = f"{ind}  {name}_v[xi] = static_cast<{t}>({a});"
         if nan:
             fin = f"{ind}  {name}_v[xi] = {acc}_nan[xi] ? std::numeric_limits<{t}>::quiet_NaN() : static_cast<{t}>({a});"
