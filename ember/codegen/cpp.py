@@ -354,7 +354,7 @@ def columnwise(group: FusedGroup) -> bool:
     contiguous_x0 = False
     for m in group.members:
         if m.body is None or (m.is_reduction and (m.buf.kind not in OMP_REDUCTION or not m.inner)) \
-                or (not m.is_reduction and ir.prod(m.inner) != 1):
+                or (not m.is_reduction and m.inner):
             return False
         if not m.is_reduction:
             continue

@@ -44,6 +44,9 @@ COLUMN_CASES = [
     ("bool_all0", lambda x: (x > -2.5).all(0), lambda: [torch.randn(300, 400)]),
     ("bool_sum0", lambda x: (x > 0).sum(0), lambda: [torch.randn(300, 400)]),
     ("transposed_sum1", lambda x: x.t().sum(1), lambda: [torch.randn(400, 300)]),  # non-contiguous input
+    ("few_columns", lambda x: x.sum(0), lambda: [torch.randn(3000, 3)]),
+    ("no_rows", lambda x: x.sum(0) + 1, lambda: [torch.randn(0, 40)]),  # an empty reduction: the initial value
+    ("amax0_3d_rows", lambda x: x.amax((0, 1)), lambda: [_with_specials(torch.randn(6, 50, 40))]),
     ("sum0_then_pointwise", lambda x, b: (x.sum(0) + b).relu(), lambda: [torch.randn(300, 400), torch.randn(400)]),
 ]
 
