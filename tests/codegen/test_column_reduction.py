@@ -1,0 +1,73 @@
+"""Reductions over outer dims (x.sum(0) of a contiguous matrix) in the C++ backend: generated column-wise (the
+reduced dims outside, adjacent kept elements inside in blocks of accumulators); compiled vs eager on fresh
+random inputs, NaN/inf for max/min, keepdim, non-contiguous inputs, and the cases that keep the row form."""
+import pytest
+import torch
+
+from ember.backends.ember_backend import compile_aten
+from tests.codegen.aten_trace import trace_aten
+
+
+def compiled(fn, inputs):
+    gm, ref = trace_aten(fn, inputs)
+    c = compile_aten(gm, inputs)
+    out = c(*inputs)
+    torch.testing.assert_close(out[0] if len(out) == 1 else out, ref, equal_nan=True)  # NaN where eager has NaN
+    return c.compiled.source
+
+
+def _with_specials(x):
+    """x with NaN in some columns, +inf/-inf in others (column 0 untouched)."""
+    x = x.clone()
+    x[torch.randint(0, x.shape[0], (5,)), torch.randint(1, x.shape[-1], (5,))] = float("nan")
+    x[torch.randint(0, x.shape[0], (5,)), torch.randint(1, x.shape[-1], (5,))] = float("inf")
+    x[torch.randint(0, x.shape[0], (5,)), torch.randint(1, x.shape[-1], (5,))] = -float("inf")
+    return x
+
+
+# (name, fn, inputs): every case reduces over dims outer to the kept contiguous ones
+COLUMN_CASES = [
+    ("tanh_mean0", lambda x: x.tanh().mean(0), lambda: [torch.randn(300, 700)]),  # 700: a partial last block
+    ("sum0_small", lambda x: x.sum(0), lambda: [torch.randn(37, 100)]),  # one block, below the threading size
+    ("mul_sum0", lambda x, y: (x * y).sum(0), lambda: [torch.randn(512, 768), torch.randn(512, 768)]),
+    ("sum01_3d", lambda x: x.sum((0, 1)), lambda: [torch.randn(8, 64, 96)]),
+    ("sum0_keepdim", lambda x: x.sum(0, keepdim=True) * 2, lambda: [torch.randn(200, 300)]),
+    ("sum0_float64", lambda x: x.sum(0), lambda: [torch.randn(200, 300, dtype=torch.float64)]),
+    ("var0", lambda x: x.var(0), lambda: [torch.randn(300, 260) * 3 + 1]),  # a reduction reading another's value
+    ("amax0_nan_inf", lambda x: x.amax(0), lambda: [_with_specials(torch.randn(300, 500))]),
+    ("amin0_nan_inf", lambda x: x.amin(0), lambda: [_with_specials(torch.randn(300, 500))]),
+    ("amax0_float64_nan", lambda x: x.amax(0), lambda: [_with_specials(torch.randn(100, 300, dtype=torch.float64))]),
+    ("int_sum0", lambda x: x.sum(0), lambda: [torch.randint(-1000, 1000, (300, 400), dtype=torch.int32)]),
+    ("int64_amax0", lambda x: x.amax(0), lambda: [torch.randint(-10**12, 10**12, (300, 400))]),
+    ("int_prod0", lambda x: x.prod(0), lambda: [torch.randint(-2, 3, (20, 400))]),
+    ("bool_any0", lambda x: (x > 2.5).any(0), lambda: [torch.randn(300, 400)]),
+    ("bool_all0", lambda x: (x > -2.5).all(0), lambda: [torch.randn(300, 400)]),
+    ("bool_sum0", lambda x: (x > 0).sum(0), lambda: [torch.randn(300, 400)]),
+    ("transposed_sum1", lambda x: x.t().sum(1), lambda: [torch.randn(400, 300)]),  # non-contiguous input
+    ("few_columns", lambda x: x.sum(0), lambda: [torch.randn(3000, 3)]),
+    ("no_rows", lambda x: x.sum(0) + 1, lambda: [torch.randn(0, 40)]),  # an empty reduction: the initial value
+    ("amax0_3d_rows", lambda x: x.amax((0, 1)), lambda: [_with_specials(torch.randn(6, 50, 40))]),
+    ("sum0_then_pointwise", lambda x, b: (x.sum(0) + b).relu(), lambda: [torch.randn(300, 400), torch.randn(400)]),
+]
+
+
+@pytest.mark.parametrize("name,fn,make", COLUMN_CASES, ids=[c[0] for c in COLUMN_CASES])
+def test_outer_dim_reduction_is_columnwise_and_matches_eager(name, fn, make):
+    src = compiled(fn, make())
+    assert "column-wise" in src
+
+
+# (name, fn, inputs): the row form stays (a contiguous reduction loop, argmax, a strided kept dim)
+ROW_CASES = [
+    ("mean1", lambda x: x.tanh().mean(1), lambda: [torch.randn(300, 700)]),
+    ("argmax0_nan", lambda x: x.argmax(0), lambda: [_with_specials(torch.randn(300, 500))]),
+    ("max0_values_indices", lambda x: x.max(0), lambda: [_with_specials(torch.randn(300, 500))]),
+    ("strided_kept_dim", lambda x: x[:, ::2].sum(0), lambda: [torch.randn(300, 800)]),
+    ("sum_all", lambda x: x.sum(), lambda: [torch.randn(30, 70)]),  # (300, 700): the row form drifts past rtol
+]
+
+
+@pytest.mark.parametrize("name,fn,make", ROW_CASES, ids=[c[0] for c in ROW_CASES])
+def test_other_reductions_keep_the_row_form_and_match_eager(name, fn, make):
+    src = compiled(fn, make())
+    assert "column-wise" not in src
