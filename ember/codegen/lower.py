@@ -200,6 +200,85 @@ CONV_CALLS = CONVOLUTIONS + tuple(getattr(_POINTWISE_CONV, o, None) for o in ("d
                                   if getattr(_POINTWISE_CONV, o, None) is not None)
 
 
+SHARE_CAT_BUFFERS = True  # False: each concatenation of a chain copies all its pieces (A/B timing)
+
+
+def plan_cat_chains(gm: torch.fx.GraphModule) -> dict:
+    """{cat node: (the cat it extends or None, channels of the chain's widest cat)} for chains of channel
+    concatenations of a channels-last graph where each one's pieces begin with the previous one's (densenet's
+    dense blocks: cat([x0]), cat([x0, f1]), cat([x0, f1, f2]), ...). A chain shares one buffer as wide as its
+    widest cat, and each cat is a window of its first channels onto it: a piece is copied in once, where
+    separate concatenations copied every earlier piece again (quadratic in the block's depth)."""
+    cats = []
+    for n in gm.graph.nodes if SHARE_CAT_BUFFERS else ():
+        if n.op != "call_function" or n.target is not aten.cat.default or n.kwargs or len(n.args) != 2 \
+                or n.args[1] not in (1, -3) or not isinstance(n.meta.get("val"), torch.Tensor):
+            continue
+        v, pieces = n.meta["val"], n.args[0]
+        if v.ndim != 4 or v.device.type != "cpu" or not v.dtype.is_floating_point or not all(
+                isinstance(p, torch.fx.Node) and isinstance(p.meta.get("val"), torch.Tensor) and p.meta["val"].ndim == 4
+                and p.meta["val"].dtype == v.dtype for p in pieces):
+            continue
+        cats.append(n)
+    links, extended = {}, set()
+    for i, n in enumerate(cats):
+        for prev in reversed(cats[:i]):  # the latest cat whose pieces begin this one's
+            pp = prev.args[0]
+            if prev not in extended and len(pp) < len(n.args[0]) and list(n.args[0][:len(pp)]) == list(pp) \
+                    and prev.meta["val"].shape[0::2] == n.meta["val"].shape[0::2]:
+                links[n] = prev
+                extended.add(prev)
+                break
+    chains = {}
+    for n in cats:
+        if n in links or n not in extended:
+            continue
+        chain = [n]
+        while chain[-1] in extended:
+            chain.append(next(m for m, p in links.items() if p is chain[-1]))
+        width = int(chain[-1].meta["val"].shape[1])
+        for k, m in enumerate(chain):
+            chains[m] = (chain[k - 1] if k else None, width)
+    return chains
+
+
+def cat_chain_first(pieces: list, width: int) -> torch.Tensor:
+    """The first cat of a chain: a channels-last buffer `width` channels wide, the pieces copied into its first
+    channels; returns the window onto those."""
+    n, _, h, w = pieces[0].shape
+    out = torch.empty((n, width, h, w), dtype=pieces[0].dtype, memory_format=torch.channels_last)
+    return cat_chain_extend(out[:, :0], pieces)
+
+
+def cat_chain_extend(prev: torch.Tensor, pieces: list) -> torch.Tensor:
+    """The next cat of a chain: the window onto the shared buffer widened past prev's channels by the pieces,
+    copied in (prev's channels, which its readers see, stay as they are)."""
+    c = prev.shape[1]
+    size = (prev.shape[0], c + sum(p.shape[1] for p in pieces), prev.shape[2], prev.shape[3])
+    out = prev.as_strided(size, prev.stride(), prev.storage_offset())
+    for p in pieces:
+        out[:, c:c + p.shape[1]].copy_(p)
+        c += p.shape[1]
+    return out
+
+
+def lower_cat_chain(g: "Graph", pieces: list):
+    """A cat of a chain (plan_cat_chains) as a call of cat_chain_first / cat_chain_extend; None where the
+    pieces are not the node's (a decomposition dropped empty ones)."""
+    prev, width = g.cat_chains[g.node]
+    if len(pieces) != len(g.node.args[0]) or (prev is not None and prev not in g.cat_views):
+        return None
+    n, c, h, w = (int(s) for s in g.val.shape)
+    stride = (h * w * width, 1, w * width, width)
+    if prev is None:
+        out = g.extern(cat_chain_first, (pieces, width), {}, fallback=False, out_stride=stride)
+    else:
+        out = g.extern(cat_chain_extend, (g.cat_views[prev], pieces[len(prev.args[0]):]), {}, fallback=False,
+                       out_stride=stride)
+    g.cat_views[g.node] = out
+    return out
+
+
 class Graph:
     """The lowering context: buffers made so far. ember.decomp.prims reaches it as ir.GRAPH."""
 
@@ -211,6 +290,9 @@ class Graph:
         self.by_name: dict[str, Buffer] = {}
         self.origins: tuple = ()
         self.val = None  # meta value of the node being lowered
+        self.node = None  # the node being lowered
+        self.cat_chains: dict = {}  # plan_cat_chains
+        self.cat_views: dict = {}  # cat node of a chain -> its lowered box
         self.fallbacks: list[str] = []
 
     def new_name(self) -> str:
@@ -271,13 +353,14 @@ class Graph:
         return self.realize(TensorBox(x.size, x.dtype, x.loader),
                             stride=want if want is not None else ir.contiguous_strides(x.size))
 
-    def extern(self, target, args, kwargs, fallback: bool, channels_last: bool = False):
+    def extern(self, target, args, kwargs, fallback: bool, channels_last: bool = False, out_stride=None):
         """A library call / kept ATen op on materialized arguments; returns boxes shaped like its meta value.
         channels_last: its 4-D arguments and results are channels-last (convolutions of a channels-last graph
-        always are)."""
+        always are). out_stride: the strides of its one result, its arguments taken in the layouts they have
+        (a concatenation chain's view, see plan_cat_chains)."""
         reads = []
-        conv_cl = channels_last or (self.channels_last and target in CONVOLUTIONS and args[0].ndim == 4
-                                    and not args[6])
+        conv_cl = out_stride is None and (channels_last or (
+            self.channels_last and target in CONVOLUTIONS and args[0].ndim == 4 and not args[6]))
         if conv_cl:  # input and weight channels-last (oneDNN: 36 ms vs 49 ms with an NCHW weight, 8x64x56x56)
             def to_cl(x):
                 if isinstance(x, TensorBox) and x.ndim == 4 and (
@@ -292,7 +375,7 @@ class Graph:
                     x = self._eager_layout(x)
                 # an ATen op sees the layout eager gives it (some kernels assume what their callers ensure);
                 # a channels-last convolution's input and weight are channels-last (above)
-                want = None if conv_cl and x.ndim == 4 else getattr(x, "eager_stride", None)
+                want = None if (conv_cl and x.ndim == 4) or out_stride is not None else getattr(x, "eager_stride", None)
                 if want is not None and (x.strided is None or tuple(int(s) for s in x.strided[1]) != want):
                     x = self.realize(x, stride=want) if x.strided is None else \
                         self.realize(TensorBox(x.size, x.dtype, x.loader), stride=want)
@@ -313,10 +396,13 @@ class Graph:
             if v is None:
                 outs.append(None)
                 continue
-            stride = channels_last_strides(v.shape) if conv_cl else tuple(v.stride())
+            stride = out_stride if out_stride is not None else \
+                channels_last_strides(v.shape) if conv_cl else tuple(v.stride())
             b = Buffer(f"{call.name}_{i}" if len(leaves) > 1 or spec.num_leaves != 1 or not isinstance(val, torch.Tensor)
                        else call.name, tuple(v.shape), tuple(int(s) for s in stride), v.dtype, 0)  # offsets from data_ptr()
             self._note_layout(b)
+            if out_stride is not None and len(b.size) == 4 and int(b.stride[1]) == 1:
+                self.cl.add(b.name)  # channels innermost, not dense: a window onto a wider channels-last buffer
             b.extern, b.index = call, i
             self.by_name[b.name] = b
             outs.append(TensorBox.of_buffer(b))
@@ -342,6 +428,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
     constants: dict = {}
     users = {n: len(n.users) for n in gm.graph.nodes}
     fusions = plan_conv_fusions(gm, g.channels_last)
+    g.cat_chains = plan_cat_chains(gm) if g.channels_last else {}
     fused_away = {n for f in fusions.values() for n in f.skip}
     try:
         for node in gm.graph.nodes:
@@ -372,7 +459,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                     continue
                 args, kwargs = pytree.tree_map(lambda a: env[a] if isinstance(a, torch.fx.Node) else a,
                                                (node.args, node.kwargs))
-                g.val = node.meta.get("val")
+                g.val, g.node = node.meta.get("val"), node
                 fused = fusions.get(node)
                 if node.target is operator.getitem and fused is None:
                     out = args[0][args[1]]

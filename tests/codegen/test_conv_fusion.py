@@ -167,3 +167,61 @@ def test_training_mode_batch_norm_is_not_folded():
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(m.bn1.running_var, m2.bn1.running_var)
+
+
+class DenseBlock(torch.nn.Module):
+    """densenet's block: each layer reads the concatenation of the input and all earlier layers' features."""
+
+    def __init__(self, cin=6, growth=4, layers=4):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(
+            torch.nn.BatchNorm2d(cin + k * growth), torch.nn.ReLU(), torch.nn.Conv2d(cin + k * growth, 8, 1, bias=False),
+            torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Conv2d(8, growth, 3, padding=1, bias=False))
+            for k in range(layers))
+        self.stem = torch.nn.Conv2d(3, cin, 3, padding=1)
+
+    def forward(self, x):
+        feats = [self.stem(x)]
+        for layer in self.layers:
+            feats.append(layer(torch.cat(feats, 1)))
+        out = torch.cat(feats, 1)
+        return F.adaptive_avg_pool2d(torch.relu(out), 1).flatten(1), out
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_dense_block_concatenations_share_one_buffer(memory_format):
+    m = _randomized(DenseBlock())
+    x = torch.randn(2, 3, 9, 11).contiguous(memory_format=memory_format)
+    with torch.no_grad():
+        run = compile_graph(torch.fx.symbolic_trace(m), [x])
+        _same(run(x), m(x))
+        x2 = torch.randn_like(x)
+        _same(run(x2), m(x2))
+    calls = [it.target for it in _sched(run).items if isinstance(it, ExternBuffer)]
+    assert calls.count(lower.cat_chain_first) == 1 and calls.count(lower.cat_chain_extend) == 4, calls
+    assert torch.ops.aten.cat.default not in calls
+
+
+def test_concatenations_extending_one_prefix_twice():
+    """Two concatenations begin with the same pieces: only one may widen the shared buffer (the other copies),
+    else it would overwrite channels the first one's readers see."""
+    class Branches(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2, self.c3 = torch.nn.Conv2d(3, 4, 1), torch.nn.Conv2d(3, 5, 1), torch.nn.Conv2d(3, 6, 1)
+
+        def forward(self, x):
+            a, b, c = self.c1(x), self.c2(x), self.c3(x)
+            base = torch.cat([a, b], 1)
+            left = torch.cat([a, b, c], 1)
+            d = c * 2
+            right = torch.cat([a, b, d], 1)
+            return torch.relu(base).sum((2, 3)), left + 1, right - 1, torch.cat([a, b, d, a], 1)
+    m = Branches().eval()
+    x = torch.randn(2, 3, 6, 5)
+    with torch.no_grad():
+        run = compile_graph(torch.fx.symbolic_trace(m), [x])
+        _same(run(x), m(x))
+    calls = [it.target for it in _sched(run).items if isinstance(it, ExternBuffer)]
+    # base -> left share a buffer, right -> [right, a] another
+    assert calls.count(lower.cat_chain_first) == 2 and calls.count(lower.cat_chain_extend) == 2, calls

@@ -236,9 +236,10 @@ def test_adaptive_avg_pool_after_a_convolution_matches_eager(out_size, memory_fo
         _assert_same(run(x), f(x))
 
 
-def test_densenet_concatenation_of_channels_is_a_library_copy_in_channels_last():
-    """Concatenating 3+ channels-last values along C: one torch.cat (channels-last result), not a per-element
-    choice of the piece in the consumer's inner loop over C; equal to eager."""
+def test_densenet_concatenations_are_windows_onto_one_channels_last_buffer():
+    """Concatenations along C each extending the previous one (lower.plan_cat_chains): library copies of the new
+    pieces into one channels-last buffer, each cat a window onto its first channels (C innermost), not a
+    per-element choice of the piece in the consumer's inner loop over C; equal to eager."""
     class Dense(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -257,5 +258,8 @@ def test_densenet_concatenation_of_channels_is_a_library_copy_in_channels_last()
         run = compile_graph(torch.fx.symbolic_trace(m), [x])
         _assert_same([run(x)], [m(x)])
     assert not lower.FALLBACK_COUNTS
-    cats = [it for it in _forward(run).sched.items if isinstance(it, ExternBuffer) and it.target == torch.ops.aten.cat.default]
-    assert len(cats) == 2 and all(_is_cl(o) for c in cats for o in c.outputs)
+    items = [it for it in _forward(run).sched.items if isinstance(it, ExternBuffer)]
+    assert not [it for it in items if it.target == torch.ops.aten.cat.default]
+    cats = [it for it in items if it.target in (lower.cat_chain_first, lower.cat_chain_extend)]
+    assert [c.target for c in cats] == [lower.cat_chain_first] + [lower.cat_chain_extend] * 3
+    assert all(int(o.stride[1]) == 1 and int(o.stride[3]) == 13 for c in cats for o in c.outputs)  # 13 channels
