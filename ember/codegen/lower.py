@@ -13,6 +13,14 @@ channels-last, and a 4-D buffer computed from a channels-last buffer is stored c
 then walk C innermost, see schedule.loop_order), so no layout changes happen between convolutions. Graph
 outputs and arguments of ATen fallbacks get eager's strides back (a copy). Training graphs keep eager's
 layouts: their saved activations would be converted at every forward/backward boundary.
+
+Convolution epilogues (plan_conv_fusions): in an inference graph on the CPU, an eval batch norm that alone reads
+a convolution's output is folded into it: the weight is scaled per output channel and the bias shifted, both
+computed by a kernel on every call from the current parameters (the kernel that copied the weight to
+channels-last before; a cached fold would be stale after `p.data.mul_(...)`, which no version counter sees).
+Where oneDNN's fused convolutions exist (torch.ops.mkldnn._convolution_pointwise, float32, channels-last graph),
+the relu or residual add (+ relu) after it become post-ops of that one call: the output is written once, where
+a separate batch-norm/relu pass read and wrote it again (resnet18 b8 224px: 20 fewer passes over activations).
 """
 from __future__ import annotations
 
@@ -47,6 +55,7 @@ class LoweredGraph:
 
 
 CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten._convolution.default)
+aten = torch.ops.aten
 CHANNELS_LAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -69,6 +78,207 @@ def wants_channels_last(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
+def _mkldnn_op(name: str):
+    """torch.ops.mkldnn.<name> where this torch build has it and oneDNN runs (else None: the ATen path)."""
+    try:
+        return getattr(torch.ops.mkldnn, name) if torch.backends.mkldnn.is_available() else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@dataclasses.dataclass
+class ConvFusion:
+    """conv [-> eval batch norm] [-> add(other)] [-> relu], computed as one convolution at `last` (see the module
+    docstring). The nodes before `last` are not lowered; every input is defined before `last` (the residual
+    may come from a later branch, e.g. resnet's downsample, so the call runs where the chain ends)."""
+    conv: torch.fx.Node
+    bn: torch.fx.Node | None
+    other: torch.fx.Node | None  # the residual added
+    relu: bool
+    last: torch.fx.Node
+    skip: tuple  # the chain's nodes before `last`
+
+
+def _eval_bn_args(n: torch.fx.Node):
+    """(x, weight, bias, running_mean, running_var, eps) of an eval-mode batch norm node, else None."""
+    if n.op != "call_function" or n.kwargs:
+        return None
+    if n.target is aten._native_batch_norm_legit_no_training.default and len(n.args) == 7:
+        return n.args[:5] + (n.args[6],)
+    if n.target is aten.native_batch_norm.default and len(n.args) == 8 and n.args[5] is False:
+        return n.args[:5] + (n.args[7],)
+    return None
+
+
+def _only_user(n: torch.fx.Node):
+    return next(iter(n.users)) if len(n.users) == 1 else None
+
+
+def _channel_vector(a, v: torch.Tensor) -> bool:
+    """a is None or a graph value of shape [C] and v's dtype (a batch-norm parameter or statistic, a bias)."""
+    av = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    return a is None or (isinstance(av, torch.Tensor) and av.dtype == v.dtype and tuple(av.shape) == (v.shape[1],))
+
+
+FUSE_CONVOLUTIONS = True  # False: convolutions, batch norms and their epilogues are lowered one by one
+
+
+def plan_conv_fusions(gm: torch.fx.GraphModule, channels_last: bool) -> dict:
+    """{last node: ConvFusion} for the convolutions of a CPU inference graph (float32/64) followed by an eval
+    batch norm (folded) or, on oneDNN, by a relu or residual add (post-ops)."""
+    if not FUSE_CONVOLUTIONS or not (isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_inference")):
+        return {}
+    pointwise = _mkldnn_op("_convolution_pointwise")
+    plans, claimed = {}, set()
+    for conv in gm.graph.nodes:
+        if conv.op != "call_function" or conv.target is not aten.convolution.default or len(conv.args) != 9 \
+                or conv.kwargs or conv.args[6] or not isinstance(conv.args[1], torch.fx.Node):
+            continue
+        v = conv.meta.get("val")
+        if not isinstance(v, torch.Tensor) or v.device.type != "cpu" or v.dtype not in (torch.float32, torch.float64) \
+                or not _channel_vector(conv.args[2], v):
+            continue
+        chain, tail, bn, other, relu = [conv], conv, None, None, False
+        u = _only_user(conv)
+        bn_args = _eval_bn_args(u) if u is not None else None
+        if bn_args is not None and bn_args[0] is conv and conv not in bn_args[1:] and None not in bn_args[3:5] \
+                and all(_channel_vector(a, v) for a in bn_args[1:5]):
+            outs = list(u.users)
+            if all(o.target is operator.getitem for o in outs) and [o.args[1] for o in outs].count(0) == 1 \
+                    and not any(o.args[1] != 0 and o.users for o in outs):
+                bn, tail = u, next(o for o in outs if o.args[1] == 0)
+                chain += [u, *outs]
+        if pointwise is not None and channels_last and v.ndim == 4 and v.dtype == torch.float32:  # oneDNN post-ops
+            u = _only_user(tail)
+            if u is not None and u not in claimed and u.target is aten.add.Tensor and len(u.args) == 2 \
+                    and set(u.kwargs) <= {"alpha"} and u.kwargs.get("alpha", 1) == 1 and hasattr(pointwise, "binary"):
+                o = u.args[1] if u.args[0] is tail else u.args[0]
+                ov, uv = getattr(o, "meta", {}).get("val"), u.meta.get("val")
+                if isinstance(o, torch.fx.Node) and o is not tail and isinstance(ov, torch.Tensor) and isinstance(
+                        uv, torch.Tensor) and ov.shape == v.shape == uv.shape and ov.dtype == v.dtype == uv.dtype:
+                    chain.append(u)
+                    other, tail, u = o, u, _only_user(u)
+            if u is not None and u not in claimed and u.target is aten.relu.default and u.args[0] is tail:
+                chain.append(u)
+                relu, tail = True, u
+        if tail is conv:
+            continue  # nothing to fuse
+        claimed.update(chain)
+        plans[tail] = ConvFusion(conv, bn, other, relu, tail, tuple(c for c in chain if c is not tail))
+    return plans
+
+
+def lower_conv_fusion(g: "Graph", f: ConvFusion, env: dict):
+    """The fused convolution of f: the folded weight and bias (pointwise boxes, realized by the extern call),
+    then one oneDNN call with post-ops, or the ATen convolution (no post-ops: float64, no oneDNN)."""
+    from ember.decomp import prims as P
+    x, w, b, stride, padding, dilation, _, output_padding, groups = \
+        [env[a] if isinstance(a, torch.fx.Node) else a for a in f.conv.args]
+    if f.bn is not None:
+        _, gamma, beta, mean, var, eps = [env[a] if isinstance(a, torch.fx.Node) else a for a in _eval_bn_args(f.bn)]
+        # as eager's CPU kernel: bn(y) = y * scale + shift, scale = gamma / sqrt(var + eps), shift = beta - mean * scale
+        scale = P.unary("rsqrt", P.add(var, eps))
+        if gamma is not None:
+            scale = P.mul(scale, gamma)
+        shift = P.mul(P.sub(b, mean) if b is not None else P.unary("neg", mean), scale)
+        b = P.add(shift, beta) if beta is not None else shift
+        w = P.mul(w, P.reshape(scale, [-1] + [1] * (w.ndim - 1)))
+    pointwise = _mkldnn_op("_convolution_pointwise")
+    if f.other is not None:
+        return g.extern(pointwise.binary, (x, env[f.other], w, b, padding, stride, dilation, groups, "add", None,
+                                           "relu" if f.relu else None, [], None), {}, fallback=False, channels_last=True)
+    if f.relu:
+        return g.extern(pointwise.default, (x, w, b, padding, stride, dilation, groups, "relu", [], None), {},
+                        fallback=False, channels_last=True)
+    return g.extern(aten.convolution.default, (x, w, b, stride, padding, dilation, False, output_padding, groups),
+                    {}, fallback=False)
+
+
+_POINTWISE_CONV = _mkldnn_op("_convolution_pointwise")
+# every library convolution a lowered graph may call (tests and tools look for these)
+CONV_CALLS = CONVOLUTIONS + tuple(getattr(_POINTWISE_CONV, o, None) for o in ("default", "binary")
+                                  if getattr(_POINTWISE_CONV, o, None) is not None)
+
+
+SHARE_CAT_BUFFERS = True  # False: each concatenation of a chain copies all its pieces (A/B timing)
+
+
+def plan_cat_chains(gm: torch.fx.GraphModule) -> dict:
+    """{cat node: (the cat it extends or None, channels of the chain's widest cat)} for chains of channel
+    concatenations of a channels-last graph where each one's pieces begin with the previous one's (densenet's
+    dense blocks: cat([x0]), cat([x0, f1]), cat([x0, f1, f2]), ...). A chain shares one buffer as wide as its
+    widest cat, and each cat is a window of its first channels onto it: a piece is copied in once, where
+    separate concatenations copied every earlier piece again (quadratic in the block's depth)."""
+    cats = []
+    for n in gm.graph.nodes if SHARE_CAT_BUFFERS else ():
+        if n.op != "call_function" or n.target is not aten.cat.default or n.kwargs or len(n.args) != 2 \
+                or n.args[1] not in (1, -3) or not isinstance(n.meta.get("val"), torch.Tensor):
+            continue
+        v, pieces = n.meta["val"], n.args[0]
+        if v.ndim != 4 or v.device.type != "cpu" or not v.dtype.is_floating_point or not all(
+                isinstance(p, torch.fx.Node) and isinstance(p.meta.get("val"), torch.Tensor) and p.meta["val"].ndim == 4
+                and p.meta["val"].dtype == v.dtype for p in pieces):
+            continue
+        cats.append(n)
+    links, extended = {}, set()
+    for i, n in enumerate(cats):
+        for prev in reversed(cats[:i]):  # the latest cat whose pieces begin this one's
+            pp = prev.args[0]
+            if prev not in extended and len(pp) < len(n.args[0]) and list(n.args[0][:len(pp)]) == list(pp) \
+                    and prev.meta["val"].shape[0::2] == n.meta["val"].shape[0::2]:
+                links[n] = prev
+                extended.add(prev)
+                break
+    chains = {}
+    for n in cats:
+        if n in links or n not in extended:
+            continue
+        chain = [n]
+        while chain[-1] in extended:
+            chain.append(next(m for m, p in links.items() if p is chain[-1]))
+        width = int(chain[-1].meta["val"].shape[1])
+        for k, m in enumerate(chain):
+            chains[m] = (chain[k - 1] if k else None, width)
+    return chains
+
+
+def cat_chain_first(pieces: list, width: int) -> torch.Tensor:
+    """The first cat of a chain: a channels-last buffer `width` channels wide, the pieces copied into its first
+    channels; returns the window onto those."""
+    n, _, h, w = pieces[0].shape
+    out = torch.empty((n, width, h, w), dtype=pieces[0].dtype, memory_format=torch.channels_last)
+    return cat_chain_extend(out[:, :0], pieces)
+
+
+def cat_chain_extend(prev: torch.Tensor, pieces: list) -> torch.Tensor:
+    """The next cat of a chain: the window onto the shared buffer widened past prev's channels by the pieces,
+    copied in (prev's channels, which its readers see, stay as they are)."""
+    c = prev.shape[1]
+    size = (prev.shape[0], c + sum(p.shape[1] for p in pieces), prev.shape[2], prev.shape[3])
+    out = prev.as_strided(size, prev.stride(), prev.storage_offset())
+    for p in pieces:
+        out[:, c:c + p.shape[1]].copy_(p)
+        c += p.shape[1]
+    return out
+
+
+def lower_cat_chain(g: "Graph", pieces: list):
+    """A cat of a chain (plan_cat_chains) as a call of cat_chain_first / cat_chain_extend; None where the
+    pieces are not the node's (a decomposition dropped empty ones)."""
+    prev, width = g.cat_chains[g.node]
+    if len(pieces) != len(g.node.args[0]) or (prev is not None and prev not in g.cat_views):
+        return None
+    n, c, h, w = (int(s) for s in g.val.shape)
+    stride = (h * w * width, 1, w * width, width)
+    if prev is None:
+        out = g.extern(cat_chain_first, (pieces, width), {}, fallback=False, out_stride=stride)
+    else:
+        out = g.extern(cat_chain_extend, (g.cat_views[prev], pieces[len(prev.args[0]):]), {}, fallback=False,
+                       out_stride=stride)
+    g.cat_views[g.node] = out
+    return out
+
+
 class Graph:
     """The lowering context: buffers made so far. ember.decomp.prims reaches it as ir.GRAPH."""
 
@@ -80,6 +290,9 @@ class Graph:
         self.by_name: dict[str, Buffer] = {}
         self.origins: tuple = ()
         self.val = None  # meta value of the node being lowered
+        self.node = None  # the node being lowered
+        self.cat_chains: dict = {}  # plan_cat_chains
+        self.cat_views: dict = {}  # cat node of a chain -> its lowered box
         self.fallbacks: list[str] = []
 
     def new_name(self) -> str:
@@ -140,13 +353,14 @@ class Graph:
         return self.realize(TensorBox(x.size, x.dtype, x.loader),
                             stride=want if want is not None else ir.contiguous_strides(x.size))
 
-    def extern(self, target, args, kwargs, fallback: bool, channels_last: bool = False):
+    def extern(self, target, args, kwargs, fallback: bool, channels_last: bool = False, out_stride=None):
         """A library call / kept ATen op on materialized arguments; returns boxes shaped like its meta value.
         channels_last: its 4-D arguments and results are channels-last (convolutions of a channels-last graph
-        always are)."""
+        always are). out_stride: the strides of its one result, its arguments taken in the layouts they have
+        (a concatenation chain's view, see plan_cat_chains)."""
         reads = []
-        conv_cl = channels_last or (self.channels_last and target in CONVOLUTIONS and args[0].ndim == 4
-                                    and not args[6])
+        conv_cl = out_stride is None and (channels_last or (
+            self.channels_last and target in CONVOLUTIONS and args[0].ndim == 4 and not args[6]))
         if conv_cl:  # input and weight channels-last (oneDNN: 36 ms vs 49 ms with an NCHW weight, 8x64x56x56)
             def to_cl(x):
                 if isinstance(x, TensorBox) and x.ndim == 4 and (
@@ -161,7 +375,7 @@ class Graph:
                     x = self._eager_layout(x)
                 # an ATen op sees the layout eager gives it (some kernels assume what their callers ensure);
                 # a channels-last convolution's input and weight are channels-last (above)
-                want = None if conv_cl and x.ndim == 4 else getattr(x, "eager_stride", None)
+                want = None if (conv_cl and x.ndim == 4) or out_stride is not None else getattr(x, "eager_stride", None)
                 if want is not None and (x.strided is None or tuple(int(s) for s in x.strided[1]) != want):
                     x = self.realize(x, stride=want) if x.strided is None else \
                         self.realize(TensorBox(x.size, x.dtype, x.loader), stride=want)
@@ -182,10 +396,13 @@ class Graph:
             if v is None:
                 outs.append(None)
                 continue
-            stride = channels_last_strides(v.shape) if conv_cl else tuple(v.stride())
+            stride = out_stride if out_stride is not None else \
+                channels_last_strides(v.shape) if conv_cl else tuple(v.stride())
             b = Buffer(f"{call.name}_{i}" if len(leaves) > 1 or spec.num_leaves != 1 or not isinstance(val, torch.Tensor)
                        else call.name, tuple(v.shape), tuple(int(s) for s in stride), v.dtype, 0)  # offsets from data_ptr()
             self._note_layout(b)
+            if out_stride is not None and len(b.size) == 4 and int(b.stride[1]) == 1:
+                self.cl.add(b.name)  # channels innermost, not dense: a window onto a wider channels-last buffer
             b.extern, b.index = call, i
             self.by_name[b.name] = b
             outs.append(TensorBox.of_buffer(b))
@@ -210,6 +427,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
     inputs = []
     constants: dict = {}
     users = {n: len(n.users) for n in gm.graph.nodes}
+    fusions = plan_conv_fusions(gm, g.channels_last)
+    g.cat_chains = plan_cat_chains(gm) if g.channels_last else {}
+    fused_away = {n for f in fusions.values() for n in f.skip}
     try:
         for node in gm.graph.nodes:
             if node.op == "placeholder":
@@ -234,10 +454,14 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                 constants[name] = t
                 env[node] = TensorBox.of_buffer(buf)
             elif node.op == "call_function":
+                if node in fused_away:  # computed by a fused convolution at its chain's end
+                    env[node] = None
+                    continue
                 args, kwargs = pytree.tree_map(lambda a: env[a] if isinstance(a, torch.fx.Node) else a,
                                                (node.args, node.kwargs))
-                g.val = node.meta.get("val")
-                if node.target is operator.getitem:
+                g.val, g.node = node.meta.get("val"), node
+                fused = fusions.get(node)
+                if node.target is operator.getitem and fused is None:
                     out = args[0][args[1]]
                     # one result of a multi-output decomposition (layer_norm's) read by several nodes: computed
                     # once, as any other node's result (else each extern reading it stored its own copy)
@@ -247,16 +471,16 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                         out.origin_names = g.origins
                     env[node] = out
                     continue
-                if not isinstance(node.target, torch._ops.OpOverload):
+                if not isinstance(node.target, torch._ops.OpOverload) and fused is None:
                     raise Unsupported(f"{node.target} is not an ATen op (ember compiles ATen-level graphs)")
-                if g.val is None and not node.target._schema.returns:  # run for its effect (error checks)
+                if g.val is None and fused is None and not node.target._schema.returns:  # run for its effect (error checks)
                     g.origins = (node.name,)
                     g.extern(node.target, args, kwargs, fallback=False).side_effect = True
                     env[node] = None
                     continue
                 if g.val is None:
                     raise Unsupported(f"node {node.name} has no meta['val']")
-                if node.target._schema.is_mutable:
+                if fused is None and node.target._schema.is_mutable:
                     raise Unsupported(f"{node.target} mutates its inputs (graphs must be functional)")
                 boxes = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorBox)]
                 g.origins = tuple(dict.fromkeys(sum((b.origin_names for b in boxes if b.strided is None
@@ -265,7 +489,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
                 g.op_name = str(op)
                 fn = TABLE.get(op)
                 out, why = None, "no ember decomposition"
-                if fn is not None:
+                if fused is not None:
+                    g.origins = tuple(n.name for n in fused.skip) + (node.name,)
+                    out = _check(lower_conv_fusion(g, fused, env), g.val, node)
+                elif fn is not None:
                     try:
                         out = _check(fn(*args, **kwargs), g.val, node)
                         why = "decomposition declined these arguments"

@@ -483,6 +483,11 @@ def _cat(xs, dim=0):
     if not xs:
         return NotImplemented
     g = ir.GRAPH
+    if g.node in g.cat_chains:  # a concatenation extending the previous one (densenet's dense blocks)
+        from ember.codegen.lower import lower_cat_chain
+        out = lower_cat_chain(g, xs)
+        if out is not None:
+            return out
     if g.channels_last and len(xs) > 2 and xs[0].ndim == 4 and dim % 4 == 1 and \
             any(g.reads_layout_changed(x) for x in xs):
         # channels of channels-last values: C is the inner loop, so a fused concatenation would pick its piece

@@ -89,7 +89,7 @@ def test_conv_block_runs_channels_last_and_returns_eager_strides(memory_format):
     _assert_same(got, want)
     assert not lower.FALLBACK_COUNTS  # max/avg pooling decomposed, no ATen call between convolutions
     sched = _forward(run).sched
-    convs = [it for it in sched.items if isinstance(it, ExternBuffer) and it.target in lower.CONVOLUTIONS]
+    convs = [it for it in sched.items if isinstance(it, ExternBuffer) and it.target in lower.CONV_CALLS]
     assert len(convs) == 5 and all(_is_cl(o) for c in convs for o in c.outputs)
     outputs = {o.buffer for o in sched.lowered.outputs}
     inner = [m.buf for it in sched.items if not isinstance(it, ExternBuffer) for m in it.members
@@ -98,9 +98,10 @@ def test_conv_block_runs_channels_last_and_returns_eager_strides(memory_format):
 
 
 def test_channels_last_loops_walk_channels_innermost():
-    """A batch norm + relu between convolutions: one contiguous store over C in the inner loop, no division."""
+    """A batch norm between convolutions (after a relu, so not folded into the first one): one contiguous store
+    over C in the inner loop, no division."""
     conv1, conv2, bn = torch.nn.Conv2d(8, 32, 3), torch.nn.Conv2d(32, 8, 1), torch.nn.BatchNorm2d(32)
-    m = _randomized(torch.nn.Sequential(conv1, bn, torch.nn.ReLU(), conv2))
+    m = _randomized(torch.nn.Sequential(conv1, torch.nn.ReLU(), bn, conv2))
     x = torch.randn(2, 8, 12, 12)
     with torch.no_grad():
         run = compile_graph(torch.fx.symbolic_trace(m), [x])
@@ -235,9 +236,10 @@ def test_adaptive_avg_pool_after_a_convolution_matches_eager(out_size, memory_fo
         _assert_same(run(x), f(x))
 
 
-def test_densenet_concatenation_of_channels_is_a_library_copy_in_channels_last():
-    """Concatenating 3+ channels-last values along C: one torch.cat (channels-last result), not a per-element
-    choice of the piece in the consumer's inner loop over C; equal to eager."""
+def test_densenet_concatenations_are_windows_onto_one_channels_last_buffer():
+    """Concatenations along C each extending the previous one (lower.plan_cat_chains): library copies of the new
+    pieces into one channels-last buffer, each cat a window onto its first channels (C innermost), not a
+    per-element choice of the piece in the consumer's inner loop over C; equal to eager."""
     class Dense(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -256,5 +258,8 @@ def test_densenet_concatenation_of_channels_is_a_library_copy_in_channels_last()
         run = compile_graph(torch.fx.symbolic_trace(m), [x])
         _assert_same([run(x)], [m(x)])
     assert not lower.FALLBACK_COUNTS
-    cats = [it for it in _forward(run).sched.items if isinstance(it, ExternBuffer) and it.target == torch.ops.aten.cat.default]
-    assert len(cats) == 2 and all(_is_cl(o) for c in cats for o in c.outputs)
+    items = [it for it in _forward(run).sched.items if isinstance(it, ExternBuffer)]
+    assert not [it for it in items if it.target == torch.ops.aten.cat.default]
+    cats = [it for it in items if it.target in (lower.cat_chain_first, lower.cat_chain_extend)]
+    assert [c.target for c in cats] == [lower.cat_chain_first] + [lower.cat_chain_extend] * 3
+    assert all(int(o.stride[1]) == 1 and int(o.stride[3]) == 13 for c in cats for o in c.outputs)  # 13 channels
