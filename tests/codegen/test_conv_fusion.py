@@ -57,6 +57,16 @@ def _same(got, want):
         assert g.stride() == w.stride()
 
 
+def _compiled_and_checked(m, x):
+    """m compiled for x, equal to eager on x and on another random input of its shape."""
+    with torch.no_grad():
+        run = compile_graph(torch.fx.symbolic_trace(m), [x])
+        _same(run(x), m(x))
+        x2 = torch.randn_like(x)
+        _same(run(x2), m(x2))
+    return run
+
+
 def _sched(run):
     art = next(a for a in run.artifacts.values() if a is not None)
     return art.forward.compiled.sched
@@ -66,11 +76,7 @@ def _sched(run):
 def test_block_folds_batch_norms_and_fuses_epilogues(memory_format):
     m = _randomized(BasicBlock())
     x = torch.randn(2, 8, 20, 18).contiguous(memory_format=memory_format)
-    with torch.no_grad():
-        run = compile_graph(torch.fx.symbolic_trace(m), [x])
-        _same(run(x), m(x))
-        x2 = torch.randn_like(x)
-        _same(run(x2), m(x2))
+    run = _compiled_and_checked(m, x)
     sched = _sched(run)
     convs = [it for it in sched.items if isinstance(it, ExternBuffer) and it.target in lower.CONV_CALLS]
     assert len(convs) == 5
@@ -192,11 +198,7 @@ class DenseBlock(torch.nn.Module):
 def test_dense_block_concatenations_share_one_buffer(memory_format):
     m = _randomized(DenseBlock())
     x = torch.randn(2, 3, 9, 11).contiguous(memory_format=memory_format)
-    with torch.no_grad():
-        run = compile_graph(torch.fx.symbolic_trace(m), [x])
-        _same(run(x), m(x))
-        x2 = torch.randn_like(x)
-        _same(run(x2), m(x2))
+    run = _compiled_and_checked(m, x)
     calls = [it.target for it in _sched(run).items if isinstance(it, ExternBuffer)]
     assert calls.count(lower.cat_chain_first) == 1 and calls.count(lower.cat_chain_extend) == 4, calls
     assert torch.ops.aten.cat.default not in calls
