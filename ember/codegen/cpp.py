@@ -258,18 +258,23 @@ def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True, t
 MAX_KERNEL_ARGS = 1000   # ctypes passes at most 1024 arguments in one call (the error pointer is one more)
 
 
+def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
+    """(pointer arguments of a group's kernel: buffers read, then written; the written ones)."""
+    reads = sorted(set().union(*(m.reads for m in group.members)) - {m.buf.name for m in group.members if m.local}
+                   - {m.buf.name for m in group.members if m.is_reduction})
+    writes = [m.target for m in group.members if not m.local]  # an in-place member writes its input's pointer
+    return list(dict.fromkeys(reads + writes)), writes
+
+
 def too_many_args(group: FusedGroup) -> bool:
     """Whether a group's kernel would take more pointers than one ctypes call passes (an Adam step over ~150
-    parameters fused horizontally: 7 pointers each), counted as in kernel_source, or a few more."""
-    return len(set().union(*(m.reads for m in group.members)) | {m.target for m in group.members}) > MAX_KERNEL_ARGS
+    parameters fused horizontally: 7 pointers each)."""
+    return len(kernel_args(group)[0]) > MAX_KERNEL_ARGS
 
 
 def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     """C++ of one group: `extern "C" void name(pointers..., int64_t* err)`; returns (source, buffer args)."""
-    reads = sorted(set().union(*(m.reads for m in group.members)) - {m.buf.name for m in group.members if m.local}
-                   - {m.buf.name for m in group.members if m.is_reduction})
-    writes = [m.target for m in group.members if not m.local]  # an in-place member writes its input's pointer
-    args = list(dict.fromkeys(reads + writes))
+    args, writes = kernel_args(group)
     ptrs = {n: n for n in args}
     ptrs.update({m.buf.name: m.target for m in group.members if m.dest})
     params = ", ".join(f"{'const ' if n not in writes else ''}{CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"

@@ -159,7 +159,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     restrided = [b for b in low.inputs if b.name not in kept_layout] if check_inputs else []
     checks = [f"not isinstance({b.name}, _Tensor) or {b.name}.shape != {tuple(int(s) for s in b.size)} or "
               f"{b.name}.dtype != {w.const(b.dtype)}" +
-              (f" or {b.name}.stride() != {tuple(int(s) for s in b.stride)}" if b not in restrided else "")
+              (f" or {b.name}.stride() != {tuple(int(s) for s in b.stride)}" if b.name in kept_layout else "")
               for b in low.inputs] if check_inputs else []
     if sched.inplace:
         # an input written in place must not share memory with another input (then the kernels would read

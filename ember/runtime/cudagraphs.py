@@ -31,6 +31,7 @@ forward and backward pair made into one differentiable callable).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from typing import Callable, Sequence
 
@@ -164,7 +165,6 @@ class CUDAGraphed:
         self._first_ptrs: list[int] | None = None
         self._demoted: set[int] = set()
         self.saved_as_aliases = saved_as_aliases
-        self.first_outputs: list | None = None    # (address, shape) of the first call's outputs
         self.replays = self.eager_runs = 0
         self.name = getattr(fn, "__name__", type(fn).__name__)
         self.pool = pool or GraphPool()
@@ -230,8 +230,6 @@ class CUDAGraphed:
     def _eager(self, inputs) -> tuple:
         """fn run as it is (fresh memory): the first call, and calls that must not overwrite graph memory."""
         outs = tuple(self.fn(*inputs))
-        if self.first_outputs is None:
-            self.first_outputs = [(o.data_ptr(), o.shape) if isinstance(o, torch.Tensor) else None for o in outs]
         if self.num_user_outputs is None or self.saved_as_aliases:
             return outs
         return outs[:self.num_user_outputs] + (Saved(list(outs[self.num_user_outputs:]), self.pool),)
@@ -340,34 +338,24 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
     """(fw_compiler, bw_compiler) for ember.autograd.aot_module under mode="reduce-overhead": each graph that
     `compile_graph(gm, example_inputs)` compiles is replayed as a CUDA graph, all in one pool.
 
-    The forward's saved tensors go to the backward uncopied (aliases of graph memory) once it is known how
-    many of the forward's outputs are the user's: gm.meta["num_user_outputs"] (the partitioner can set it), or
-    learnt when the backward is compiled (its first inputs are the forward's last outputs). Until then every
-    output is cloned: correct, but every activation moves twice.
+    The forward's saved tensors go to the backward uncopied (aliases of graph memory): aot_module records how
+    many of a training forward's outputs are the user's in gm.meta["num_user_outputs"]. A graph without it (an
+    inference graph) has only user outputs, all cloned.
     While a forward's saved tensors are alive (its backward has not run), graphs that could overwrite them
     run eagerly instead of replaying.
     """
     pool = GraphPool()
-    forwards: list[CUDAGraphed] = []
+    numbers = itertools.count()
 
     def fw_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         f = compile_graph(gm, example_inputs)
         n_user = gm.meta.get("num_user_outputs")
         fw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, num_user_outputs=n_user, saved_as_aliases=True,
                          copied_back=gm.meta.get("ember_copied_back", ()))
-        fw.name = f"forward graph {len(forwards)}"
-        forwards.append(fw)
+        fw.name = f"forward graph {next(numbers)}"
         return fw
 
     def bw_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        # Without the partitioner's count, learn it here: a backward is compiled on its first call, with the
-        # saved tensors of the forward's first (eager) call, which are that forward's last outputs.
-        for fw in forwards:
-            if fw.num_user_outputs is None and fw.first_outputs:
-                n = _saved_start(fw.first_outputs, example_inputs)
-                if n is not None:
-                    fw.num_user_outputs = n
-                log.debug("cudagraphs: %s: %s of %d outputs are the user's", fw.name, n, len(fw.first_outputs))
         f = compile_graph(gm, example_inputs)
         bw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool)
         bw.name = "backward graph"
@@ -375,13 +363,3 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
 
     return fw_compiler, bw_compiler
 
-
-def _saved_start(outputs: list, backward_inputs: list) -> int | None:
-    """n such that outputs[n:] are, address and shape, the first len(outputs) - n backward inputs."""
-    for n in range(len(outputs)):
-        tail = outputs[n:]
-        if len(tail) <= len(backward_inputs) and all(
-                o is not None and isinstance(b, torch.Tensor) and (b.data_ptr(), b.shape) == o
-                for o, b in zip(tail, backward_inputs)):
-            return n
-    return None

@@ -63,7 +63,9 @@ ROW_CASES = [
     ("argmax0_nan", lambda x: x.argmax(0), lambda: [_with_specials(torch.randn(300, 500))]),
     ("max0_values_indices", lambda x: x.max(0), lambda: [_with_specials(torch.randn(300, 500))]),
     ("strided_kept_dim", lambda x: x[:, ::2].sum(0), lambda: [torch.randn(300, 800)]),
-    ("sum_all", lambda x: x.sum(), lambda: [torch.randn(30, 70)]),  # (300, 700): the row form drifts past rtol
+    # positive values: a sum of randn cancels to near zero, where float32's summation-order rounding (~1e-5 in
+    # absolute terms for 2,100 terms) exceeded the default relative tolerance in 1 of ~10 runs
+    ("sum_all", lambda x: x.sum(), lambda: [torch.rand(30, 70) + 0.5]),
 ]
 
 
