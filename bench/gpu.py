@@ -244,6 +244,7 @@ def sweep_flat_blocks() -> None:
 
 
 PROFILE: list[str] = []
+COMPILE_PROFILE: list[str] = []
 
 
 def measure(w: Workload, column: str, compiler) -> dict:
@@ -253,13 +254,33 @@ def measure(w: Workload, column: str, compiler) -> dict:
     if step is None:
         return None
     first = 3 if compiler is not None else 0     # reduce-overhead records CUDA graphs on the first calls
+    pr = None
+    if column == "ember" and any(k in w.name.lower() for k in COMPILE_PROFILE):
+        import cProfile
+        pr = cProfile.Profile()
+        pr.enable()
     for _ in range(first):
         step()
     torch.cuda.synchronize()
     cold_s = time.perf_counter() - t0
+    if pr is not None:   # where a cold compile's time goes (the build before this was eager module set-up)
+        import pstats
+        pr.disable()
+        print(f"  compile profile {w.name} [{column}] ({cold_s:.1f} s):")
+        pstats.Stats(pr).sort_stats("cumulative").print_stats(r"ember|triton|sympy|fake|_subclasses", 45)
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
     ms = steady_ms(step, w.iters)
     cold_s = max(0.0, cold_s - first * ms / 1e3)
     out = step()
+    host_ms = None
+    if any(k in w.name.lower() for k in PROFILE):   # host time per step: steps queued without a wait
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        for _ in range(20):
+            step()
+        host_ms = (time.perf_counter() - t1) / 20 * 1e3
+        torch.cuda.synchronize()
+        print(f"  host {w.name} [{column}]: {host_ms:.3f} ms per step queued (GPU-step {ms:.3f} ms)", flush=True)
     if any(k in w.name.lower() for k in PROFILE):
         profile(step, f"{w.name} [{column}]")
         if column == "ember":   # where the host time of a step goes
@@ -310,9 +331,11 @@ def main() -> None:
     ap.add_argument("--columns", default="eager,inductor,ember")
     ap.add_argument("--json", default="")
     ap.add_argument("--profile", default="", help="workloads (substrings) whose columns get a kernel profile")
+    ap.add_argument("--compile-profile", default="", help="workloads (substrings) whose ember cold compile is profiled")
     ap.add_argument("--sweep-blocks", action="store_true", help="time the pointwise chain under other BLOCKs")
     args = ap.parse_args()
     PROFILE.extend(k.rstrip("$") for k in args.profile.lower().split(",") if k)
+    COMPILE_PROFILE.extend(k.rstrip("$") for k in args.compile_profile.lower().split(",") if k)
     cols = [c for c in args.columns.split(",") if c]
     def picked(name: str, part: str) -> bool:   # a substring of the row's name; "...$": the whole name
         return name == part[:-1] if part.endswith("$") else part in name

@@ -43,6 +43,11 @@ profile)   # kernel profiles (GPU time per kernel) and ember's host profile on t
       > "$OUT/profile2.log" 2>&1
     grep -E "^\||profile |Error" "$OUT/profile2.log" | tail -12
   fi ;;
+compile)   # where cold compiles go (cProfile of ember's first calls) and host time per step, no Inductor
+  timeout 560 python3 bench/gpu.py --only "${ROWS:-adam step,resnet50,bertmodel b8 s128 inference$,gpt2}" \
+    --columns "${COLUMNS:-eager,ember}" --profile "${PROFILE_ROWS:-adam step,resnet50}" \
+    --compile-profile "${ROWS:-adam step,resnet50,bertmodel,gpt2}" > "$OUT/compile.log" 2>&1
+  grep -E "^\||host |profile |Error" "$OUT/compile.log" | tail -30 ;;
 quick)   # a check while working: optimizer and CUDA-graph tests, the Adam rows with a kernel profile
   timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py 2>&1 \
