@@ -287,8 +287,11 @@ def measure(w: Workload, column: str, compiler) -> dict:
             import cProfile
             import pstats
             pr = cProfile.Profile()
-            pr.runcall(lambda: [step() for _ in range(3)])
+            pr.runcall(lambda: [step() for _ in range(30)])
+            torch.cuda.synchronize()
+            print("  (30 steps)")
             pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+            pstats.Stats(pr).sort_stats("cumulative").print_stats(r"ember|triton", 20)
     return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out}
 
 

@@ -689,6 +689,13 @@ def _log_softmax_bwd(g, y, dim, input_dtype):
     return P.sub(g, P.mul(P.unary("exp", y), P.reduce("sum", g, [dim], True)))
 
 
+@reg(aten.native_dropout_backward.default)
+def _dropout_bwd(g, mask, scale):
+    # native_dropout itself stays an ATen call (eager's random numbers); its backward is the gradient times the
+    # saved mask and scale, pointwise, so it fuses into the layer_norm / residual backward kernels around it
+    return P.mul(P.mul(g, P.cast(mask, odt())), scale)
+
+
 @reg(aten.native_layer_norm.default)
 def _layer_norm(x, shape, w, b, eps):
     dims = list(range(x.ndim - len(shape), x.ndim))

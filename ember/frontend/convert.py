@@ -27,6 +27,7 @@ import linecache
 import operator
 import re
 import reprlib
+import sys
 import types
 import warnings
 import weakref
@@ -522,7 +523,7 @@ class EntryCodegen:
             return f"return {name}({args_of(st_args)})"
 
         op = inst.opname
-        if in_try or op not in ("CALL", "CALL_FUNCTION_EX", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
+        if in_try or op not in ("CALL", "CALL_FUNCTION_EX", "LOAD_ATTR", "LOAD_METHOD", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
                                 "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
                                 "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE"):
             # Run the rest of the function as Python from this instruction (its handlers included).
@@ -547,6 +548,13 @@ class EntryCodegen:
                     f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg)")
             self.guarded_call(call, restore)
             self.lines.append(go(nxt, stack[:base] + ["___r"]))
+        elif op in ("LOAD_ATTR", "LOAD_METHOD"):
+            # an attribute whose getter ember cannot capture (a property that logs, say): read in Python, the
+            # rest compiled. A method load (3.11 LOAD_METHOD, 3.12 LOAD_ATTR with the low bit) leaves
+            # NULL and the bound attribute, which the CALL after it calls alike
+            method = op == "LOAD_METHOD" or (sys.version_info >= (3, 12) and inst.arg & 1)
+            self.guarded_call(f"___r = getattr({stack[-1]}, {inst.argval!r})", restore)
+            self.lines.append(go(nxt, stack[:-1] + (["___NULL", "___r"] if method else ["___r"])))
         elif op == "CALL_FUNCTION_EX":
             has_kw = inst.arg & 1
             kwargs = stack[-1] if has_kw else "{}"

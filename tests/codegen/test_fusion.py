@@ -181,3 +181,14 @@ def test_half_precision_graph_runs_eagerly_and_correctly():
     c = compile_aten(gm, [x])
     assert not hasattr(c, "compiled")  # no bf16 kernels in C++: the whole graph is eager (logged)
     torch.testing.assert_close(c(x)[0], ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dropout_backward_fuses_with_the_layer_norm_backward_around_it(dtype):
+    """native_dropout_backward (grad * mask * scale) is pointwise ember code, not an ATen call: it fuses with
+    the residual add after it (GPT-2's backward: 25 such calls were ATen kernels of their own)."""
+    def f(g, mask, r):
+        return torch.ops.aten.native_dropout_backward(g, mask, 1 / 0.9) + r
+    g, r = torch.randn(64, 96, dtype=dtype), torch.randn(64, 96, dtype=dtype)
+    c = compiled(f, [g, torch.rand(64, 96) > 0.1, r])
+    assert len(groups(c)) == 1 and len(c.sched.items) == 1    # one kernel, no ATen call beside it

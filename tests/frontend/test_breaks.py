@@ -191,6 +191,34 @@ def test_break_in_nested_callees():
     assert sum(r.ops) == 6, r  # mul, sin, add | mul, cos, sub: every op in exactly one graph
 
 
+def test_break_in_property_getter_compiles_the_rest():
+    """A property whose getter breaks (transformers' `loss_function` logs a warning) is read in Python and the
+    rest of the function after the attribute read is compiled, not run as Python."""
+    class Model:
+        @property
+        def scale(self):
+            print("reading scale")
+            return 2.0
+
+        def forward(self, x):
+            y = x.sin()
+            return (y * self.scale).cos() + 1
+
+        def forward_call(self, x):   # the attribute called: a method load (LOAD_METHOD / LOAD_ATTR with its bit)
+            return self.activation(x.sin() * 3).cos()
+
+        @property
+        def activation(self):
+            print("reading activation")
+            return torch.tanh
+
+    m = Model()
+    r = check(lambda x: m.forward(x), rand(4))
+    assert sum(r.ops) == 4, r    # sin | mul, cos, add: the ops after the break compiled too
+    r = check(lambda x: m.forward_call(x), rand(4))
+    assert sum(r.ops) == 4, r    # sin, mul | tanh, cos
+
+
 def test_break_in_method_of_user_object():
     class Stepper:
         def __init__(self):
