@@ -38,7 +38,7 @@ try:
         loss.backward()
         torch.cuda.synchronize()
     evs = sorted((e for e in prof.key_averages() if e.key.startswith("k_")), key=lambda e: -e.self_device_time_total)
-    for e in evs[:2]:
+    for e in evs[:int(os.environ.get("TOP", "2"))]:
         print(f"{e.key}: {e.self_device_time_total / 1e3:.3f} ms, {e.count} launches")
         for gm, r in graphs:
             call = getattr(r, "compiled", None)

@@ -12,6 +12,10 @@ they scale; eager CUDA kernels read such a 0-d CPU tensor as a scalar argument. 
   3. runs the host graph, the CPU nodes the graph's CPU outputs need (step + 1), through the C++ backend, which
      writes the step counters in place.
 
+An optimizer's step counters change by `+ 1` each call, on the CPU and (recomputed) on the GPU alike: the
+device graph also returns the new counters, stacked, and the next call passes that tensor as the pack when
+the CPU counters still hold exactly the values the host graph wrote (one C comparison), with no transfer.
+
 A CPU node that reads a CUDA value (a device-to-host copy, e.g. `.item()`) or a CPU value that is not a 0-d
 tensor gives up the split: the caller runs the graph eagerly.
 """
@@ -36,19 +40,39 @@ GATHER_SOURCE = """#include <stdint.h>
 extern "C" void ember_gather(const int64_t* ptrs, int64_t n, int64_t size, char* out) {
   for (int64_t i = 0; i < n; i++) memcpy(out + i * size, (const void*)ptrs[i], size);
 }
+// whether the `size` bytes at each address ptrs[i] equal expected[i * size ..)
+extern "C" int ember_all_equal(const int64_t* ptrs, int64_t n, int64_t size, const char* expected) {
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp((const void*)ptrs[i], expected + i * size, size) != 0) return 0;
+  return 1;
+}
 """
-_gather = None
+_lib = None
+
+
+def _c_functions():
+    """(ember_gather, ember_all_equal) from GATHER_SOURCE, built once."""
+    global _lib
+    if _lib is None:
+        from ember.runtime import cache
+        lib = ctypes.CDLL(str(cache.build_cpp(GATHER_SOURCE).result()))
+        for f in (lib.ember_gather, lib.ember_all_equal):
+            f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        lib.ember_gather.restype, lib.ember_all_equal.restype = None, ctypes.c_int
+        _lib = lib.ember_gather, lib.ember_all_equal
+    return _lib
 
 
 def _gather_fn():
-    global _gather
-    if _gather is None:
-        from ember.runtime import cache
-        lib = ctypes.CDLL(str(cache.build_cpp(GATHER_SOURCE).result()))
-        _gather = lib.ember_gather
-        _gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-        _gather.restype = None
-    return _gather
+    return _c_functions()[0]
+
+
+def _counter_step(new: fx.Node, old: fx.Node, dtype: torch.dtype) -> bool:
+    """Whether `new` is `old + constant` in `old`'s dtype: computed the same to the bit on the CPU and the GPU
+    (one correctly rounded addition), so the GPU's copy of the result can stand for the CPU's."""
+    return (new.target in (aten.add.Tensor, aten.add.Scalar) and len(new.args) == 2 and new.args[0] is old
+            and new.kwargs.get("alpha", 1) == 1 and set(new.kwargs) <= {"alpha"} and type(new.args[1]) in (int, float)
+            and isinstance(new.meta.get("val"), torch.Tensor) and new.meta["val"].dtype == dtype)
 
 
 def _device_type(n: fx.Node) -> str | None:
@@ -109,14 +133,29 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
                 if "device" in new.kwargs:
                     new.kwargs = {**new.kwargs, "device": device}
                 new.meta = {**n.meta, "val": torch.empty((), dtype=n.meta["val"].dtype, device=device)}
-    dg.output(tuple(denv[x] for x in dev_outs))
+        # per pack whose mutated members (step counters) all advance by a constant: the device graph also
+        # returns the pack of the next call, the members' new values stacked (_Pack.send)
+        mutations = gm.meta.get("ember_input_mutations") or []
+        new_value = {placeholders[i]: out_leaves[o] for i, o in mutations if isinstance(out_leaves[o], fx.Node)}
+        next_packs, mirrors = [], []
+        for dtype, members in packs.items():
+            news = [new_value.get(m) for m in members]
+            if any(v is not None for v in news) and all(v is None or _counter_step(v, m, dtype)
+                                                         for v, m in zip(news, members)):
+                nxt = dg.call_function(aten.stack.default,
+                                       ([denv[v] if v is not None else denv[m] for v, m in zip(news, members)],))
+                nxt.meta["val"] = torch.empty((len(members),), dtype=dtype, device=device)
+                mirrors.append(len(dev_outs) + len(next_packs))
+                next_packs.append(nxt)
+            else:
+                mirrors.append(None)
+    dg.output(tuple(denv[x] for x in dev_outs) + tuple(next_packs))
     dg.eliminate_dead_code()
 
     host_gm, dev_gm = fx.GraphModule(gm, hg), fx.GraphModule(gm, dg)
     host_gm.meta["ember_guarded"] = dev_gm.meta["ember_guarded"] = gm.meta.get("ember_guarded", False)
     inputs_dev = [i for i, n in enumerate(placeholders) if n not in host]
     inputs_host = [i for i, n in enumerate(placeholders) if n in host]
-    mutations = gm.meta.get("ember_input_mutations") or []
     # (input index, output index) pairs renumbered for each part: the host graph writes the step counters in
     # place (the device graph has read their old values from the pack by then)
     # positions in each part (an optimizer step of hundreds of parameters: no list.index per lookup)
@@ -132,6 +171,8 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
         "device_inputs": inputs_dev,
         # per pack: dtype, and the positions (among the host inputs) of its members
         "packs": [(dtype, [at_host_node[m] for m in members]) for dtype, members in packs.items()],
+        # per pack: the device output holding its next values, or None; the device outputs before those
+        "next_packs": mirrors, "device_outputs": len(dev_outs),
         "device": device,
         # per output leaf: ("host", k) / ("device", k) / ("const", value)
         "outputs": [("host", at_host_out[x]) if isinstance(x, fx.Node) and x in host else
@@ -159,7 +200,8 @@ class _Pack:
     """The values of some same-dtype 0-d CPU tensors in one pinned buffer, sent to the GPU without a wait.
 
     Two buffers take turns; before one is refilled, the copy that last read it must have finished (an event,
-    long done by then in a training loop)."""
+    long done by then in a training loop). No copy at all while the values are those `keep` was told of: the
+    device tensor holding them then stands for the pack."""
 
     def __init__(self, dtype: torch.dtype, positions: list[int], device: torch.device):
         n = len(positions)
@@ -167,16 +209,28 @@ class _Pack:
         self.buffers = [torch.empty(n, dtype=dtype, pin_memory=True) for _ in range(2)]
         self.events: list[torch.cuda.Event | None] = [None, None]
         self.ptrs = (ctypes.c_int64 * n)()
-        self.turn, self.device = 0, device
+        self.turn, self.device, self.transfers = 0, device, 0
+        self.next: torch.Tensor | None = None        # on the device: the values the CPU tensors should have now
+        self.expected = torch.empty(n, dtype=dtype)  # those values, as the host graph wrote them
+
+    def keep(self, next_pack: torch.Tensor) -> None:
+        """After the host graph wrote the CPU values: `next_pack` (the device graph's) holds the same."""
+        _gather_fn()(self.ptrs, self.n, self.size, self.expected.data_ptr())
+        self.next = next_pack
 
     def send(self, host_args: list[torch.Tensor]) -> torch.Tensor:
+        self.ptrs[:] = [host_args[i].data_ptr() for i in self.positions]
+        if self.next is not None:
+            if _c_functions()[1](self.ptrs, self.n, self.size, self.expected.data_ptr()):
+                return self.next
+            self.next = None   # changed from outside (a loaded state dict): copied below
         k, self.turn = self.turn, 1 - self.turn
         if self.events[k] is not None:
             self.events[k].synchronize()
-        self.ptrs[:] = [host_args[i].data_ptr() for i in self.positions]
         buf = self.buffers[k]
         _gather_fn()(self.ptrs, self.n, self.size, buf.data_ptr())
         out = buf.to(self.device, non_blocking=True)
+        self.transfers += 1
         self.events[k] = torch.cuda.Event()
         self.events[k].record()
         return out
@@ -196,6 +250,8 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
         [torch.empty((len(pos),), dtype=dt, device=device) for dt, pos in plan["packs"]]
     dev_fn = compile_device(dev_gm, dev_examples)
     packs = [_Pack(dt, pos, device) for dt, pos in plan["packs"]]
+    mirrored = [(p, at) for p, at in zip(packs, plan["next_packs"]) if at is not None]
+    n_dev_out = plan["device_outputs"]
     outputs = plan["outputs"]
     unflatten = fast_unflatten(plan["out_spec"])
 
@@ -214,5 +270,9 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
         host_args = host_of(args)
         d = dev_fn(*dev_of(args), *[p.send(host_args) for p in packs])
         h = host_fn(*host_args) if has_host_outputs else ()
+        if mirrored:
+            for p, at in mirrored:
+                p.keep(d[at])
+            d = d[:n_dev_out]
         return unflatten(leaves_of((*d, *h, *consts)))
     return run

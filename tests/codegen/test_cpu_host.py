@@ -284,3 +284,34 @@ def test_adam_over_many_parameters_splits_kernels_under_the_ctypes_argument_limi
     for p, q in zip(ps, qs):
         torch.testing.assert_close(p, q)
         torch.testing.assert_close(opt.state[p]["exp_avg_sq"], ref.state[q]["exp_avg_sq"])
+
+
+def test_host_scalars_device_graph_returns_the_next_step_counters():
+    """Step counters that advance by a constant (`step + 1`, written back in place) are computed on the device
+    too: the device graph returns them stacked (the next call's pack, no transfer while the CPU values match);
+    a counter changed by something else (`step * 2`) keeps its pack transferred every call."""
+    import torch.fx as fx
+
+    from ember.codegen import host_scalars
+
+    def f(w, step, g, scale):
+        s1 = torch.ops.aten.add.Tensor(step, 1, alpha=1)
+        s2 = scale * 2
+        return (w - g * s1 * s2, s1, s2)
+
+    def split(double_scale_is_mutation: bool):
+        gm = fx.symbolic_trace(f)
+        cpu_nodes = {"step", "scale", "add_tensor", "mul"}
+        for n in gm.graph.nodes:
+            if n.op in ("placeholder", "call_function"):
+                n.meta["val"] = torch.empty((), device="cpu") if n.name in cpu_nodes else torch.empty(3, device="meta")
+        # outputs 1 and 2 written back into inputs 1 (step) and 3 (scale)
+        gm.meta["ember_input_mutations"] = [(1, 1)] + ([(3, 2)] if double_scale_is_mutation else [])
+        return host_scalars.split(gm)
+
+    _, dev, plan = split(False)
+    assert plan["next_packs"] == [plan["device_outputs"]] and plan["device_outputs"] == 1
+    stack = list(dev.graph.nodes)[-1].args[0][-1]
+    assert stack.target is torch.ops.aten.stack.default and len(stack.args[0]) == 2
+    _, _, plan = split(True)
+    assert plan["next_packs"] == [None], plan

@@ -323,6 +323,42 @@ def test_compiled_adam_step_on_cuda(capturable):
     assert made["eager_graphs"] == 0 and made["graphs"] == 1 and made["kernels"] <= 2, made
 
 
+@pytest.mark.skipif(not CUDA, reason="the optimizer step on CUDA tensors, step counters on the CPU")
+def test_step_counters_reach_the_gpu_once_while_only_the_step_changes_them(monkeypatch):
+    """The device graph returns the next step counters, so they are copied to the GPU once; a counter set from
+    outside (a loaded state dict) is copied again at the next call. Values as eager's throughout."""
+    import ember
+    from ember.codegen import host_scalars
+    packs = []
+    monkeypatch.setattr(host_scalars, "_Pack", type("Pack", (host_scalars._Pack,), {
+        "__init__": lambda self, *a: (host_scalars._Pack.__init__(self, *a), packs.append(self))[0]}))
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in [(64, 32), (32,), (7,)]]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    o1, o2 = torch.optim.Adam(ps, lr=0.01), torch.optim.Adam(qs, lr=0.01)
+    ember.reset()
+    step = ember.compile(lambda: o1.step())
+
+    def run(n):
+        for _ in range(n):
+            for p, q in zip(ps, qs):
+                g = torch.randn_like(p)
+                p.grad, q.grad = g.clone(), g.clone()
+            step()
+            o2.step()
+        for p, q in zip(ps, qs):
+            torch.testing.assert_close(p, q)
+            torch.testing.assert_close(o1.state[p]["step"], o2.state[q]["step"])
+    run(2)      # the first call captures (the state is created), the second compiles and runs
+    run(4)
+    assert len(packs) == 1 and packs[0].transfers == 1, [p.transfers for p in packs]
+    for p, q in zip(ps, qs):
+        o1.state[p]["step"].fill_(100.0)
+        o2.state[q]["step"].fill_(100.0)
+    run(3)
+    assert packs[0].transfers == 2, packs[0].transfers
+
+
 def test_one_element_values_run_before_an_elementwise_rest_in_parallel():
     """A bias correction (one element) and the updates that read it were one group of one row: a single
     program looping over every element. The scalars get a kernel of their own, the rest one parallel kernel."""
