@@ -429,3 +429,16 @@ def test_conv_block_channels_last_layout(inference):
         pool = [m for grp in call.sched.items if hasattr(grp, "members") for m in grp.members
                 if tuple(int(s) for s in m.buf.size) == (2, 8, 6, 5) and m.buf in cl]
         assert pool and all(tuple(int(s) for s in m.inner) == (8,) for m in pool)
+
+
+def test_column_sums_take_strips_of_columns():
+    """Sums down the columns of row-major matrices (layer-norm weight and bias gradients): a program takes a
+    strip of at least 8 columns (whole 32-byte sectors of each row), not one column; values as eager's, also
+    for a column count that is no multiple of the strip and a row count past one tile."""
+    def f(g, x, mean, rstd):
+        xhat = (x - mean) * rstd
+        return (g * xhat).sum(0), g.sum(0), (g * 1.5).amax(0)
+    for rows, cols in [(300, 96), (2100, 37)]:
+        call = compile_and_check(f, rand(rows, cols), rand(rows, cols), rand(rows, 1), rand(rows, 1))
+        cfgs = [cfg for _, _, _, cfg, _ in call.kernels]
+        assert any(c.get("XBLOCK", 0) >= 8 and c.get("RBLOCK", 0) > 1 for c in cfgs), cfgs
