@@ -18,6 +18,11 @@ their normalized output is, given those statistics, a pointwise function of the 
 backward may recompute it with pointwise ops instead of saving it: a LayerNorm/BatchNorm output feeding a
 matmul/conv and a ReLU need not be saved next to the normalization's input. The forward keeps the fused op.
 
+A log_softmax whose input is returned by the forward anyway (a language model's logits, handed to the user
+and to its loss) may be recomputed from it: the backward redoes the row max and sum over the logits instead of
+the forward writing and saving a second logits-sized tensor (GPT-2: 2048 x 50257 floats, 412 MB). Values the
+forward returns cost one byte less than their size, so between equal choices the cut saves those.
+
 Every S->T path then crosses a cut edge: the backward gets each needed value by walking back to saved ones, and
 the saved bytes are minimal among such choices. A saved value the forward did not compute anyway (e.g. a
 batch-norm statistic only the backward reads) is added to the forward graph.
@@ -66,6 +71,14 @@ def recomputable(node: torch.fx.Node) -> bool:
     schema = op._schema
     is_view = bool(schema.returns) and schema.returns[0].alias_info is not None
     return is_view or torch.Tag.pointwise in op.tags
+
+
+def _through_views(n):
+    """The value a chain of views starts from."""
+    while isinstance(n, torch.fx.Node) and n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
+            and n.target._schema.returns and n.target._schema.returns[0].alias_info is not None:
+        n = n.args[0]
+    return n
 
 
 def _ancestors(roots, stop=lambda n: False, inputs_of=lambda n: n.all_input_nodes) -> set:
@@ -166,6 +179,10 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
         else n.all_input_nodes  # noqa: E731
     primal_only |= {a for n in recipes for a in inputs_of(n)}
 
+    returned = {o for o in outs[:meta.num_graph_outputs] if isinstance(o, torch.fx.Node)}
+    redo_from_output = {n for n in primal_only if n.target is aten._log_softmax.default and
+                        _through_views(n.args[0]) in returned}
+
     G = nx.DiGraph()
     G.add_node("S")
     G.add_node("T")
@@ -174,8 +191,9 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
         if size is None:
             G.add_edge((n, "in"), (n, "out"))                      # a tuple: not a value one can save
         else:
-            G.add_edge((n, "in"), (n, "out"), capacity=size)
-        if n.op == "placeholder" or (n in in_forward and not (recomputable(n) or n in recipes)):
+            G.add_edge((n, "in"), (n, "out"), capacity=2 * size - (n in returned))
+        if n.op == "placeholder" or (n in in_forward and not (recomputable(n) or n in recipes
+                                                             or n in redo_from_output)):
             G.add_edge("S", (n, "in"))
         else:
             for u in inputs_of(n):
