@@ -18,10 +18,11 @@ their normalized output is, given those statistics, a pointwise function of the 
 backward may recompute it with pointwise ops instead of saving it: a LayerNorm/BatchNorm output feeding a
 matmul/conv and a ReLU need not be saved next to the normalization's input. The forward keeps the fused op.
 
-A log_softmax whose input is returned by the forward anyway (a language model's logits, handed to the user
-and to its loss) may be recomputed from it: the backward redoes the row max and sum over the logits instead of
-the forward writing and saving a second logits-sized tensor (GPT-2: 2048 x 50257 floats, 412 MB). Values the
-forward returns cost one byte less than their size, so between equal choices the cut saves those.
+A log_softmax whose input is alive anyway (a language model's logits: returned by the forward to the user and
+to its loss, or an input of the loss's own graph) may be recomputed from it: the backward redoes the row max
+and sum over the logits instead of the forward writing and saving a second logits-sized tensor (GPT-2: 2048 x
+50257 floats, 412 MB). Inputs and values the forward returns cost one byte less than their size, so between
+equal choices the cut saves those.
 
 Every S->T path then crosses a cut edge: the backward gets each needed value by walking back to saved ones, and
 the saved bytes are minimal among such choices. A saved value the forward did not compute anyway (e.g. a
@@ -179,7 +180,8 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
         else n.all_input_nodes  # noqa: E731
     primal_only |= {a for n in recipes for a in inputs_of(n)}
 
-    returned = {o for o in outs[:meta.num_graph_outputs] if isinstance(o, torch.fx.Node)}
+    # values alive anyway while the backward waits: the graph's inputs and what it returns
+    returned = {o for o in outs[:meta.num_graph_outputs] if isinstance(o, torch.fx.Node)} | set(primals)
     redo_from_output = {n for n in primal_only if n.target is aten._log_softmax.default and
                         _through_views(n.args[0]) in returned}
 

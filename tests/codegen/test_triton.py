@@ -329,9 +329,9 @@ def test_step_counters_reach_the_gpu_once_while_only_the_step_changes_them(monke
     outside (a loaded state dict) is copied again at the next call. Values as eager's throughout."""
     import ember
     from ember.codegen import host_scalars
-    packs = []
-    monkeypatch.setattr(host_scalars, "_Pack", type("Pack", (host_scalars._Pack,), {
-        "__init__": lambda self, *a: (host_scalars._Pack.__init__(self, *a), packs.append(self))[0]}))
+    packs, base = [], host_scalars._Pack
+    monkeypatch.setattr(host_scalars, "_Pack", type("Pack", (base,), {
+        "__init__": lambda self, *a: (base.__init__(self, *a), packs.append(self))[0]}))
     torch.manual_seed(0)
     ps = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in [(64, 32), (32,), (7,)]]
     qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
