@@ -692,10 +692,26 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
     bodies: dict[int, Body] = {}
     scalars: dict = {}
     stored_here: set = set()
+    run: list = []   # looped reductions of one row length not reading each other: one loop (_looped_members)
+
+    def flush():
+        if run:
+            ms = [r[0] for r in run]
+            L.extend(_looped_members(ms, [r[1] for r in run], [r[2] for r in run], scalars, ind, run[0][3],
+                                     run[0][4], extents))
+            for x in ms:
+                scalars[x.buf.name] = f"{x.buf.name}_v"
+                if not x.local:
+                    stored_here.add(x.buf.name)
+            run.clear()
+
     for m in group.members:
+        R = _rsize(m)
+        if run and not (not persistent and m.is_reduction and R == run[0][3] and m.inner
+                        and not m.reads & {r[0].buf.name for r in run}):
+            flush()
         if m.reads & stored_here:
             L.append(f"{ind}tl.debug_barrier()  # {m.buf.name} reads values this program just stored")
-        R = _rsize(m)
         if R == 0:  # an empty inner range: a reduction gives its identity, a pointwise member writes nothing
             if m.is_reduction:
                 ident = "0" if m.buf.kind.startswith("arg") else _identity(m.buf.kind, m.body.dtype)
@@ -743,12 +759,14 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                     L.append(ind + _store(m, f"{m.buf.name}_v", index_code(store, {}), "xmask", "[XBLOCK, 1]"))
             else:
                 L.append(ind + _store(m, v, index_code(store, {}), f"rmask{R}", "[XBLOCK, RBLOCK]"))
+        elif m.is_reduction:
+            run.append((m, body, store, R, ranges))
+            continue
         else:
             L += _looped_member(m, body, store, scalars, ind, R, ranges, extents)
-            if m.is_reduction:
-                scalars[m.buf.name] = f"{m.buf.name}_v"
         if not (m.local and m.is_reduction):
             stored_here.add(m.buf.name)
+    flush()
     return L
 
 
@@ -787,28 +805,46 @@ def _reduce_tile(m: Member, v: str, ind: str, mask: str, rflat: str, R: int) -> 
 
 
 def _looped_member(m: Member, body: Expr, store, scalars, ind, R, ranges, extents) -> list[str]:
-    n = m.buf.name
+    return _looped_members([m], [body], [store], scalars, ind, R, ranges, extents)
+
+
+def _looped_members(ms: list, bodies: list, stores: list, scalars, ind, R, ranges, extents) -> list[str]:
+    """One loop over the row in RBLOCK steps for members of the same row length that do not read each other
+    (a pointwise member alone, or several reductions: values they share, e.g. a load, computed once)."""
     L = []
-    if m.is_reduction:
-        kind, at = m.buf.kind, _acc_type(m)
-        ident = _identity(kind, m.body.dtype)
-        L.append(f"{ind}{n}_acc = tl.full([XBLOCK, RBLOCK], {ident}, {at})")
-        if kind.startswith("arg"):
-            L.append(f"{ind}{n}_acci = tl.full([XBLOCK, RBLOCK], {2 ** 62}, tl.int64)")
+    for m in ms:
+        if m.is_reduction:
+            n, kind, at = m.buf.name, m.buf.kind, _acc_type(m)
+            L.append(f"{ind}{n}_acc = tl.full([XBLOCK, RBLOCK], {_identity(kind, m.body.dtype)}, {at})")
+            if kind.startswith("arg"):
+                L.append(f"{ind}{n}_acci = tl.full([XBLOCK, RBLOCK], {2 ** 62}, tl.int64)")
     L.append(f"{ind}for roff in range(0, {R}, RBLOCK):")
     ii = ind + "    "
     L.append(f"{ii}rflat = roff + tl.arange(0, RBLOCK)[None, :]")
     L.append(f"{ii}mask = xmask & (rflat < {R})")
     b = Body(scalars, "mask", ii, ranges, extents)
-    b.prefix = f"{n}_t"     # a name reused from an earlier member would be a loop-carried variable to Triton
-    v = b.emit(body)
-    L += b.lines
-    if not m.is_reduction:
-        L.append(ii + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
-        return L
-    kind, at = m.buf.kind, _acc_type(m)
+    b.prefix = f"{ms[0].buf.name}_t"   # a name reused from an earlier member would be a loop-carried variable to Triton
+    after = []
+    for m, body, store in zip(ms, bodies, stores):
+        done = len(b.lines)
+        v = b.emit(body)
+        L += b.lines[done:]
+        if not m.is_reduction:
+            L.append(ii + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
+            continue
+        upd, fin = _accumulate(m, v, ii, ind)
+        L += upd
+        after += fin
+        if not m.local:
+            after.append(ind + _store(m, f"{m.buf.name}_v", index_code(store, {}), "xmask", "[XBLOCK, 1]"))
+    return L + after
+
+
+def _accumulate(m: Member, v: str, ii: str, ind: str) -> tuple[list[str], list[str]]:
+    """(lines in the loop folding the tile `v` into `<buf>_acc`, lines after it reducing that to `<buf>_v`)."""
+    n, kind, at = m.buf.name, m.buf.kind, _acc_type(m)
     ident = _identity(kind, m.body.dtype)
-    L.append(f"{ii}{n}_x = tl.where(mask, ({v}), {ident}).to({at})")
+    upd_lines = [f"{ii}{n}_x = tl.where(mask, ({v}), {ident}).to({at})"]
     fl = m.body.dtype.is_floating_point
     upd = {"sum": f"{n}_acc + {n}_x", "prod": f"{n}_acc * {n}_x",
            "max": f"_max_nan({n}_acc, {n}_x)" if fl else f"tl.maximum({n}_acc, {n}_x)",
@@ -816,26 +852,25 @@ def _looped_member(m: Member, body: Expr, store, scalars, ind, R, ranges, extent
            "any": f"tl.maximum({n}_acc, ({n}_x != 0).to(tl.int32))",
            "all": f"tl.minimum({n}_acc, ({n}_x != 0).to(tl.int32))"}
     out_t = compute_type(m.buf.dtype)
+    fin = []
     if kind in upd:
-        L.append(f"{ii}{n}_acc = {upd[kind]}")
+        upd_lines.append(f"{ii}{n}_acc = {upd[kind]}")
         fn = {"sum": None, "prod": "_prod", "max": "_max_nan" if fl else None, "min": "_min_nan" if fl else None,
               "any": None, "all": None}[kind]
         if kind == "sum":
-            L.append(f"{ind}{n}_v = tl.sum({n}_acc, 1)[:, None].to({out_t})")
+            fin.append(f"{ind}{n}_v = tl.sum({n}_acc, 1)[:, None].to({out_t})")
         elif kind in ("any", "all"):
-            L.append(f"{ind}{n}_v = (tl.{'max' if kind == 'any' else 'min'}({n}_acc, 1)[:, None] != 0)")
+            fin.append(f"{ind}{n}_v = (tl.{'max' if kind == 'any' else 'min'}({n}_acc, 1)[:, None] != 0)")
         elif fn is None:
-            L.append(f"{ind}{n}_v = tl.{kind}({n}_acc, 1)[:, None].to({out_t})")
+            fin.append(f"{ind}{n}_v = tl.{kind}({n}_acc, 1)[:, None].to({out_t})")
         else:
-            L.append(f"{ind}{n}_v = tl.reduce({n}_acc, 1, {fn})[:, None].to({out_t})")
+            fin.append(f"{ind}{n}_v = tl.reduce({n}_acc, 1, {fn})[:, None].to({out_t})")
     else:  # argmax / argmin
-        L.append(f"{ii}{n}_xi = tl.where(mask, rflat + tl.zeros_like({n}_x).to(tl.int64), {2 ** 62})")
-        L.append(f"{ii}{n}_acc, {n}_acci = _{kind}({n}_acc, {n}_acci, {n}_x, {n}_xi)")
-        L.append(f"{ind}_, {n}_v = tl.reduce(({n}_acc, {n}_acci), 1, _{kind})")
-        L.append(f"{ind}{n}_v = {n}_v[:, None]")
-    if not m.local:
-        L.append(ind + _store(m, f"{n}_v", index_code(store, {}), "xmask", "[XBLOCK, 1]"))
-    return L
+        upd_lines.append(f"{ii}{n}_xi = tl.where(mask, rflat + tl.zeros_like({n}_x).to(tl.int64), {2 ** 62})")
+        upd_lines.append(f"{ii}{n}_acc, {n}_acci = _{kind}({n}_acc, {n}_acci, {n}_x, {n}_xi)")
+        fin.append(f"{ind}_, {n}_v = tl.reduce(({n}_acc, {n}_acci), 1, _{kind})")
+        fin.append(f"{ind}{n}_v = {n}_v[:, None]")
+    return upd_lines, fin
 
 
 # ------------------------------------------------------------------------------------------------- modules

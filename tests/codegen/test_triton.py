@@ -442,3 +442,11 @@ def test_column_sums_take_strips_of_columns():
         call = compile_and_check(f, rand(rows, cols), rand(rows, cols), rand(rows, 1), rand(rows, 1))
         cfgs = [cfg for _, _, _, cfg, _ in call.kernels]
         assert any(c.get("XBLOCK", 0) >= 8 and c.get("RBLOCK", 0) > 1 for c in cfgs), cfgs
+    # reductions of one row length in one group (as GPT-2's layer-norm backward schedules them) share one loop
+    # over the rows, each value (a load of g) computed once per step
+    from ember.codegen import triton as tb
+    from ember.codegen.schedule import FusedGroup
+    groups = [it for it in call.sched.items if isinstance(it, FusedGroup)]
+    merged = FusedGroup(groups[0].numel, [m for g in groups for m in g.members])
+    src = "\n".join(tb.kernel_source(merged, call.sched, "k")[0])
+    assert src.count("for roff in range(") == 1 and src.count("tl.load(arg0 +") == 1, src
