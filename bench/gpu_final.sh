@@ -53,8 +53,8 @@ check)   # while working: GPU tests of the optimizer/Triton/CUDA-graph paths, Ad
   timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
     | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -30
-  timeout 120 python3 bench/gpu.py --only "Adam step" --columns eager,inductor,ember 2>&1 | tee "$OUT/adam.log" \
-    | grep -v -i warn | grep -E "^\||Error" | tail -8
+  timeout 150 python3 bench/gpu.py --only "Adam step" --columns eager,inductor,ember --profile "${ADAM_PROFILE:-none}" \
+    2>&1 | tee "$OUT/adam.log" | grep -v -i warn | grep -E "^\||Error|host Adam" | tail -14
   timeout 150 python3 bench/gpu.py --only gpt2 --columns ember --profile gpt2 > "$OUT/gpt2.log" 2>&1
   grep -E "^\||profile |Error" "$OUT/gpt2.log" | tail -6
   TOP=${TOP:-6} timeout 120 python3 bench/gpu_gpt2_diag.py > "$OUT/gpt2_diag.log" 2>&1; tail -3 "$OUT/gpt2_diag.log" ;;
