@@ -1014,7 +1014,12 @@ class Launcher:
     (about 19 µs on the H100 machine, bench/gpu_launch.py); a graph launches hundreds of kernels, so that is
     most of a step's host time. The first launch goes through Triton and keeps the CompiledKernel; later ones
     call its launcher directly (about 8 µs). Triton specialized the pointers on 16-byte alignment, so a call
-    whose pointers are not all aligned (a view at an odd offset) goes through Triton again."""
+    whose pointers are not all aligned (a view at an odd offset) goes through Triton again.
+
+    Pointers go to the launcher as integers, computed once for the alignment test: given a tensor, Triton's C
+    launcher calls its data_ptr() and then asks the driver whether that address is device memory
+    (cuPointerGetAttribute), ~1 us per argument (an Adam step over 10 parameters passes 50). A launcher that
+    refuses integers gets the tensors (`raw` False, found at the first call)."""
 
     def __init__(self, fn, grid: int, meta: dict, device: torch.device):
         self.fn, self.grid, self.meta = fn, grid, meta
@@ -1023,6 +1028,7 @@ class Launcher:
         self.device_index = device.index if device.index is not None or not FAST_LAUNCH else torch.cuda.current_device()
         self.kernel = None
         self.aligned_only = True
+        self.raw: bool | None = None    # whether the launcher takes integer pointers (None: not tried yet)
 
     def preloaded(self, kernel) -> None:
         """Launch `kernel` (compiled by warmup with every pointer 16-byte aligned) from the first call on."""
@@ -1031,10 +1037,24 @@ class Launcher:
 
     def __call__(self, *args):
         k = self.kernel
-        if k is not None and (not self.aligned_only or not any(a.data_ptr() % 16 for a in args)):
-            k.run(self.grid, 1, 1, _raw_stream(self.device_index), k.function, k.packed_metadata, None, None, None,
-                  *args, *self.constexprs)
-            return
+        if k is not None:
+            ptrs = list(map(_data_ptr, args))
+            if not self.aligned_only or not any(p % 16 for p in ptrs):
+                if self.raw:
+                    k.run(self.grid, 1, 1, _raw_stream(self.device_index), k.function, k.packed_metadata, None,
+                          None, None, *ptrs, *self.constexprs)
+                    return
+                if self.raw is None:
+                    try:
+                        k.run(self.grid, 1, 1, _raw_stream(self.device_index), k.function, k.packed_metadata, None,
+                              None, None, *ptrs, *self.constexprs)
+                        self.raw = True
+                        return
+                    except (TypeError, ValueError):
+                        self.raw = False
+                k.run(self.grid, 1, 1, _raw_stream(self.device_index), k.function, k.packed_metadata, None, None,
+                      None, *args, *self.constexprs)
+                return
         kernel = self.fn[(self.grid,)](*args, **self.meta)
         if FAST_LAUNCH and self.kernel is None and hasattr(kernel, "packed_metadata"):
             self.kernel = kernel
@@ -1042,6 +1062,7 @@ class Launcher:
 
 
 FAST_LAUNCH = os.environ.get("TRITON_INTERPRET") != "1"
+_data_ptr = torch.Tensor.data_ptr
 
 
 def _raw_stream(index: int) -> int:
