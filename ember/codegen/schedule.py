@@ -438,6 +438,19 @@ def split_elementwise(sched: Schedule, too_big: Callable[[FusedGroup], bool]) ->
     return dataclasses.replace(sched, items=items)
 
 
+def write_in_place(sched: Schedule, mutations: list | None) -> None:
+    """`_write_in_place` again, over a schedule whose groups a backend has split: a group that held an
+    optimizer's step counters (one element each, read by every update) was not `elementwise`, and its
+    parameters and moments were written to fresh buffers and copied back; without them it is."""
+    where, member_of = {}, {}
+    for j, it in enumerate(sched.items):
+        if isinstance(it, FusedGroup):
+            for m in it.members:
+                where[m.buf.name], member_of[m.buf.name] = j, m
+    for ii, oi in mutations or []:
+        _write_in_place(sched, ii, oi, where, member_of)
+
+
 def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
     """Let the kernel computing graph output `oi`, the new value of input `ii`, store into the input itself
     (no fresh buffer, no copy after the graph) when nothing can tell the difference:

@@ -1167,8 +1167,10 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     try:
         with lower.LOWERING_LOCK:
             low, out_spec, _ = lower.lower(gm, example_inputs)
-            sched = chunk_wide_groups(split_few_row_groups(
-                schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations"))))
+            mutations = gm.meta.get("ember_input_mutations")
+            sched = split_few_row_groups(schedule.schedule(low, mutations=mutations))
+            schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
+            sched = chunk_wide_groups(sched)
             device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
             if (options or {}).get("max_autotune"):
                 from ember.codegen import mm_template

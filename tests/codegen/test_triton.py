@@ -321,6 +321,14 @@ def test_compiled_adam_step_on_cuda(capturable):
         torch.testing.assert_close(o1.state[p]["exp_avg_sq"], o2.state[q]["exp_avg_sq"])
     made = {k: tb.STATS[k] - before[k] for k in before}
     assert made["eager_graphs"] == 0 and made["graphs"] == 1 and made["kernels"] <= 2, made
+    # parameters and moments written in place: no copy-back kernel (a foreach copy) after the step's kernels
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "Memcpy" not in e.key]
+    assert len(kernels) <= 2, kernels
 
 
 @pytest.mark.skipif(not CUDA, reason="the optimizer step on CUDA tensors, step counters on the CPU")
