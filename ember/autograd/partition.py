@@ -18,12 +18,6 @@ their normalized output is, given those statistics, a pointwise function of the 
 backward may recompute it with pointwise ops instead of saving it: a LayerNorm/BatchNorm output feeding a
 matmul/conv and a ReLU need not be saved next to the normalization's input. The forward keeps the fused op.
 
-A log_softmax whose input is alive anyway (a language model's logits: returned by the forward to the user and
-to its loss, or an input of the loss's own graph) may be recomputed from it: the backward redoes the row max
-and sum over the logits instead of the forward writing and saving a second logits-sized tensor (GPT-2: 2048 x
-50257 floats, 412 MB). Inputs and values the forward returns cost one byte less than their size, so between
-equal choices the cut saves those.
-
 Every S->T path then crosses a cut edge: the backward gets each needed value by walking back to saved ones, and
 the saved bytes are minimal among such choices. A saved value the forward did not compute anyway (e.g. a
 batch-norm statistic only the backward reads) is added to the forward graph.
@@ -72,14 +66,6 @@ def recomputable(node: torch.fx.Node) -> bool:
     schema = op._schema
     is_view = bool(schema.returns) and schema.returns[0].alias_info is not None
     return is_view or torch.Tag.pointwise in op.tags
-
-
-def _through_views(n):
-    """The value a chain of views starts from."""
-    while isinstance(n, torch.fx.Node) and n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
-            and n.target._schema.returns and n.target._schema.returns[0].alias_info is not None:
-        n = n.args[0]
-    return n
 
 
 def _ancestors(roots, stop=lambda n: False, inputs_of=lambda n: n.all_input_nodes) -> set:
@@ -180,11 +166,6 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
         else n.all_input_nodes  # noqa: E731
     primal_only |= {a for n in recipes for a in inputs_of(n)}
 
-    # values alive anyway while the backward waits: the graph's inputs and what it returns
-    returned = {o for o in outs[:meta.num_graph_outputs] if isinstance(o, torch.fx.Node)} | set(primals)
-    redo_from_output = {n for n in primal_only if n.target is aten._log_softmax.default and
-                        _through_views(n.args[0]) in returned}
-
     G = nx.DiGraph()
     G.add_node("S")
     G.add_node("T")
@@ -193,9 +174,8 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
         if size is None:
             G.add_edge((n, "in"), (n, "out"))                      # a tuple: not a value one can save
         else:
-            G.add_edge((n, "in"), (n, "out"), capacity=2 * size - (n in returned))
-        if n.op == "placeholder" or (n in in_forward and not (recomputable(n) or n in recipes
-                                                             or n in redo_from_output)):
+            G.add_edge((n, "in"), (n, "out"), capacity=size)
+        if n.op == "placeholder" or (n in in_forward and not (recomputable(n) or n in recipes)):
             G.add_edge("S", (n, "in"))
         else:
             for u in inputs_of(n):

@@ -49,49 +49,6 @@ def test_pointwise_chain_is_recomputed_not_saved():
     torch.testing.assert_close(g1, g2)
 
 
-def test_log_softmax_of_returned_logits_is_recomputed_not_saved():
-    """A language model's loss: the logits are returned, so the backward recomputes the log_softmax from them
-    rather than the forward saving a second logits-sized tensor. Values and gradients as eager's."""
-    aten = torch.ops.aten
-
-    def f(h, w, target):
-        logits = h @ w
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1))
-        return loss, logits
-    h, w = torch.randn(4, 6, 16, requires_grad=True), torch.randn(16, 50, requires_grad=True)
-    target = torch.randint(0, 50, (4, 6))
-    fn = aot_eager(torch.fx.symbolic_trace(f), [h, w, target])
-    loss, logits = fn(h, w, target)
-    loss.backward()
-    art = only_artifact(fn)
-    fw_outs = art.part.forward.graph.output_node().args[0]
-    assert aten._log_softmax.default not in {getattr(n, "target", None)
-                                             for n in fw_outs[art.part.num_forward_outputs:]}
-    assert any(n.target is aten._log_softmax.default for n in art.part.backward.graph.nodes)
-    h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    ref, ref_logits = f(h2, w2, target)
-    ref.backward()
-    torch.testing.assert_close((loss, logits, h.grad, w.grad), (ref, ref_logits, h2.grad, w2.grad))
-
-
-def test_log_softmax_of_an_input_is_recomputed_not_saved():
-    """The loss in a graph of its own (after a graph break): the logits are an input, alive anyway."""
-    def f(logits, target):
-        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1))
-    logits, target = torch.randn(4, 6, 50, requires_grad=True), torch.randint(0, 50, (4, 6))
-    fn = aot_eager(torch.fx.symbolic_trace(f), [logits, target])
-    loss = fn(logits, target)
-    loss.backward()
-    art = only_artifact(fn)
-    saved = art.part.forward.graph.output_node().args[0][art.part.num_forward_outputs:]
-    assert torch.ops.aten._log_softmax.default not in {getattr(n, "target", None) for n in saved}
-    assert any(n.target is torch.ops.aten._log_softmax.default for n in art.part.backward.graph.nodes)
-    ref_in = logits.detach().clone().requires_grad_()
-    ref = f(ref_in, target)
-    ref.backward()
-    torch.testing.assert_close((loss, logits.grad), (ref, ref_in.grad))
-
-
 def test_dropout_mask_saved_and_same_as_eager():
     def f(x, w):
         return torch.nn.functional.dropout((x @ w).relu(), 0.5, True).tanh().sum()
