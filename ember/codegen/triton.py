@@ -211,6 +211,7 @@ class Body:
         self.index_names: dict = {}
         self.lines: list[str] = []
         self.names: dict = {}
+        self.stored: dict = {}   # (buffer, offset) -> the variable this program stored there (read back as is)
 
     def emit(self, e: Expr) -> str:
         for x in e.walk():
@@ -249,6 +250,8 @@ class Body:
             name, off = x.args
             if name in self.scalars:
                 return self.scalars[name]
+            if (name, off) in self.stored:
+                return self.stored[(name, off)]
             code = self.offset(off)
             if not off.free_symbols:  # one element for the whole program (a seed, a scalar tensor)
                 v = f"tl.load({name} + {code})"
@@ -710,7 +713,9 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
         if run and not (not persistent and m.is_reduction and R == run[0][3] and m.inner
                         and not m.reads & {r[0].buf.name for r in run}):
             flush()
+        barrier_at = None
         if m.reads & stored_here:
+            barrier_at = len(L)
             L.append(f"{ind}tl.debug_barrier()  # {m.buf.name} reads values this program just stored")
         if R == 0:  # an empty inner range: a reduction gives its identity, a pointwise member writes nothing
             if m.is_reduction:
@@ -749,6 +754,9 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                 bodies[R] = Body(scalars, f"rmask{R}", ind, ranges, extents)
                 bodies[R].prefix = f"r{R}_"
             b = bodies[R]
+            if barrier_at is not None and all((x.args[0], x.args[1]) in b.stored for x in body.walk()
+                                              if x.op == "load" and x.args[0] in stored_here):
+                del L[barrier_at]   # every value read back is still in a register: no wait for the stores
             done = len(b.lines)
             v = b.emit(body)
             L += b.lines[done:]
@@ -759,6 +767,8 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                     L.append(ind + _store(m, f"{m.buf.name}_v", index_code(store, {}), "xmask", "[XBLOCK, 1]"))
             else:
                 L.append(ind + _store(m, v, index_code(store, {}), f"rmask{R}", "[XBLOCK, RBLOCK]"))
+                if m.buf.dtype == m.body.dtype and m.buf.dtype in (torch.float32, torch.float64):
+                    b.stored[(m.buf.name, store)] = v   # a later member's load of this element: the register
         elif m.is_reduction:
             run.append((m, body, store, R, ranges))
             continue

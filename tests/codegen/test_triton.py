@@ -452,7 +452,9 @@ def test_column_sums_take_strips_of_columns():
         xhat = (x - mean) * rstd
         return (g * xhat).sum(0), g.sum(0), (g * 1.5).amax(0)
     for rows, cols in [(300, 96), (2100, 37)]:
-        call = compile_and_check(f, rand(rows, cols), rand(rows, cols), rand(rows, 1), rand(rows, 1))
+        # sums of ~2,000 terms of either sign land near zero, where float32 summation order shows at 1e-5
+        call = compile_and_check(f, rand(rows, cols), rand(rows, cols), rand(rows, 1), rand(rows, 1),
+                                 atol=1e-4, rtol=1e-4)
         cfgs = [cfg for _, _, _, cfg, _ in call.kernels]
         assert any(c.get("XBLOCK", 0) >= 8 and c.get("RBLOCK", 0) > 1 for c in cfgs), cfgs
     # reductions of one row length in one group (as GPT-2's layer-norm backward schedules them) share one loop
@@ -463,3 +465,17 @@ def test_column_sums_take_strips_of_columns():
     merged = FusedGroup(groups[0].numel, [m for g in groups for m in g.members])
     src = "\n".join(tb.kernel_source(merged, call.sched, "k")[0])
     assert src.count("for roff in range(") == 1 and src.count("tl.load(arg0 +") == 1, src
+
+
+def test_a_row_stored_and_read_back_in_one_program_stays_in_registers():
+    """A member that stores a row (a graph output) and a later member of the same program reading the same
+    elements: the value comes from the register, with no load and no barrier (GPT-2's layer-norm backward
+    stored its result, waited, and loaded it back to scale it by the dropout mask)."""
+    def f(x, w, r):
+        y = x * w + r
+        s = y.sum(-1, keepdim=True)
+        z = (y - s / 64) * 1.1
+        return y, z, z * 2
+    call = compile_and_check(f, rand(100, 64), rand(64), rand(100, 64))
+    rows = [k for k in call.kernel_source.split("@triton.jit") if "RBLOCK" in k]
+    assert rows and all("debug_barrier" not in k for k in rows), call.kernel_source
