@@ -295,7 +295,7 @@ def measure(w: Workload, column: str, compiler) -> dict:
     return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out}
 
 
-def profile(step: Callable, label: str, steps: int = 5, top: int = 16) -> None:
+def profile(step: Callable, label: str, steps: int = 5, top: int = int(os.environ.get("PROFILE_TOP", "16"))) -> None:
     """Print the kernels one step runs, heaviest first (where the GPU time of a column goes)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
