@@ -69,6 +69,27 @@ class Entry:
         self.fn, self.guards, self.check, self.description = fn, guards, check, description
 
 
+@dataclasses.dataclass
+class StopHint:
+    """Where a graph break sits inside the functions a root frame's break instruction calls.
+
+    A break found in an inlined call stops the root frame just before that call; the entry then runs the call
+    through `_call_compiled`, which compiles the callee, whose capture would interpret the callee again only to
+    meet the same break and restart (GPT-2's loss, behind three wrapper functions: four interpretations of the
+    whole model before the one that makes the graph). The hint carries the break's instruction in each inlined
+    frame (`frames`, outermost first), its reason and guards, so the callee's capture stops there at once, as
+    its own rediscovery would have (a stop is valid at any instruction, so a stale hint costs at most a break
+    that was not needed). Used once: by the first capture of `frames[0]`'s code that the entry's call starts."""
+    frames: list            # (code, offset) per inlined frame, outermost first
+    reason: str
+    where: str              # the Unsupported's own location ("" when it gave none)
+    holds_while: tuple      # guards under which the break stands (Unsupported.holds_while)
+    used: bool = False
+
+    def __repr__(self) -> str:   # (shown in the entry's source as a constant)
+        return f"StopHint({self.frames[0][0].co_qualname}@{self.frames[0][1]}: {self.reason[:40]})"
+
+
 class FrameCompiler:
     """The compiled form of one function: a binder for its arguments and a list of guarded entries."""
 
@@ -84,6 +105,7 @@ class FrameCompiler:
         self.disabled = bool(self.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
         self.warned = False
         self.resumes: dict[tuple, FrameCompiler] = {}
+        self.pending_hint: StopHint | None = None   # set by _call_compiled for the call it makes
         self.argnames = _arg_names(self.code)
         self.bind = _make_binder(fn, self.argnames)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
@@ -160,9 +182,20 @@ class FrameCompiler:
     def capture(self, frame_args: tuple) -> Entry:
         stop_at: dict[int, str] = {}
         break_guards: list[str] = []
+        hints: dict[int, StopHint] = {}   # per stop offset: where the break sits in the calls made there
         prev_grad = torch.is_grad_enabled()
         prev_autocast = autocast_state()
         consts = ConstTable()  # shared by the attempts: break_guards name its constants
+        hint, self.pending_hint = self.pending_hint, None
+        if hint is not None and hint.frames[0][0] is self.code and not self.cfg.fullgraph:
+            offset = hint.frames[0][1]
+            where_ = hint.where or where(self.code, offset)
+            stop_at[offset] = f"{hint.reason} ({where_})"
+            break_guards += hint.holds_while
+            if len(hint.frames) > 1:
+                hints[offset] = StopHint(hint.frames[1:], hint.reason, hint.where, hint.holds_while)
+            log_breaks.debug("graph break in %s at %s: %s", self.name, where_, hint.reason)
+            _emit("break", name=self.name, reason=hint.reason, where=where_)
         for _attempt in range(64):
             cap = Capture(consts)
             for g in break_guards:
@@ -179,7 +212,7 @@ class FrameCompiler:
                 result = frame.run()
                 return self.make_entry(cap, frame_args, result=result)
             except StopCapture as stop:
-                return self.make_entry(cap, frame_args, stop=stop)
+                return self.make_entry(cap, frame_args, stop=stop, hint=hints.get(stop.inst.offset))
             except Unsupported as u:
                 inst = frame.current
                 if inst is None or inst.offset in stop_at:
@@ -189,6 +222,8 @@ class FrameCompiler:
                     raise GraphBreakError(_break_message(u.reason, where_)) from None
                 stop_at[inst.offset] = f"{u.reason} ({where_})"
                 break_guards += u.holds_while
+                if getattr(u, "inlined_at", None):
+                    hints[inst.offset] = StopHint(u.inlined_at, u.reason, u.where, tuple(u.holds_while))
                 log_breaks.debug("graph break in %s at %s: %s", self.name, where_, u.reason)
                 _emit("break", name=self.name, reason=u.reason, where=where_)
             finally:
@@ -222,8 +257,10 @@ class FrameCompiler:
         return out
 
     # -- building an entry --------------------------------------------------------------------------------
-    def make_entry(self, cap: Capture, frame_args, result: V | None = None, stop: StopCapture | None = None):
+    def make_entry(self, cap: Capture, frame_args, result: V | None = None, stop: StopCapture | None = None,
+                   hint: StopHint | None = None):
         gen = EntryCodegen(self, cap)
+        gen.hint = hint
         try:
             if stop is None:
                 live = [result]
@@ -269,6 +306,7 @@ class EntryCodegen:
                                           "___MethodType": types.MethodType, "___make_function": _make_function}
         self.memo: dict[int, str] = {}
         self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
+        self.hint: StopHint | None = None   # for the call at the break (FrameCompiler.capture)
         self.ntmp = 0
 
     def tmp(self) -> str:
@@ -533,6 +571,7 @@ class EntryCodegen:
             self.lines.append(go(insts[i].offset, stack, compiled=False))
             return
         nxt = insts[index[inst.offset] + 1].offset
+        hint = f", {self.consts.ref(self.hint)}" if self.hint is not None else ""
         if op == "CALL":
             n = inst.arg
             kw = frame.kw_names
@@ -544,7 +583,7 @@ class EntryCodegen:
                 fn, pos = a, [b] + args
             npos = len(pos) - len(kw)
             call = (f"___r = ___call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
-                    f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg)")
+                    f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg{hint})")
             self.guarded_call(call, restore)
             self.lines.append(go(nxt, stack[:base] + ["___r"]))
         elif op == "CALL_FUNCTION_EX":
@@ -555,7 +594,7 @@ class EntryCodegen:
             base = len(stack) - 2 - has_kw
             if base > 0 and stack[base - 1] == "___NULL":
                 base -= 1
-            self.guarded_call(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg)", restore)
+            self.guarded_call(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg{hint})", restore)
             self.lines.append(go(nxt, stack[:base] + ["___r"]))
         else:
             when = op.endswith("TRUE")
@@ -660,8 +699,9 @@ def _make_function(code, f_globals, defaults, kwdefaults, closure):
 _USER_SKIP = ("torch", "ember", "numpy", "scipy", "functools", "builtins", "logging", "typing")
 
 
-def _call_compiled(f, args: tuple, kwargs: dict, cfg):
-    """Run the instruction a graph break stopped at; user functions called there are compiled in turn."""
+def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = None):
+    """Run the instruction a graph break stopped at; user functions called there are compiled in turn (`hint`:
+    where the break that stopped the caller sits in this call, see StopHint)."""
     target, prefix = f, ()
     if isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
         target, prefix = f.__func__, (f.__self__,)
@@ -673,7 +713,15 @@ def _call_compiled(f, args: tuple, kwargs: dict, cfg):
             target, prefix = type(f).forward, (f,)
     if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
             and not _is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
-        return FrameCompiler.for_function(target, cfg)((*prefix, *args), kwargs)
+        fc = FrameCompiler.for_function(target, cfg)
+        if hint is None or hint.used or hint.frames[0][0] is not target.__code__:
+            return fc((*prefix, *args), kwargs)
+        hint.used = True
+        fc.pending_hint = hint
+        try:
+            return fc((*prefix, *args), kwargs)
+        finally:
+            fc.pending_hint = None
     return f(*args, **kwargs)
 
 
