@@ -50,6 +50,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 aten = torch.ops.aten
+_PRIM_DEVICE = torch.ops.prim.device.default
+_META = torch.device("meta")
 
 
 class TraceError(Exception):
@@ -332,6 +334,10 @@ class _Recorder(TorchDispatchMode):
 
     # -- the dispatch hook
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _PRIM_DEVICE and len(args) == 1 and type(args[0]) is FakeTensor:
+            # `.device` of a fake tensor asked from C++ (the autograd engine asks it of every gradient: 72% of
+            # GPT-2's dispatches): answered as FakeTensorMode's own handler answers it, nothing to record
+            return _META if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
         kwargs = kwargs or {}
         if func is aten.lift_fresh.default:          # torch.tensor(...) in the program: a constant
             return self.constant(args[0])
