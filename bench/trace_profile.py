@@ -127,6 +127,7 @@ class Phases:
         self.times: dict[str, float] = {}
         self.graphs: list[tuple[str, str]] = []
         self.backend_time = 0.0
+        self.profile, self.profile_phase = None, None   # --profile-phase: profile only inside that phase
         phases = self
         orig_capture = convert.FrameCompiler.capture
 
@@ -140,9 +141,14 @@ class Phases:
 
         def timed(name, f, record):
             def run(*args, **kwargs):
+                prof = phases.profile if phases.profile_phase == name else None
+                if prof is not None:
+                    prof.enable()
                 t0 = clock()
                 out = f(*args, **kwargs)
                 phases.add(name, clock() - t0)
+                if prof is not None:
+                    prof.disable()
                 record(out)
                 return out
             return run
@@ -199,6 +205,8 @@ def main():
     ap.add_argument("--compare")
     ap.add_argument("--profile", help="a model to cProfile (one extra cold compile), printed by cumulative time")
     ap.add_argument("--profile-lines", type=int, default=60)
+    ap.add_argument("--profile-phase", choices=["trace", "partition"],
+                    help="with --profile: only that phase is profiled")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the graphs' eager runs are not what is measured: keep them from competing
     phases = Phases()
@@ -225,7 +233,11 @@ def main():
         print(f"          per repeat: " + "; ".join(" ".join(f"{r[0].get(k, 0):.3f}" for k in keys) for r in runs))
     if args.profile:
         prof = cProfile.Profile()
-        cold_compile(args.profile, phases, prof)
+        if args.profile_phase:
+            phases.profile, phases.profile_phase = prof, args.profile_phase
+            cold_compile(args.profile, phases)
+        else:
+            cold_compile(args.profile, phases, prof)
         st = pstats.Stats(prof)
         st.sort_stats("cumulative").print_stats(args.profile_lines)
         st.sort_stats("tottime").print_stats(30)

@@ -179,7 +179,53 @@ def _split(schema, bound) -> tuple[list, dict]:
 
 
 def _tensors(x) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+    out: list[torch.Tensor] = []
+    _collect_tensors(x, out)
+    return out
+
+
+# An ATen op's arguments and results are tensors, (nested) lists and tuples of them, and a kwargs dict: walked
+# directly, pytree's general tree functions cost more than the recorder's own bookkeeping of an op.
+
+def _collect_tensors(x, out: list) -> None:
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif type(x) in (list, tuple):
+        for y in x:
+            _collect_tensors(y, out)
+    elif type(x) is dict:
+        for y in x.values():
+            _collect_tensors(y, out)
+    elif isinstance(x, (list, tuple, dict)):   # a namedtuple, a dict subclass: pytree knows them
+        out.extend(t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
+
+
+def _map_tensors(x, fn: Callable):
+    """pytree.tree_map_only(torch.Tensor, fn, x) for an ATen op's arguments (see _collect_tensors)."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    t = type(x)
+    if t is list or t is tuple:
+        return t([_map_tensors(y, fn) for y in x])
+    if t is dict:
+        return {k: _map_tensors(y, fn) for k, y in x.items()}
+    if isinstance(x, (list, tuple, dict)):
+        return pytree.tree_map_only(torch.Tensor, fn, x)
+    return x
+
+
+def _all_fake(x) -> bool:
+    """No real (non-fake) tensor among an op's arguments."""
+    if isinstance(x, torch.Tensor):
+        return isinstance(x, FakeTensor)
+    t = type(x)
+    if t is list or t is tuple:
+        return all(_all_fake(y) for y in x)
+    if t is dict:
+        return all(_all_fake(y) for y in x.values())
+    if isinstance(x, (list, tuple, dict)):
+        return all(isinstance(y, FakeTensor) for y in pytree.tree_leaves(x) if isinstance(y, torch.Tensor))
+    return True
 
 
 class _StampingGraph(torch.fx.Graph):
@@ -308,7 +354,7 @@ class _Recorder(TorchDispatchMode):
         return rec.node
 
     def _to_nodes(self, x):
-        return pytree.tree_map_only(torch.Tensor, self.node_of, x)
+        return _map_tensors(x, self.node_of)
 
     def _record(self, op, args, kwargs, out) -> torch.fx.Node:
         node = self.graph.call_function(op, tuple(self._to_nodes(list(args))), self._to_nodes(dict(kwargs)))
@@ -342,8 +388,8 @@ class _Recorder(TorchDispatchMode):
         if func is aten.lift_fresh.default:          # torch.tensor(...) in the program: a constant
             return self.constant(args[0])
         # Real tensors reaching the graph (module attributes that are not buffers) become constants.
-        args, kwargs = pytree.tree_map_only(
-            torch.Tensor, lambda t: t if isinstance(t, FakeTensor) else self.constant(t), (args, kwargs))
+        if not (_all_fake(args) and _all_fake(kwargs)):
+            args, kwargs = _map_tensors((args, kwargs), lambda t: t if isinstance(t, FakeTensor) else self.constant(t))
         schema = func._schema
         if func is aten.native_batch_norm_backward.default and args[7]:
             # training: the running stats are not read; passing them would make the partitioner save the
