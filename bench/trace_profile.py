@@ -176,7 +176,56 @@ class Phases:
         self.times, self.graphs, self.backend_time = {}, [], 0.0
 
 
-def cold_compile(name: str, phases: Phases, profile: cProfile.Profile | None = None) -> tuple[dict, list, float]:
+class GCTime:
+    """CPU time spent in the cyclic garbage collector, per generation (gc.callbacks)."""
+
+    def __init__(self):
+        self.t = {0: 0.0, 1: 0.0, 2: 0.0}
+        self.n = {0: 0, 1: 0, 2: 0}
+        self._start = 0.0
+        gc.callbacks.append(self)
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._start = clock()
+        else:
+            self.t[info["generation"]] += clock() - self._start
+            self.n[info["generation"]] += 1
+
+    def reset(self):
+        self.t = {0: 0.0, 1: 0.0, 2: 0.0}
+        self.n = {0: 0, 1: 0, 2: 0}
+
+
+def gc_ab(name: str, phases: Phases, repeats: int, after_steps: int = 3) -> None:
+    """Cold compiles with the collector paused during compiles (ember's default) and not, interleaved: the
+    phases, the whole first step, the `after_steps` steps after it (where collections the compile put off
+    land), and the collector's own time over all of them."""
+    import ember.frontend.convert as convert
+    cold_compile(name, phases)
+    meter = GCTime()
+    rows = {True: [], False: []}
+    for _ in range(repeats):
+        for paused in (True, False):
+            convert.COMPILE_WITHOUT_GC = paused
+            meter.reset()
+            times, _, first, fn, step = cold_compile(name, phases, keep=True)
+            t0 = clock()
+            for _ in range(after_steps):
+                step(fn)
+            after = clock() - t0
+            rows[paused].append((times.get("capture", 0) + times.get("trace", 0) + times.get("partition", 0),
+                                 first, after, sum(meter.t.values()), dict(meter.n)))
+            del fn, step
+    convert.COMPILE_WITHOUT_GC = True
+    for paused, rs in rows.items():
+        med = lambda i: statistics.median(r[i] for r in rs)  # noqa: E731
+        print(f"{name:9s} gc {'paused' if paused else 'on    '} during compile: capture+trace+partition "
+              f"{med(0):.3f}s, whole first step {med(1):.3f}s, next {after_steps} steps {med(2):.3f}s; "
+              f"collector {med(3):.3f}s over all of them (collections per generation {rs[-1][4]})")
+
+
+def cold_compile(name: str, phases: Phases, profile: cProfile.Profile | None = None, keep: bool = False):
     import ember
     from torch._subclasses.fake_tensor import FakeTensorMode
     torch.manual_seed(0)
@@ -194,6 +243,8 @@ def cold_compile(name: str, phases: Phases, profile: cProfile.Profile | None = N
     total = clock() - t0
     if profile is not None:
         profile.disable()
+    if keep:
+        return dict(phases.times), list(phases.graphs), total, fn, step
     return dict(phases.times), list(phases.graphs), total
 
 
@@ -204,6 +255,7 @@ def main():
     ap.add_argument("--save")
     ap.add_argument("--compare")
     ap.add_argument("--profile", help="a model to cProfile (one extra cold compile), printed by cumulative time")
+    ap.add_argument("--gc-ab", action="store_true", help="compare compiles with the collector paused and not")
     ap.add_argument("--profile-lines", type=int, default=60)
     ap.add_argument("--profile-phase", choices=["trace", "partition"],
                     help="with --profile: only that phase is profiled")
@@ -216,6 +268,10 @@ def main():
           f"Python {sys.version.split()[0]}, "
           f"load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     fingerprints = {}
+    if args.gc_ab:
+        for name in names:
+            gc_ab(name, phases, args.repeats)
+        return
     for name in names:
         cold_compile(name, phases)                    # one-time costs of the process, untimed
         runs = [cold_compile(name, phases) for _ in range(args.repeats)]

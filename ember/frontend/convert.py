@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import dis
 import functools
+import gc
 import inspect
 import keyword
 import linecache
@@ -49,6 +50,7 @@ from ember.frontend.values import (
 from ember.tools.logs import enabled, get_logger
 
 RECOMPILE_LIMIT = 8
+COMPILE_WITHOUT_GC = True   # FrameCompiler.capture_without_gc (bench/trace_profile.py --gc-ab compares)
 MISS = object()
 NULL = object()  # stands for CPython's NULL on a rebuilt stack
 log_graph, log_guards = get_logger("graph"), get_logger("guards")
@@ -161,7 +163,7 @@ class FrameCompiler:
                                   f"{RECOMPILE_LIMIT} times; the guard that kept failing: {reason}. "
                                   f"It runs uncompiled from now on.", stacklevel=4)
                 return self.fn(*args, **kwargs)
-        entry = self.capture(frame_args)
+        entry = self.capture_without_gc(frame_args) if COMPILE_WITHOUT_GC else self.capture(frame_args)
         self.entries.append(entry)
         r = entry.fn(*frame_args)
         if r is MISS:  # the capture itself changed what the guards read: run as Python this time
@@ -178,6 +180,22 @@ class FrameCompiler:
             except Exception as e:
                 return f"{g} (raised {type(e).__name__})"
         return "(none)"
+
+    def capture_without_gc(self, frame_args: tuple) -> Entry:
+        """capture (and the backend's compile inside it) with Python's cyclic garbage collector paused.
+
+        A compile allocates a few hundred thousand objects (fake tensors, fx nodes, the min-cut's dicts), which
+        sets off full collections of the whole heap, a model library's included: 0.25-0.45 s each on the dev VM,
+        two in a cold GPT-2 training compile (collections of young objects only are cheap and rare here). After
+        the compile the collector runs again as usual; what the compile left as garbage is found by its next
+        young collection, which only scans objects made since its last run."""
+        if not gc.isenabled():
+            return self.capture(frame_args)
+        gc.disable()
+        try:
+            return self.capture(frame_args)
+        finally:
+            gc.enable()
 
     def capture(self, frame_args: tuple) -> Entry:
         stop_at: dict[int, str] = {}
