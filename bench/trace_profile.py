@@ -225,6 +225,26 @@ def gc_ab(name: str, phases: Phases, repeats: int, after_steps: int = 3) -> None
               f"collector {med(3):.3f}s over all of them (collections per generation {rs[-1][4]})")
 
 
+def flag_ab(name: str, phases: Phases, repeats: int, flag: str) -> None:
+    """Cold compiles with a module flag of ember's on and off, interleaved (`module:NAME`, e.g.
+    ember.autograd.trace:MEMO): the phases' median CPU times each way."""
+    import importlib
+    mod_name, attr = flag.split(":")
+    mod = importlib.import_module(mod_name)
+    keep = getattr(mod, attr)
+    cold_compile(name, phases)
+    runs = {True: [], False: []}
+    for _ in range(repeats):
+        for on in (True, False):
+            setattr(mod, attr, on)
+            runs[on].append(cold_compile(name, phases)[0])
+    setattr(mod, attr, keep)
+    for on, rs in runs.items():
+        print(f"{name:9s} {attr}={on!s:5s} " + "  ".join(
+            f"{k} {statistics.median(r.get(k, 0.0) for r in rs):.3f}s" for k in ("capture", "trace", "partition")) +
+            "   per repeat trace: " + " ".join(f"{r.get('trace', 0):.3f}" for r in rs))
+
+
 def cold_compile(name: str, phases: Phases, profile: cProfile.Profile | None = None, keep: bool = False):
     import ember
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -256,6 +276,7 @@ def main():
     ap.add_argument("--compare")
     ap.add_argument("--profile", help="a model to cProfile (one extra cold compile), printed by cumulative time")
     ap.add_argument("--gc-ab", action="store_true", help="compare compiles with the collector paused and not")
+    ap.add_argument("--ab", help="module:FLAG of ember to compare on and off (e.g. ember.autograd.trace:MEMO)")
     ap.add_argument("--profile-lines", type=int, default=60)
     ap.add_argument("--profile-phase", choices=["trace", "partition"],
                     help="with --profile: only that phase is profiled")
@@ -268,6 +289,10 @@ def main():
           f"Python {sys.version.split()[0]}, "
           f"load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     fingerprints = {}
+    if args.ab:
+        for name in names:
+            flag_ab(name, phases, args.repeats, args.ab)
+        return
     if args.gc_ab:
         for name in names:
             gc_ab(name, phases, args.repeats)

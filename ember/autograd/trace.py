@@ -47,9 +47,11 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 aten = torch.ops.aten
+MEMO = True   # _memo_fake_call (bench/trace_profile.py --memo-ab compares)
 _PRIM_DEVICE = torch.ops.prim.device.default
 _META = torch.device("meta")
 
@@ -307,6 +309,7 @@ class _Recorder(TorchDispatchMode):
         self.keep: list[torch.Tensor] = []   # keeps every recorded tensor alive, so ids stay unique
         self.constants: dict[str, torch.Tensor] = {}
         self.bases: list[_Base] = []
+        self.memo: dict = {}                 # _memo_fake_call's: per op, memoizable; per call's metadata, outputs
 
     # -- bookkeeping
     def _new(self, t: torch.Tensor, node: torch.fx.Node, base: _Base | None = None, chain: tuple = ()) -> None:
@@ -407,7 +410,8 @@ class _Recorder(TorchDispatchMode):
         rule = _DIRECT.get(func)
         out = rule(args, kwargs) if rule is not None else None
         if out is None:
-            out = _fake_call(func, args, kwargs)
+            out = _memo_fake_call(self.memo, self.fake_mode, func, args, kwargs) if MEMO else \
+                _fake_call(func, args, kwargs)
         if not _tensors(out):
             return out                                 # prim.device, size queries: nothing to record
         node = self._record(func, args, kwargs, out)
@@ -446,7 +450,8 @@ class _Recorder(TorchDispatchMode):
             raise TraceError(f"{func}: an optional argument it writes into is None")
         fnames = {a.name for a in fop._schema.arguments}
         fargs, fkwargs = _split(fop._schema, {k: v for k, v in bound.items() if k in fnames})
-        fout = _fake_call(fop, fargs, fkwargs)
+        fout = _memo_fake_call(self.memo, self.fake_mode, fop, fargs, fkwargs) if MEMO else \
+            _fake_call(fop, fargs, fkwargs)
         node = self._record(fop, fargs, fkwargs, fout)
         results = list(fout) if isinstance(fout, tuple) else [fout]
         per_result = []                                # node (or list of nodes) per functional result
@@ -550,8 +555,15 @@ def _plain(t, device, dtype) -> bool:
 
 def _fresh(mode: FakeTensorMode, shape, dtype, device) -> FakeTensor:
     shape = tuple(shape)
-    return FakeTensor(mode, torch.empty_strided(shape, _contiguous_strides(shape), dtype=dtype, device="meta"),
-                      device)
+    return _fake_tensor(mode, shape, _contiguous_strides(shape), dtype, device)
+
+
+def _fake_tensor(mode: FakeTensorMode, shape, stride, dtype, device) -> FakeTensor:
+    """A fresh fake tensor, made as FakeTensorMode makes one: its meta tensor with Python dispatch off (this
+    runs inside the recorder's dispatch, where the FakeTensorMode below would otherwise take the factory call)."""
+    with no_dispatch():
+        meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return FakeTensor(mode, meta, device)
 
 
 def _eval_batch_norm(args, kwargs):
@@ -618,6 +630,88 @@ def _cpu_convolution(args, kwargs):
 # ops whose FakeTensorMode dispatch is slow, answered directly for the inputs their rule takes (None: dispatch);
 # tests/autograd/test_trace.py compares each rule with FakeTensorMode
 _DIRECT = {aten.native_batch_norm.default: _eval_batch_norm, aten.convolution.default: _cpu_convolution}
+
+
+# ------------------------------------------------------------------------------ a trace's own dispatch memo
+
+_SCALARS = (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_UNMEMOIZED_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output, torch.Tag.inplace_view)
+
+
+def _memo_key(mode: FakeTensorMode, x):
+    """What an op's output metadata can depend on in argument x: a fake tensor's metadata, a scalar's type and
+    value, a list's items; None where x is anything else (the op is then dispatched as usual)."""
+    if type(x) is FakeTensor:
+        if x.fake_mode is not mode or x.constant is not None or x.layout is not torch.strided:
+            return None
+        return (x.shape, x.stride(), x.dtype, x.fake_device, x.storage_offset(), x.requires_grad, x.is_neg(),
+                x.is_conj())
+    t = type(x)
+    if t in _SCALARS:
+        return (t, x)
+    if t is float:
+        return (t, x) if x == x else None                    # (nan: never equal to itself)
+    if t is list or t is tuple:
+        items = [_memo_key(mode, y) for y in x]
+        return None if any(k is None for k in items) else (t, *items)
+    return None
+
+
+def _fresh_spec(out, inputs: list):
+    """out as (shape, stride, dtype, device) per tensor (a tuple/list of them as such), when each is a plain
+    tensor of its own storage (no input's, no other output's: a view returned under a schema that does not say
+    so, e.g. _unsafe_view, is not memoized); None otherwise."""
+    outs = [out] if isinstance(out, torch.Tensor) else list(out) if type(out) in (tuple, list) else None
+    if not outs or not all(type(o) is FakeTensor for o in outs):
+        return None
+    storages = {t.untyped_storage()._cdata for t in inputs}
+    specs = []
+    for o in outs:
+        if o.storage_offset() != 0 or o.layout is not torch.strided or o.is_neg() or o.is_conj() or \
+                o.requires_grad or o.constant is not None:
+            return None
+        st = o.untyped_storage()
+        need = 0 if o.numel() == 0 else (1 + sum((n - 1) * d for n, d in zip(o.shape, o.stride()))) * o.element_size()
+        if st._cdata in storages or st.nbytes() != need:
+            return None
+        storages.add(st._cdata)
+        specs.append((tuple(o.shape), o.stride(), o.dtype, o.fake_device))
+    return specs[0] if isinstance(out, torch.Tensor) else (type(out), specs)
+
+
+def _from_spec(mode: FakeTensorMode, spec):
+    if type(spec[0]) is type:
+        return spec[0](_from_spec(mode, s) for s in spec[1])
+    return _fake_tensor(mode, *spec)
+
+
+def _memo_fake_call(memo: dict, mode: FakeTensorMode, func, args, kwargs):
+    """_fake_call through a memo of this trace's own: a model's repeated layers dispatch the same ops on the same
+    metadata over and over, and FakeTensorMode's process-wide cache, though it answers them, spends most of a
+    dispatch on its general cache key (GPT-2's joint trace: 0.7 of 1.3 s under cProfile). Ops that may return
+    views, depend on data or reshape in place are dispatched as usual, and so is any call whose arguments hold
+    something _memo_key does not describe; a fresh tensor per output is made from the remembered metadata, as
+    FakeTensorMode's own cache makes it."""
+    ok = memo.get(func)
+    if ok is None:
+        schema = func._schema
+        ok = memo[func] = not any(r.alias_info is not None for r in schema.returns) and \
+            not any(_is_write(a) for a in schema.arguments) and not any(t in func.tags for t in _UNMEMOIZED_TAGS)
+    if not ok or mode.in_kernel_invocation:
+        return _fake_call(func, args, kwargs)
+    key = _memo_key(mode, args)
+    kw = _memo_key(mode, tuple(kwargs.items())) if kwargs else ()
+    if key is None or kw is None:
+        return _fake_call(func, args, kwargs)
+    key = (func, key, kw)
+    spec = memo.get(key)
+    if spec is not None:
+        return _from_spec(mode, spec)
+    out = _fake_call(func, args, kwargs)
+    spec = _fresh_spec(out, _tensors((args, kwargs)))
+    if spec is not None:
+        memo[key] = spec
+    return out
 
 
 def _fake_call(func, args, kwargs):

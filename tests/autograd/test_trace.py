@@ -376,3 +376,71 @@ def test_direct_convolution_falls_through():
     assert conv((x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), {}) is None        # channels-last input
     assert conv((x.contiguous(), w, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1), {}) is None   # transposed
     assert conv((half, w.half(), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), {}) is None   # half on a CPU
+
+
+def _graph_meta(gm):
+    def val(v):
+        if isinstance(v, torch.Tensor):
+            return (tuple(v.shape), v.stride(), v.dtype, v.device, v.storage_offset(), v.requires_grad)
+        if isinstance(v, (tuple, list)):
+            return tuple(val(x) for x in v)
+        return v
+    return [(n.op, str(n.target), str(n.args), val(n.meta.get("val"))) for n in gm.graph.nodes]
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_dispatch_memo_same_graphs(monkeypatch, training):
+    """The recorder's memo of fake dispatches (trace._memo_fake_call) gives the graphs and node metadata that
+    dispatching every op gives, on repeated layers where it answers most ops; its outputs are fresh tensors."""
+    import ember.autograd.trace as tr
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(16)
+            self.fc = torch.nn.Linear(16, 48)
+            self.out = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            q, k, v = self.fc(self.ln(x)).split(16, dim=-1)
+            a = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1)
+            return x + self.out(torch.nn.functional.gelu(a @ v))
+
+    model = torch.nn.Sequential(*[Block() for _ in range(3)])
+    x = torch.randn(2, 5, 16, requires_grad=training)
+    trace = trace_joint if training else trace_forward
+    hits = []
+    from_spec = tr._from_spec
+
+    def counting(mode, spec):
+        out = from_spec(mode, spec)
+        if isinstance(out, torch.Tensor):   # (a tuple's items come through here one by one)
+            hits.append(out)
+        return out
+    monkeypatch.setattr(tr, "_from_spec", counting)
+    with torch.set_grad_enabled(training):
+        with_memo = _graph_meta(trace(model, [x])[0])
+        monkeypatch.setattr(tr, "MEMO", False)
+        without = _graph_meta(trace(model, [x])[0])
+    assert with_memo == without
+    outs = hits
+    assert len(outs) >= 20   # the second and third blocks' ops, at least
+    assert len({o.untyped_storage()._cdata for o in outs}) == len(outs)
+
+
+def test_dispatch_memo_keys():
+    """What the memo keys on: tensor metadata, scalars by type and value; anything else is not memoized."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from ember.autograd.trace import _memo_key
+    mode, other = FakeTensorMode(), FakeTensorMode()
+    with mode:
+        a, b, c = torch.empty(2, 3), torch.empty(2, 3), torch.empty(3, 2).t()
+    with other:
+        d = torch.empty(2, 3)
+    assert _memo_key(mode, (a, 1, [2, 3])) == _memo_key(mode, (b, 1, [2, 3]))
+    assert _memo_key(mode, (a,)) != _memo_key(mode, (c,))                  # strides differ
+    assert _memo_key(mode, (a, 1)) != _memo_key(mode, (a, 1.0))            # type of a scalar matters
+    assert _memo_key(mode, (a, True)) != _memo_key(mode, (a, 1))
+    assert _memo_key(mode, (d,)) is None                                  # another mode's tensor
+    assert _memo_key(mode, (a, float("nan"))) is None
+    assert _memo_key(mode, (a, object())) is None
