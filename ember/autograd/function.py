@@ -13,6 +13,7 @@ silently wrong. A graph the tracer cannot make functional runs as it is (eager),
 from __future__ import annotations
 
 import dataclasses
+import gc
 from typing import Callable
 
 import torch
@@ -80,7 +81,15 @@ class CompiledGraphFunction(torch.autograd.Function):
                     grads[k].contiguous() if grads[k].layout == torch.strided else grads[k]
                     for k, (shape, dtype, device) in zip(art.meta.tangent_of, ctx.tangent_meta)]
         if art.backward is None:
-            art.backward = art.bw_compiler(art.part.backward, [*saved, *tangents])
+            # the backward's compile, on the first backward: with the cyclic collector paused, as the frontend
+            # pauses it for the forward's (FrameCompiler.capture_without_gc says why)
+            paused = gc.isenabled()
+            gc.disable()
+            try:
+                art.backward = art.bw_compiler(art.part.backward, [*saved, *tangents])
+            finally:
+                if paused:
+                    gc.enable()
         gin = iter(art.backward(*saved, *tangents))
         return (None, *[next(gin) if rg else None for rg in art.meta.requires_grad])
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import dis
 import functools
+import gc
 import inspect
 import keyword
 import linecache
@@ -50,6 +51,7 @@ from ember.frontend.values import (
 from ember.tools.logs import enabled, get_logger
 
 RECOMPILE_LIMIT = 8
+COMPILE_WITHOUT_GC = True   # FrameCompiler.capture_without_gc (bench/trace_profile.py --gc-ab compares)
 MISS = object()
 NULL = object()  # stands for CPython's NULL on a rebuilt stack
 log_graph, log_guards = get_logger("graph"), get_logger("guards")
@@ -70,6 +72,27 @@ class Entry:
         self.fn, self.guards, self.check, self.description = fn, guards, check, description
 
 
+@dataclasses.dataclass
+class StopHint:
+    """Where a graph break sits inside the functions a root frame's break instruction calls.
+
+    A break found in an inlined call stops the root frame just before that call; the entry then runs the call
+    through `_call_compiled`, which compiles the callee, whose capture would interpret the callee again only to
+    meet the same break and restart (GPT-2's loss, behind three wrapper functions: four interpretations of the
+    whole model before the one that makes the graph). The hint carries the break's instruction in each inlined
+    frame (`frames`, outermost first), its reason and guards, so the callee's capture stops there at once, as
+    its own rediscovery would have (a stop is valid at any instruction, so a stale hint costs at most a break
+    that was not needed). Used once: by the first capture of `frames[0]`'s code that the entry's call starts."""
+    frames: list            # (code, offset) per inlined frame, outermost first
+    reason: str
+    where: str              # the Unsupported's own location ("" when it gave none)
+    holds_while: tuple      # guards under which the break stands (Unsupported.holds_while)
+    used: bool = False
+
+    def __repr__(self) -> str:   # (shown in the entry's source as a constant)
+        return f"StopHint({self.frames[0][0].co_qualname}@{self.frames[0][1]}: {self.reason[:40]})"
+
+
 class FrameCompiler:
     """The compiled form of one function: a binder for its arguments and a list of guarded entries."""
 
@@ -85,6 +108,7 @@ class FrameCompiler:
         self.disabled = bool(self.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
         self.warned = False
         self.resumes: dict[tuple, FrameCompiler] = {}
+        self.pending_hint: StopHint | None = None   # set by _call_compiled for the call it makes
         self.argnames = _arg_names(self.code)
         self.bind = _make_binder(fn, self.argnames)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
@@ -140,7 +164,7 @@ class FrameCompiler:
                                   f"{RECOMPILE_LIMIT} times; the guard that kept failing: {reason}. "
                                   f"It runs uncompiled from now on.", stacklevel=4)
                 return self.fn(*args, **kwargs)
-        entry = self.capture(frame_args)
+        entry = self.capture_without_gc(frame_args) if COMPILE_WITHOUT_GC else self.capture(frame_args)
         self.entries.append(entry)
         r = entry.fn(*frame_args)
         if r is MISS:  # the capture itself changed what the guards read: run as Python this time
@@ -158,12 +182,39 @@ class FrameCompiler:
                 return f"{g} (raised {type(e).__name__})"
         return "(none)"
 
+    def capture_without_gc(self, frame_args: tuple) -> Entry:
+        """capture (and the backend's compile inside it) with Python's cyclic garbage collector paused.
+
+        A compile allocates a few hundred thousand objects (fake tensors, fx nodes, the min-cut's dicts), which
+        sets off full collections of the whole heap, a model library's included: 0.25-0.45 s each on the dev VM,
+        two in a cold GPT-2 training compile (collections of young objects only are cheap and rare here). After
+        the compile the collector runs again as usual; what the compile left as garbage is found by its next
+        young collection, which only scans objects made since its last run."""
+        if not gc.isenabled():
+            return self.capture(frame_args)
+        gc.disable()
+        try:
+            return self.capture(frame_args)
+        finally:
+            gc.enable()
+
     def capture(self, frame_args: tuple) -> Entry:
         stop_at: dict[int, str] = {}
         break_guards: list[str] = []
+        hints: dict[int, StopHint] = {}   # per stop offset: where the break sits in the calls made there
         prev_grad = torch.is_grad_enabled()
         prev_autocast = autocast_state()
         consts = ConstTable()  # shared by the attempts: break_guards name its constants
+        hint, self.pending_hint = self.pending_hint, None
+        if hint is not None and hint.frames[0][0] is self.code and not self.cfg.fullgraph:
+            offset = hint.frames[0][1]
+            where_ = hint.where or where(self.code, offset)
+            stop_at[offset] = f"{hint.reason} ({where_})"
+            break_guards += hint.holds_while
+            if len(hint.frames) > 1:
+                hints[offset] = StopHint(hint.frames[1:], hint.reason, hint.where, hint.holds_while)
+            log_breaks.debug("graph break in %s at %s: %s", self.name, where_, hint.reason)
+            _emit("break", name=self.name, reason=hint.reason, where=where_)
         for _attempt in range(64):
             cap = Capture(consts)
             for g in break_guards:
@@ -180,7 +231,7 @@ class FrameCompiler:
                 result = frame.run()
                 return self.make_entry(cap, frame_args, result=result)
             except StopCapture as stop:
-                return self.make_entry(cap, frame_args, stop=stop)
+                return self.make_entry(cap, frame_args, stop=stop, hint=hints.get(stop.inst.offset))
             except Unsupported as u:
                 inst = frame.current
                 if inst is None or inst.offset in stop_at:
@@ -190,6 +241,8 @@ class FrameCompiler:
                     raise GraphBreakError(_break_message(u.reason, where_)) from None
                 stop_at[inst.offset] = f"{u.reason} ({where_})"
                 break_guards += u.holds_while
+                if getattr(u, "inlined_at", None):
+                    hints[inst.offset] = StopHint(u.inlined_at, u.reason, u.where, tuple(u.holds_while))
                 log_breaks.debug("graph break in %s at %s: %s", self.name, where_, u.reason)
                 _emit("break", name=self.name, reason=u.reason, where=where_)
             finally:
@@ -223,8 +276,10 @@ class FrameCompiler:
         return out
 
     # -- building an entry --------------------------------------------------------------------------------
-    def make_entry(self, cap: Capture, frame_args, result: V | None = None, stop: StopCapture | None = None):
+    def make_entry(self, cap: Capture, frame_args, result: V | None = None, stop: StopCapture | None = None,
+                   hint: StopHint | None = None):
         gen = EntryCodegen(self, cap)
+        gen.hint = hint
         try:
             if stop is None:
                 live = [result]
@@ -270,6 +325,7 @@ class EntryCodegen:
                                           "___MethodType": types.MethodType, "___make_function": _make_function}
         self.memo: dict[int, str] = {}
         self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
+        self.hint: StopHint | None = None   # for the call at the break (FrameCompiler.capture)
         self.ntmp = 0
 
     def tmp(self) -> str:
@@ -534,6 +590,7 @@ class EntryCodegen:
             self.lines.append(go(insts[i].offset, stack, compiled=False))
             return
         nxt = insts[index[inst.offset] + 1].offset
+        hint = f", {self.consts.ref(self.hint)}" if self.hint is not None else ""
         if op == "CALL":
             n = inst.arg
             kw = frame.kw_names
@@ -545,7 +602,7 @@ class EntryCodegen:
                 fn, pos = a, [b] + args
             npos = len(pos) - len(kw)
             call = (f"___r = ___call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
-                    f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg)")
+                    f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg{hint})")
             self.guarded_call(call, restore)
             self.lines.append(go(nxt, stack[:base] + ["___r"]))
         elif op in ("LOAD_ATTR", "LOAD_METHOD"):
@@ -563,7 +620,7 @@ class EntryCodegen:
             base = len(stack) - 2 - has_kw
             if base > 0 and stack[base - 1] == "___NULL":
                 base -= 1
-            self.guarded_call(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg)", restore)
+            self.guarded_call(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg{hint})", restore)
             self.lines.append(go(nxt, stack[:base] + ["___r"]))
         else:
             when = op.endswith("TRUE")
@@ -668,8 +725,9 @@ def _make_function(code, f_globals, defaults, kwdefaults, closure):
 _USER_SKIP = ("torch", "ember", "numpy", "scipy", "functools", "builtins", "logging", "typing")
 
 
-def _call_compiled(f, args: tuple, kwargs: dict, cfg):
-    """Run the instruction a graph break stopped at; user functions called there are compiled in turn."""
+def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = None):
+    """Run the instruction a graph break stopped at; user functions called there are compiled in turn (`hint`:
+    where the break that stopped the caller sits in this call, see StopHint)."""
     target, prefix = f, ()
     if isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
         target, prefix = f.__func__, (f.__self__,)
@@ -681,7 +739,15 @@ def _call_compiled(f, args: tuple, kwargs: dict, cfg):
             target, prefix = type(f).forward, (f,)
     if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
             and not _is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
-        return FrameCompiler.for_function(target, cfg)((*prefix, *args), kwargs)
+        fc = FrameCompiler.for_function(target, cfg)
+        if hint is None or hint.used or hint.frames[0][0] is not target.__code__:
+            return fc((*prefix, *args), kwargs)
+        hint.used = True
+        fc.pending_hint = hint
+        try:
+            return fc((*prefix, *args), kwargs)
+        finally:
+            fc.pending_hint = None
     return f(*args, **kwargs)
 
 

@@ -2390,7 +2390,14 @@ class Frame:
             cells[fv] = c
         child = Frame(self.cap, code, f_globals, local_vars, cells, parent=self,
                       globals_source=None if f_globals is not self.f_globals else self.globals_source)
-        result = child.run()
+        try:
+            result = child.run()
+        except Unsupported as u:
+            # where the break sits in each inlined frame, outermost first: the callee compiled at the root's
+            # break instruction starts with its stop there (convert.StopHint) instead of rediscovering it
+            inner = getattr(u, "inlined_at", ())
+            u.inlined_at = None if inner is None or child.current is None else [(code, child.current.offset), *inner]
+            raise
         if child.yields is not None:
             return IterV(child.yields)
         return result

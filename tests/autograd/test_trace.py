@@ -281,3 +281,166 @@ def test_graph_that_switches_grad_mode_leaves_it_switched(x_requires_grad):
         torch.testing.assert_close(out, want)
     finally:
         torch.set_grad_enabled(True)
+
+
+# ------------------------------------------------------------------ direct output metadata (trace._DIRECT)
+
+def _fake_meta(t):
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.storage_offset(), t._is_view(), t.requires_grad,
+            t.untyped_storage().nbytes(), type(t).__name__)
+
+
+def _direct_and_dispatched(op, make_args):
+    """(the rule's outputs, FakeTensorMode's outputs) for the same arguments, each made in its own fake mode
+    (so the rule cannot reuse a cached dispatch)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from ember.autograd.trace import _DIRECT
+    out = []
+    for direct in (True, False):
+        mode = FakeTensorMode()
+        with mode:
+            args = make_args()
+        if direct:
+            r = _DIRECT[op](args, {})
+        else:
+            with mode:
+                r = op(*args)
+        out.append(r)
+    return out
+
+
+def _bn_args(device, dtype, affine=True, layout=None, training=False, stat_dtype=None):
+    def make():
+        x = torch.empty(3, 5, 4, 6, device=device, dtype=dtype)
+        if layout is not None:
+            x = x.to(memory_format=layout)
+        vec = lambda: torch.empty(5, device=device, dtype=stat_dtype or dtype)  # noqa: E731
+        w, b = (vec(), vec()) if affine else (None, None)
+        return (x, w, b, vec(), vec(), training, 0.1, 1e-5)
+    return make
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])   # (fake CUDA tensors need no GPU)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+def test_direct_eval_batch_norm_is_fake_tensor_mode(device, dtype, affine):
+    aten = torch.ops.aten
+    direct, dispatched = _direct_and_dispatched(aten.native_batch_norm.default, _bn_args(device, dtype, affine))
+    assert direct is not None
+    assert [_fake_meta(t) for t in direct] == [_fake_meta(t) for t in dispatched]
+
+
+@pytest.mark.parametrize("case", ["channels_last", "training", "stat_dtype"])
+def test_direct_batch_norm_falls_through(case):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from ember.autograd.trace import _DIRECT
+    aten = torch.ops.aten
+    kw = {"channels_last": dict(layout=torch.channels_last), "training": dict(training=True),
+          "stat_dtype": dict(dtype=torch.float16, stat_dtype=torch.float32)}[case]
+    with FakeTensorMode():
+        args = _bn_args("cpu", kw.pop("dtype", torch.float32), **kw)()
+    assert _DIRECT[aten.native_batch_norm.default](args, {}) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape,stride,padding,dilation,groups,bias", [
+    ((2, 4, 9, 7), (1, 1), (0, 0), (1, 1), 1, True),
+    ((1, 6, 8, 8), (2, 2), (1, 1), (1, 1), 2, False),
+    ((2, 4, 7, 11), (2, 1), (3, 0), (2, 1), 4, True),
+    ((3, 4, 5, 5), (1, 1), (1, 1), (1, 1), 1, False),
+    ((1, 2, 1, 1), (1, 1), (0, 0), (1, 1), 1, True),     # 1x1 output: strides of size-1 dims
+])
+def test_direct_convolution_is_fake_tensor_mode(dtype, shape, stride, padding, dilation, groups, bias):
+    aten = torch.ops.aten
+    c = shape[1]
+
+    def make():
+        x = torch.empty(shape, dtype=dtype)
+        w = torch.empty(8, c // groups, 3 if shape[2] > 1 else 1, 3 if shape[3] > 1 else 1, dtype=dtype)
+        b = torch.empty(8, dtype=dtype) if bias else None
+        return (x, w, b, list(stride), list(padding), list(dilation), False, [0, 0], groups)
+    direct, dispatched = _direct_and_dispatched(aten.convolution.default, make)
+    assert direct is not None
+    assert _fake_meta(direct) == _fake_meta(dispatched)
+
+
+def test_direct_convolution_falls_through():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from ember.autograd.trace import _DIRECT
+    aten = torch.ops.aten
+    with FakeTensorMode():
+        x = torch.empty(2, 4, 8, 8).to(memory_format=torch.channels_last)
+        w = torch.empty(6, 4, 3, 3)
+        half = torch.empty(2, 4, 8, 8, dtype=torch.float16)
+    conv = _DIRECT[aten.convolution.default]
+    assert conv((x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), {}) is None        # channels-last input
+    assert conv((x.contiguous(), w, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1), {}) is None   # transposed
+    assert conv((half, w.half(), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), {}) is None   # half on a CPU
+
+
+def _graph_meta(gm):
+    def val(v):
+        if isinstance(v, torch.Tensor):
+            return (tuple(v.shape), v.stride(), v.dtype, v.device, v.storage_offset(), v.requires_grad)
+        if isinstance(v, (tuple, list)):
+            return tuple(val(x) for x in v)
+        return v
+    return [(n.op, str(n.target), str(n.args), val(n.meta.get("val"))) for n in gm.graph.nodes]
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_dispatch_memo_same_graphs(monkeypatch, training):
+    """The recorder's memo of fake dispatches (trace._memo_fake_call) gives the graphs and node metadata that
+    dispatching every op gives, on repeated layers where it answers most ops; its outputs are fresh tensors."""
+    import ember.autograd.trace as tr
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(16)
+            self.fc = torch.nn.Linear(16, 48)
+            self.out = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            q, k, v = self.fc(self.ln(x)).split(16, dim=-1)
+            a = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1)
+            return x + self.out(torch.nn.functional.gelu(a @ v))
+
+    model = torch.nn.Sequential(*[Block() for _ in range(3)])
+    x = torch.randn(2, 5, 16, requires_grad=training)
+    trace = trace_joint if training else trace_forward
+    hits = []
+    from_spec = tr._from_spec
+
+    def counting(mode, spec):
+        out = from_spec(mode, spec)
+        if isinstance(out, torch.Tensor):   # (a tuple's items come through here one by one)
+            hits.append(out)
+        return out
+    monkeypatch.setattr(tr, "_from_spec", counting)
+    with torch.set_grad_enabled(training):
+        with_memo = _graph_meta(trace(model, [x])[0])
+        monkeypatch.setattr(tr, "MEMO", False)
+        without = _graph_meta(trace(model, [x])[0])
+    assert with_memo == without
+    outs = hits
+    assert len(outs) >= 20   # the second and third blocks' ops, at least
+    assert len({o.untyped_storage()._cdata for o in outs}) == len(outs)
+
+
+def test_dispatch_memo_keys():
+    """What the memo keys on: tensor metadata, scalars by type and value; anything else is not memoized."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from ember.autograd.trace import _memo_key
+    mode, other = FakeTensorMode(), FakeTensorMode()
+    with mode:
+        a, b, c = torch.empty(2, 3), torch.empty(2, 3), torch.empty(3, 2).t()
+    with other:
+        d = torch.empty(2, 3)
+    assert _memo_key(mode, (a, 1, [2, 3])) == _memo_key(mode, (b, 1, [2, 3]))
+    assert _memo_key(mode, (a,)) != _memo_key(mode, (c,))                  # strides differ
+    assert _memo_key(mode, (a, 1)) != _memo_key(mode, (a, 1.0))            # type of a scalar matters
+    assert _memo_key(mode, (a, True)) != _memo_key(mode, (a, 1))
+    assert _memo_key(mode, (d,)) is None                                  # another mode's tensor
+    assert _memo_key(mode, (a, float("nan"))) is None
+    assert _memo_key(mode, (a, object())) is None

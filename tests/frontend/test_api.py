@@ -200,6 +200,39 @@ def test_backend_that_raises_is_backend_compiler_failed():
         assert isinstance(e.value.__cause__, Boom)
 
 
+def test_ember_collector_paused_while_compiling():
+    """Python's cyclic collector is off during a capture and its backend compile (convert.capture_without_gc),
+    on again afterwards, also when the backend raises; a program that turned it off itself keeps it off."""
+    import gc
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(gc.isenabled())
+        return gm.forward
+
+    def failing(gm, example_inputs):
+        seen.append(gc.isenabled())
+        raise ValueError("no")
+
+    def f(x):
+        return x.sin() + 1
+    assert gc.isenabled()
+    ember.reset()
+    assert torch.equal(ember.compile(f, backend=backend)(torch.ones(3)), f(torch.ones(3)))
+    assert seen == [False] and gc.isenabled()
+    ember.reset()
+    with pytest.raises(ember.BackendCompilerFailed):
+        ember.compile(f, backend=failing)(torch.ones(3))
+    assert seen == [False, False] and gc.isenabled()
+    ember.reset()
+    gc.disable()
+    try:
+        ember.compile(f, backend=backend)(torch.ones(3))
+        assert seen == [False, False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_ember_register_backend_and_list():
     seen = []
 

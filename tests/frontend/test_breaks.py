@@ -22,6 +22,7 @@ import pytest
 import scipy.special
 import torch
 
+import ember
 from tests.frontend.harness import BASELINE, check, check_many, disable, rand
 
 log = logging.getLogger("tests.frontend.breaks")
@@ -217,6 +218,40 @@ def test_break_in_property_getter_compiles_the_rest():
     assert sum(r.ops) == 4, r    # sin | mul, cos, add: the ops after the break compiled too
     r = check(lambda x: m.forward_call(x), rand(4))
     assert sum(r.ops) == 4, r    # sin, mul | tanh, cos
+
+
+def test_break_in_nested_callees_found_once(monkeypatch):
+    """A break two calls deep stops each caller at its call, and the callees compiled there start from the
+    break's known place (convert.StopHint): the function holding the break is interpreted twice (the capture that
+    finds the break, the one that stops at it), not once more per enclosing call. Same graphs, same breaks
+    (explain) and same results as the rediscovering path, which the counts asserted here were taken from."""
+    from ember.frontend import interpreter
+
+    def inner(x):
+        x = x + 1
+        print("inner")
+        return x * 2
+
+    def middle(x):
+        return inner(x.sin()).cos()
+
+    def outer(x):
+        return middle(x * 3) - 1
+    frames = []
+    init = interpreter.Frame.__init__
+
+    def counting_init(self, cap, code, *args, **kwargs):
+        frames.append(code)
+        init(self, cap, code, *args, **kwargs)
+    monkeypatch.setattr(interpreter.Frame, "__init__", counting_init)
+    r = check(outer, rand(4))
+    assert frames.count(inner.__code__) == 2, [c.co_name for c in frames]   # 4 when rediscovered per caller
+    assert r.graphs == 6 and r.ops == [1] * 6, (r, r.describe())   # mul, sin, add | mul, cos, sub
+    monkeypatch.setattr(interpreter.Frame, "__init__", init)
+    ember.reset()
+    explained = ember.explain(outer)(rand(4))
+    assert explained.graph_break_count == 3, explained   # reported by each of the three frames, as before
+    assert {b.reason for b in explained.break_reasons} == {explained.break_reasons[0].reason}
 
 
 def test_break_in_method_of_user_object():
