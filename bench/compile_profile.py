@@ -10,6 +10,7 @@ program): the model is captured by ember's frontend with a backend that only rec
   schedule  schedule.schedule (+ split_elementwise for C++, split_few_row_groups / chunk_wide_groups for Triton)
   print     cpp.generate / triton.generate (the source text; nothing is built or run)
   wrapper   wrapper.python_wrapper (the host program's text, compiled by Python)
+Times are the process's CPU time (time.process_time), robust to other jobs on a shared machine.
 The Triton printer runs on the CPU graphs (no GPU needed, no kernel is built); the C++-only convolution
 fusions are turned off for it (lower.FUSE_CONVOLUTIONS = False), as on a GPU, where they do not apply.
 
@@ -30,6 +31,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# CPU time of this process: the phases are single-threaded Python, and on a shared machine (other jobs running)
+# wall time measured the load more than the code
+CLOCK = time.process_time
 
 
 # ------------------------------------------------------------------------------------------------ workloads
@@ -159,32 +163,38 @@ def phases(gm, example_inputs, backend: str) -> tuple[dict, dict]:
     """Times of each phase for one graph, and the sha256 of what it generated."""
     from ember.codegen import lower, schedule, wrapper
     times, hashes = {}, {}
-    t = time.perf_counter()
+    t = CLOCK()
     with lower.LOWERING_LOCK:
         low, _, _ = lower.lower(gm, example_inputs)
-        times["lower"] = time.perf_counter() - t
-        t = time.perf_counter()
+        times["lower"] = CLOCK() - t
+        t = CLOCK()
         if backend == "cpp":
             from ember.codegen import cpp
             sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
             sched = schedule.split_elementwise(sched, cpp.too_many_args)
-            times["schedule"] = time.perf_counter() - t
-            t = time.perf_counter()
+            times["schedule"] = CLOCK() - t
+            t = CLOCK()
             source, kernels = cpp.generate(sched)
             names = {n: None for n, *_ in kernels}
         else:
             from ember.codegen import triton
             sched = triton.chunk_wide_groups(triton.split_few_row_groups(
                 schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations"))))
-            times["schedule"] = time.perf_counter() - t
-            t = time.perf_counter()
+            times["schedule"] = CLOCK() - t
+            t = CLOCK()
             source, kernels = triton.generate(sched)
             names = {g.name: name for g, name, *_ in kernels}
-        times["print"] = time.perf_counter() - t
-        t = time.perf_counter()
+        times["print"] = CLOCK() - t
+        t = CLOCK()
         call = wrapper.python_wrapper(sched, lambda g: f"{names.get(g.name) or g.name}()", {"_fallback": None},
                                       not gm.meta.get("ember_guarded", False), persistent=backend == "cpp")
-        times["wrapper"] = time.perf_counter() - t
+        times["wrapper"] = CLOCK() - t
+    if os.environ.get("EMBER_PROFILE_DUMP"):   # the texts, for a diff of two runs
+        d = os.environ["EMBER_PROFILE_DUMP"]
+        os.makedirs(d, exist_ok=True)
+        k = len(os.listdir(d)) // 2
+        open(os.path.join(d, f"{k}_source.txt"), "w").write(source)
+        open(os.path.join(d, f"{k}_wrapper.txt"), "w").write(call.source)
     hashes["source"] = hashlib.sha256(source.encode()).hexdigest()[:16]
     hashes["wrapper"] = hashlib.sha256(call.source.encode()).hexdigest()[:16]
     return times, hashes
@@ -196,22 +206,22 @@ def child(model_name: str, backend: str, profile: bool) -> None:
     from ember.codegen import lower
     if backend == "triton":
         lower.FUSE_CONVOLUTIONS = False    # CPU-only fusions: a GPU graph has none
-    t = time.perf_counter()
+    t = CLOCK()
     graphs = capture(model_name, cuda=backend == "triton")
-    capture_s = time.perf_counter() - t
+    capture_s = CLOCK() - t
     if profile:
         import cProfile
         import pstats
         prof = cProfile.Profile()
         prof.enable()
     totals, hashes = {}, []
-    t = time.perf_counter()
+    t = CLOCK()
     for gm, ex in graphs:
         times, h = phases(gm, ex, backend)
         for k, v in times.items():
             totals[k] = totals.get(k, 0.0) + v
         hashes.append(h)
-    totals["total"] = time.perf_counter() - t
+    totals["total"] = CLOCK() - t
     if profile:
         prof.disable()
         st = pstats.Stats(prof, stream=sys.stderr)
@@ -224,7 +234,7 @@ def child(model_name: str, backend: str, profile: bool) -> None:
 
 # ------------------------------------------------------------------------------------------------ driver
 def run_child(root: str, model: str, backend: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")  # set orders reach the host program
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", f"{model}:{backend}"],
                          env=env, cwd=root, capture_output=True, text=True)
     if out.returncode != 0:
