@@ -300,7 +300,11 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
     mutations: (input index, output index) pairs, the graph outputs that the caller copies back into inputs
     (ember.autograd's input mutations); those computed by a kernel are written into the input directly where
     that is safe (`Schedule.inplace`, see `_write_in_place`)."""
+    with ir.gc_frozen():
+        return _schedule(lowered, row_buffers, mutations)
 
+
+def _schedule(lowered, row_buffers: bool, mutations: list | None) -> Schedule:
     buffers = {b.name: b for b in lowered.inputs}
     for name, t in lowered.constants.items():
         buffers[name] = ir.InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0)

@@ -819,6 +819,11 @@ def _looped_member(m: Member, body: Expr, store, scalars, ind, R, ranges, extent
 # ------------------------------------------------------------------------------------------------- modules
 def generate(sched: Schedule) -> tuple[str, list]:
     """The Python module of a schedule's kernels, and per group (kernel name, args, config, grid)."""
+    with ir.gc_frozen():
+        return _generate(sched)
+
+
+def _generate(sched: Schedule) -> tuple[str, list]:
     parts, kernels, seen = [PRELUDE], [], set()
     for it in sched.items:
         if getattr(it, "template", None) is not None:     # mm_template.TemplateGroup (max-autotune)
