@@ -156,14 +156,17 @@ def expand_index(e):
 
 
 def _expanded(e) -> bool:
-    """Whether sympy.expand(e) is e: sums and products of integers, symbols and FloorDiv/ModIndex of such, with
-    no sum inside a product. (Min/Max are left to sympy: expand rebuilds them evaluated.)"""
+    """Whether sympy.expand(e) is e: sums and products of integers, symbols and FloorDiv/ModIndex/Min/Max of
+    such, with no sum inside a product. (expand rebuilds a function only when an argument changes: a clamp's
+    Min/Max, built unevaluated, stays as it is; rebuilt, sympy would evaluate it, slowly.)"""
     if e.is_Integer or e.is_Symbol:
         return True
     if e.is_Add or e.is_Mul:
         return all(not a.is_Add and _expanded(a) for a in e.args)
     if isinstance(e, (FloorDiv, ModIndex)):
         return _expanded(e.args[0]) and e.args[1].is_Integer
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        return all(_expanded(a) for a in e.args)
     return False
 
 
