@@ -14,13 +14,32 @@ through the IR; the C++ backend specializes them to the example's values).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import itertools
 import math
 from typing import Callable, Sequence
 
 import sympy
 import torch
+
+
+@contextlib.contextmanager
+def gc_frozen():
+    """Python's cyclic GC paused for what exists already (gc.freeze) while code is generated. Lowering makes
+    hundreds of thousands of short-lived sympy objects, and each collection of the oldest generation also
+    walked everything the program held before (the model, its fake tensors, the traced graphs): a third of
+    GPT-2's training graphs' lowering, scheduling and printing was the GC. New objects are still collected;
+    the frozen ones are handed back afterwards. Left alone when the program froze objects itself."""
+    if gc.get_freeze_count() or not gc.isenabled():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 # ----------------------------------------------------------------------------------------------- index math
@@ -40,9 +59,9 @@ class FloorDiv(sympy.Function):
             mult = [t for t in a.args if _divisible(t, b)]
             if mult:
                 rest = sympy.Add(*[t for t in a.args if not _divisible(t, b)])
-                return sympy.Add(*[sympy.cancel(t / b) for t in mult]) + FloorDiv(rest, b)
+                return sympy.Add(*[_exact_div(t, b) for t in mult]) + FloorDiv(rest, b)
         if _divisible(a, b):
-            return sympy.cancel(a / b)
+            return _exact_div(a, b)
         if isinstance(a, FloorDiv):  # (x // c) // b == x // (c*b)
             return FloorDiv(a.args[0], a.args[1] * b)
 
@@ -63,6 +82,13 @@ class ModIndex(sympy.Function):
                 return ModIndex(sympy.Add(*keep), b)
         if _divisible(a, b):
             return sympy.Integer(0)
+
+
+def _exact_div(t, b):
+    """t / b for a term t that b divides. An integer b divides t's integer coefficient: t / b is that
+    coefficient's quotient times the rest, which sympy's own product already gives (sympy.cancel, which
+    rewrote every argument through the polys module, was most of BERT's lowering on the GPU: reshapes)."""
+    return t / b if b.is_Integer else sympy.cancel(t / b)
 
 
 def _divisible(t, b) -> bool:
@@ -123,8 +149,29 @@ def simplify_index(e, ranges: dict | None = None):
     return got
 
 
+def expand_index(e):
+    """sympy.expand(e) for an index expression; most are already expanded (x0*64 + r0), which a structural test
+    tells for a fraction of what expand's five hint passes cost."""
+    return e if _expanded(e) else sympy.expand(e)
+
+
+def _expanded(e) -> bool:
+    """Whether sympy.expand(e) is e: sums and products of integers, symbols and FloorDiv/ModIndex/Min/Max of
+    such, with no sum inside a product. (expand rebuilds a function only when an argument changes: a clamp's
+    Min/Max, built unevaluated, stays as it is; rebuilt, sympy would evaluate it, slowly.)"""
+    if e.is_Integer or e.is_Symbol:
+        return True
+    if e.is_Add or e.is_Mul:
+        return all(not a.is_Add and _expanded(a) for a in e.args)
+    if isinstance(e, (FloorDiv, ModIndex)):
+        return _expanded(e.args[0]) and e.args[1].is_Integer
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        return all(_expanded(a) for a in e.args)
+    return False
+
+
 def _simplify_index(e, ranges: dict | None = None):
-    e = sympy.expand(e)
+    e = expand_index(e)
     if not e.has(FloorDiv, ModIndex):   # most indices (an optimizer's thousands of flat ones): nothing to undo
         return e
     if ranges:
@@ -137,7 +184,7 @@ def _simplify_index(e, ranges: dict | None = None):
             e = e.replace(lambda x: isinstance(x, ModIndex) and small(x), lambda x: x.args[0])
             e = e.replace(lambda x: isinstance(x, (FloorDiv, ModIndex)) and _split_low(x, ranges) is not None,
                           lambda x: _split_low(x, ranges))
-            e = sympy.expand(e)
+            e = expand_index(e)
             if e == before:
                 break
     changed = True
@@ -152,7 +199,7 @@ def _simplify_index(e, ranges: dict | None = None):
                 a, d = f.args
                 m = ModIndex(a, d)
                 if m in terms and kf == terms[m] * d:  # k*d*(a//d) + k*(a%d) == k*a
-                    e = sympy.expand(e - kf * f - terms[m] * m + terms[m] * a)
+                    e = expand_index(e - kf * f - terms[m] * m + terms[m] * a)
                     changed = True
                     break
             elif isinstance(f, ModIndex) and isinstance(f.args[0], FloorDiv):
@@ -160,7 +207,7 @@ def _simplify_index(e, ranges: dict | None = None):
                 (a, d), c = f.args[0].args, f.args[1]
                 m = ModIndex(a, d)
                 if m in terms and kf == terms[m] * d:
-                    e = sympy.expand(e - kf * f - terms[m] * m + terms[m] * ModIndex(a, d * c))
+                    e = expand_index(e - kf * f - terms[m] * m + terms[m] * ModIndex(a, d * c))
                     changed = True
                     break
     return e
@@ -183,17 +230,24 @@ def _split_low(x, ranges):
         b = bounds(low, ranges)
         if len(high) == len(terms) or b is None or b[0] < 0 or b[1] >= k:
             continue
-        hk = sympy.expand(sympy.Add(*high) / k)
+        hk = expand_index(sympy.Add(*high) / k)
         return FloorDiv(hk, d // k) if isinstance(x, FloorDiv) else low + k * ModIndex(hk, d // k)
     return None
 
 
 def contiguous_strides(size: Sequence) -> tuple:
-    out, acc = [], sympy.Integer(1)
-    for s in reversed(list(size)):
-        out.append(acc)
-        acc = acc * s
-    return tuple(reversed(out))
+    size = tuple(size)
+    got = _STRIDES.get(size)
+    if got is None:
+        out, acc = [], sympy.Integer(1)
+        for s in reversed(size):
+            out.append(acc)
+            acc = acc * s
+        got = _STRIDES[size] = tuple(reversed(out))
+    return got
+
+
+_STRIDES: dict = {}  # size -> contiguous strides: reshapes ask for them at every index they map
 
 
 def numel(size: Sequence):
@@ -235,8 +289,8 @@ class Expr:
             for a in e.args:
                 if isinstance(a, Expr):
                     go(a)
-            if e.op == "load":
-                for s in e.args[1].atoms(IndirectSymbol):
+            if e.op == "load" and _INDIRECT:   # (none made yet in this lowering: no offset holds one)
+                for s in indirect_symbols(e.args[1]):
                     go(s.value)
             order.append(e)
         go(self)
@@ -257,12 +311,25 @@ class IndirectSymbol(sympy.Symbol):
 
 _INDIRECT: list = []
 _INDIRECT_IDS = itertools.count()
+_INDIRECT_OF: dict = {}  # index expression -> the IndirectSymbols in it
+
+
+def indirect_symbols(e) -> set:
+    """e.atoms(IndirectSymbol), memoized: Expr.walk asks for every load it passes (sympy's atoms() walked each
+    offset again, a second of GPT-2's training graphs)."""
+    got = _INDIRECT_OF.get(e)
+    if got is None:
+        if len(_INDIRECT_OF) > 200_000:
+            _INDIRECT_OF.clear()
+        got = _INDIRECT_OF[e] = e.atoms(IndirectSymbol) if _INDIRECT else set()
+    return got
 GRAPH = None  # the lowering in progress (ember.codegen.lower.Graph); primitives add buffers to it
 
 
 def reset_interning() -> None:
     _INTERN.clear()
     _INDIRECT.clear()
+    _INDIRECT_OF.clear()
 
 
 # --------------------------------------------------------------------------------------------------- buffers
@@ -275,8 +342,21 @@ class Buffer:
     offset: object = 0
 
     def load(self, index) -> Expr:
-        off = sympy.Integer(self.offset) + sum((i * s for i, s in zip(index, self.stride)), sympy.Integer(0))
-        return Expr("load", (self.name, off), self.dtype)
+        return Expr("load", (self.name, strided_offset(tuple(index), self.stride, self.offset)), self.dtype)
+
+
+def strided_offset(index: tuple, stride: tuple, offset=0):
+    """offset + sum(index * stride), memoized: repeated layers load their buffers at the same indices."""
+    key = (index, tuple(stride), offset)
+    got = _OFFSETS.get(key)
+    if got is None:
+        if len(_OFFSETS) > 200_000:
+            _OFFSETS.clear()
+        got = _OFFSETS[key] = sympy.Integer(offset) + sum((i * s for i, s in zip(index, stride)), sympy.Integer(0))
+    return got
+
+
+_OFFSETS: dict = {}
 
 
 @dataclasses.dataclass(eq=False)
@@ -351,9 +431,12 @@ class TensorBox:
 
     def cost(self) -> int:
         """Number of compute nodes in this box's expression (what recomputing it at each use would cost)."""
-        idx = [sympy.Symbol(f"c{i}", integer=True, nonnegative=True) for i in range(self.ndim)]
-        e = self.loader(idx)
-        return sum(2 if x.op in EXPENSIVE else 1 for x in e.walk() if x.op not in ("load", "const", "index", "cast"))
+        if getattr(self, "_cost", None) is None:  # (asked again for a box read by several nodes)
+            idx = [sympy.Symbol(f"c{i}", integer=True, nonnegative=True) for i in range(self.ndim)]
+            e = self.loader(idx)
+            self._cost = sum(2 if x.op in EXPENSIVE else 1 for x in e.walk()
+                             if x.op not in ("load", "const", "index", "cast"))
+        return self._cost
 
 
 EXPENSIVE = {"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "log1p", "expm1", "tan", "atan",

@@ -418,6 +418,11 @@ LOWERING_LOCK = threading.Lock()
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
+    with ir.gc_frozen():
+        return _lower(gm, example_inputs)
+
+
+def _lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
     from ember.decomp.table import EXTERN, TABLE  # the table imports prims, which import this module's users
 
     ir.reset_interning()

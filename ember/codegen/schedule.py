@@ -195,27 +195,37 @@ def merged_dims(buf: Pointwise) -> list[list[int]]:
     view = loop_view(buf)
     n = len(view.size)
     idx = [sympy.Symbol(f"m{i}", integer=True, nonnegative=True) for i in range(n)]
-    e = view.fn(idx)
-    offsets = [x.args[1] for x in e.walk() if x.op == "load"]
+    idx_set = set(idx)
+    nodes = view.fn(idx).walk()
+    offsets = [x.args[1] for x in nodes if x.op == "load"]
     offsets.append(sum((i * st for i, st in zip(idx, view.stride)), sympy.Integer(0)))
     blocked = set()
-    for x in e.walk():  # index values and indirect indices must see the dims as they are
+    for x in nodes:  # index values and indirect indices must see the dims as they are
         if x.op == "index":
             blocked |= x.args[0].free_symbols
-    polys = []
+    coeffs = []  # per offset: {m_i: its coefficient (a number), or None where it is not one}
     for off in offsets:
-        off = sympy.expand(off)
+        off = ir.expand_index(off)
+        lin: dict = {}
         for t in sympy.Add.make_args(off):
-            if not t.is_polynomial(*idx) or any(isinstance(a, (ir.FloorDiv, ir.ModIndex, sympy.Min, sympy.Max))
-                                                 for a in sympy.preorder_traversal(t)):
-                blocked |= t.free_symbols
-        polys.append(off)
+            factors = sympy.Mul.make_args(t)
+            if not all(f.is_Number or f.is_Symbol for f in factors):  # (plain terms c*m_i*m_j need no test)
+                if not t.is_polynomial(*idx) or any(isinstance(a, (ir.FloorDiv, ir.ModIndex, sympy.Min, sympy.Max))
+                                                     for a in sympy.preorder_traversal(t)):
+                    blocked |= t.free_symbols
+            # what off.coeff(m) sums: the other factors of each term with m as a factor
+            for k, f in enumerate(factors):
+                if f in idx_set:
+                    rest = sympy.Mul(*factors[:k], *factors[k + 1:])
+                    have = lin.get(f, 0)
+                    lin[f] = None if have is None or not rest.is_number else have + rest
+        coeffs.append(lin)
     groups = [[0]] if n else []
     for d in range(1, n):
         a, b = idx[d - 1], idx[d]
         ok = a not in blocked and b not in blocked and all(
-            sympy.expand(off.coeff(a) - view.size[d] * off.coeff(b)) == 0 and off.coeff(a).is_number
-            and off.coeff(b).is_number for off in polys)
+            lin.get(a, 0) is not None and lin.get(b, 0) is not None and lin.get(a, 0) - view.size[d] * lin.get(b, 0) == 0
+            for lin in coeffs)
         if ok:
             groups[-1].append(d)
         else:
@@ -290,6 +300,11 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
     mutations: (input index, output index) pairs, the graph outputs that the caller copies back into inputs
     (ember.autograd's input mutations); those computed by a kernel are written into the input directly where
     that is safe (`Schedule.inplace`, see `_write_in_place`)."""
+    with ir.gc_frozen():
+        return _schedule(lowered, row_buffers, mutations)
+
+
+def _schedule(lowered, row_buffers: bool, mutations: list | None) -> Schedule:
     buffers = {b.name: b for b in lowered.inputs}
     for name, t in lowered.constants.items():
         buffers[name] = ir.InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0)
@@ -298,6 +313,15 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
         for o in getattr(b, "outputs", None) or []:
             if o is not None:
                 buffers[o.name] = o
+
+    made: dict = {}  # (buffer name, rows) -> its Member or None: a buffer is tried against several groups
+
+    def member(b, numel: int) -> Member | None:
+        key = (b.name, numel)
+        if key not in made:
+            made[key] = make_member(b, numel)
+        m = made[key]
+        return None if m is None else dataclasses.replace(m, reads=set(m.reads))  # a copy: groups mark members
 
     # dead-code elimination, from the outputs back
     needed = {o.buffer for o in lowered.outputs if isinstance(o, TensorArg)}
@@ -309,7 +333,7 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
         if isinstance(b, ExternBuffer):
             needed |= set(b.inputs)
         else:
-            m = make_member(b, _default_rows(b))
+            m = member(b, _default_rows(b))
             bodies[b.name] = m
             needed |= m.reads
     live = [b for b in lowered.buffers if b.name in bodies or (isinstance(b, ExternBuffer) and (
@@ -332,7 +356,7 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
             g = items[j]
             if not isinstance(g, FusedGroup):
                 continue
-            m = make_member(b, g.numel)
+            m = member(b, g.numel)
             if m is None:
                 continue
             inside = [member_of[r] for r in m.reads if r in where and where[r] == j]

@@ -189,7 +189,7 @@ index_code = functools.partial(ir.index_code, syntax=ir.IndexSyntax("//", "tl.mi
 
 def _scalar_offset(off) -> bool:
     """An offset that is the same for every lane: only indirect indices, each computed from one element."""
-    ind = off.atoms(IndirectSymbol)
+    ind = ir.indirect_symbols(off)
     return bool(ind) and not (off.free_symbols - ind) and all(_scalar_expr(s.value) for s in ind)
 
 
@@ -240,7 +240,7 @@ class Body:
 
     def offset(self, off) -> str:
         ind = dict(self.index_names)
-        ind.update({s: f"{self.names[id(s.value)]}" for s in off.atoms(IndirectSymbol)})
+        ind.update({s: f"{self.names[id(s.value)]}" for s in ir.indirect_symbols(off)})
         return index_code(off, ind)
 
     def _value(self, x: Expr) -> str:
@@ -262,7 +262,7 @@ class Body:
                 # Both sides of a `where` are evaluated here (C++ evaluates one): a load that may fall outside
                 # its buffer (cat, pad, gather) is masked to it. Provably in-range loads keep the plain mask,
                 # so contiguous ones stay vectorized.
-                b = ir.bounds(off, self.ranges) if not off.atoms(IndirectSymbol) else None
+                b = ir.bounds(off, self.ranges) if not ir.indirect_symbols(off) else None
                 mask = self.mask
                 if b is None or b[0] < 0 or b[1] >= self.extents[name]:
                     mask = f"{mask} & ({code} >= 0) & ({code} < {self.extents[name]})"
@@ -647,6 +647,18 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
 
 def _substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
     memo = {}
+    key = (frozenset(subst.items()), frozenset(ranges.items()))
+
+    def index(off):
+        """off with subst, simplified: memoized across kernels (repeated layers print the same offsets; sympy
+        evaluating the substituted div/mod was most of the Triton printer's time)."""
+        k = (off, key)
+        got = _SUBSTITUTED.get(k)
+        if got is None:
+            if len(_SUBSTITUTED) > 200_000:
+                _SUBSTITUTED.clear()
+            got = _SUBSTITUTED[k] = ir.simplify_index(off.xreplace(subst), ranges)
+        return got
 
     def go(x):
         if not isinstance(x, Expr):
@@ -655,16 +667,19 @@ def _substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
             return memo[id(x)]
         if x.op == "load":
             # indirect indices carry their own Exprs: substitute inside them too, as new symbols
-            ind = {s: IndirectSymbol(go(s.value)) for s in x.args[1].atoms(IndirectSymbol)}
-            off = x.args[1].xreplace({**subst, **ind})
-            y = Expr("load", (x.args[0], ir.simplify_index(off, ranges) if not ind else off), x.dtype)
+            ind = {s: IndirectSymbol(go(s.value)) for s in ir.indirect_symbols(x.args[1])}
+            off = x.args[1].xreplace({**subst, **ind}) if ind else index(x.args[1])
+            y = Expr("load", (x.args[0], off), x.dtype)
         elif x.op == "index":
-            y = Expr("index", (ir.simplify_index(x.args[0].xreplace(subst), ranges),), x.dtype)
+            y = Expr("index", (index(x.args[0]),), x.dtype)
         else:
             y = Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
         memo[id(x)] = y
         return y
     return go(e)
+
+
+_SUBSTITUTED: dict = {}   # (offset, (substitution, ranges)) -> the substituted, simplified offset
 
 
 REDUCE_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
@@ -886,6 +901,11 @@ def _accumulate(m: Member, v: str, ii: str, ind: str) -> tuple[list[str], list[s
 # ------------------------------------------------------------------------------------------------- modules
 def generate(sched: Schedule) -> tuple[str, list]:
     """The Python module of a schedule's kernels, and per group (kernel name, args, config, grid)."""
+    with ir.gc_frozen():
+        return _generate(sched)
+
+
+def _generate(sched: Schedule) -> tuple[str, list]:
     parts, kernels, seen = [PRELUDE], [], set()
     for it in sched.items:
         if getattr(it, "template", None) is not None:     # mm_template.TemplateGroup (max-autotune)
