@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import ember
 from ember.backends.ember_backend import compile_graph
-from ember.codegen import lower
+from ember.codegen import lower, wrapper
 from ember.codegen.ir import ExternBuffer
 
 ONEDNN = lower._mkldnn_op("_convolution_pointwise") is not None
@@ -227,3 +227,43 @@ def test_concatenations_extending_one_prefix_twice():
     calls = [it.target for it in _sched(run).items if isinstance(it, ExternBuffer)]
     # base -> left share a buffer, right -> [right, a] another
     assert calls.count(lower.cat_chain_first) == 2 and calls.count(lower.cat_chain_extend) == 2, calls
+
+
+class ResidualUses(torch.nn.Module):
+    """Residuals with every kind of later life: a kernel's buffer dead after the add (accumulated into), a
+    convolution's result dead after it (accumulated into), one read again after the add, the convolution's own
+    input as its residual, and one that is returned (none of these three may be overwritten)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(c, c, 3, 1, 1) for _ in range(5))
+        self.down = torch.nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        a, b, c, d, e = self.convs
+        h = torch.relu(x * 2 - 1)                # a kernel's buffer
+        y = torch.relu(a(h) + h)                 # h dead after: accumulated into
+        t = self.down(y)
+        y = torch.relu(b(y) + t)                 # t is read again below
+        u = self.down(y)
+        z = torch.relu(c(y) + u)                 # a convolution's fresh result, dead after: accumulated into
+        z = torch.relu(d(z) + z)                 # z is d's input too
+        kept = torch.relu(z + t)
+        out = e(z) + kept                        # kept is returned (no relu after: still a post-op)
+        return out, kept, z.sum()
+
+
+@pytest.mark.skipif(wrapper.CONV_ADD_INPLACE is None, reason="this torch has no in-place oneDNN convolution")
+def test_residual_adds_accumulate_in_place_only_into_dead_buffers():
+    m = ResidualUses().eval()
+    x = torch.randn(2, 8, 11, 13).contiguous(memory_format=torch.channels_last)
+    run = _compiled_and_checked(m, x)
+    for _ in range(2):  # kept buffers written in place by the previous call are whole again
+        x2 = torch.randn_like(x)
+        with torch.no_grad():
+            got, want = run(x2), m(x2)
+        torch.testing.assert_close(got[0], want[0], rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(got[1], want[1], rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-3)
+    src = next(a for a in run.artifacts.values() if a is not None).forward.compiled.call.source
+    assert src.count("# accumulates into") == 2, src

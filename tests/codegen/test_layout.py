@@ -197,6 +197,29 @@ def test_max_pool_values_and_indices_match_eager(kw, memory_format):
     assert any(isinstance(b, Reduction) for b in _forward(run).sched.buffers.values()) == big
 
 
+@pytest.mark.parametrize("kw", POOLS[:5], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_max_pool_edges_with_nan_and_inf_match_eager(kw):
+    """Undilated windows load a tap outside the input at the clamped edge, a position of the same window, with
+    no `where(inside, v, -inf)` select (which kept g++ from vectorizing the channels-last loop over C); the edges
+    hold NaN, -inf and +inf, the maximum and its index must still be eager's."""
+    f = WithConv(torch.nn.Conv2d(3, 6, 1), lambda conv, x: F.max_pool2d(conv(x) * 0 + x.repeat(1, 2, 1, 1),
+                                                                         return_indices=True, **kw))
+    x = torch.randn(2, 3, 9, 11)
+    x[0, 0, 0, :] = float("nan")
+    x[0, 1, :, 0] = -float("inf")
+    x[1, 2, -1, :] = float("inf")
+    x[1, 0, :, -1] = -float("inf")
+    x[1, 1, :2, :2] = float("nan")
+    x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        run = compile_graph(torch.fx.symbolic_trace(f), [x])
+        got, want = run(x), f(x)
+    torch.testing.assert_close(got[0], want[0], equal_nan=True)
+    torch.testing.assert_close(got[1], want[1])
+    src = _forward(run).source
+    assert ("-std::numeric_limits<float>::infinity()" in src) == (kw.get("dilation", 1) > 1)
+
+
 AVG = [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=(2, 3), stride=(1, 2),
                                                                            divisor_override=5),
        dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)]  # varying divisor: an ATen call
