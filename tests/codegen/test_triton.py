@@ -295,6 +295,20 @@ def test_cuda_attention_training_passes_its_cpu_philox_state_between_library_cal
     assert made["eager_graphs"] == 0 and made["graphs"] == 2, made
 
 
+def _steps_against_eager(step, opt, ref, ps, qs, n: int, state_key: str) -> None:
+    """n compiled steps of `opt` and eager steps of `ref` on the same fresh gradients; then the parameters and
+    one state entry of each compared."""
+    for _ in range(n):
+        for p, q in zip(ps, qs):
+            g = torch.randn_like(p)
+            p.grad, q.grad = g.clone(), g.clone()
+        step()
+        ref.step()
+    for p, q in zip(ps, qs):
+        torch.testing.assert_close(p, q)
+        torch.testing.assert_close(opt.state[p][state_key], ref.state[q][state_key])
+
+
 @pytest.mark.skipif(not CUDA, reason="the optimizer step on CUDA tensors")
 @pytest.mark.parametrize("capturable", [True, False])
 def test_compiled_adam_step_on_cuda(capturable):
@@ -311,15 +325,7 @@ def test_compiled_adam_step_on_cuda(capturable):
     ember.reset()
     step = ember.compile(lambda: o1.step())
     before = dict(tb.STATS)
-    for _ in range(3):
-        for p, q in zip(ps, qs):
-            g = torch.randn_like(p)
-            p.grad, q.grad = g.clone(), g.clone()
-        step()
-        o2.step()
-    for p, q in zip(ps, qs):
-        torch.testing.assert_close(p, q)
-        torch.testing.assert_close(o1.state[p]["exp_avg_sq"], o2.state[q]["exp_avg_sq"])
+    _steps_against_eager(step, o1, o2, ps, qs, 3, "exp_avg_sq")
     made = {k: tb.STATS[k] - before[k] for k in before}
     assert made["eager_graphs"] == 0 and made["graphs"] == 1 and made["kernels"] <= 2, made
     # parameters and moments written in place: the copy-back after the kernels (a foreach copy) has at most the
@@ -353,15 +359,7 @@ def test_step_counters_reach_the_gpu_once_while_only_the_step_changes_them(monke
     step = ember.compile(lambda: o1.step())
 
     def run(n):
-        for _ in range(n):
-            for p, q in zip(ps, qs):
-                g = torch.randn_like(p)
-                p.grad, q.grad = g.clone(), g.clone()
-            step()
-            o2.step()
-        for p, q in zip(ps, qs):
-            torch.testing.assert_close(p, q)
-            torch.testing.assert_close(o1.state[p]["step"], o2.state[q]["step"])
+        _steps_against_eager(step, o1, o2, ps, qs, n, "step")
     run(2)      # the first call captures (the state is created), the second compiles and runs
     run(4)
     assert len(packs) == 1 and packs[0].transfers == 1, [p.transfers for p in packs]
