@@ -17,6 +17,7 @@ import torch
 from ember.codegen import ir
 from ember.codegen.ir import Expr, IndirectSymbol
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
+from ember.runtime import cache
 
 CTYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
          torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
@@ -266,10 +267,16 @@ def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(reads + writes)), writes
 
 
+MAX_MEMBERS_PER_KERNEL = 64
+
+
 def too_many_args(group: FusedGroup) -> bool:
     """Whether a group's kernel would take more pointers than one ctypes call passes (an Adam step over ~150
-    parameters fused horizontally: 7 pointers each)."""
-    return len(kernel_args(group)[0]) > MAX_KERNEL_ARGS
+    parameters fused horizontally: 7 pointers each), or more members than g++ compiles quickly in one function:
+    densenet121's 120 folded convolution weights (~300 members) were one 102K-character function, 7 s of
+    g++ -O3; cut into functions of at most 64 members, which also compile side by side (cache._build), 1.6 s.
+    An Adam step over 10 parameters (~40 members) stays one function with one parallel region."""
+    return len(group.members) > MAX_MEMBERS_PER_KERNEL or len(kernel_args(group)[0]) > MAX_KERNEL_ARGS
 
 
 def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
@@ -568,4 +575,5 @@ def generate(sched: Schedule) -> tuple[str, list]:
             src, args = kernel_source(it, sched)
             parts.append(src)
             kernels.append((it.name, args, "ember_index(" in src))
-    return "\n\n".join(parts) + "\n", kernels
+    # kernels are independent functions: the marker lets the build compile a large file in parts, in parallel
+    return cache.KERNEL_MARK.join(parts) + "\n", kernels

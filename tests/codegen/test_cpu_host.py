@@ -2,6 +2,7 @@
 a matrix product whose bias add fuses into the next kernel. Compared with eager on fresh random inputs."""
 import threading
 
+import pytest
 import torch
 
 import ember
@@ -340,3 +341,55 @@ def test_overlap_check_rechecks_only_inputs_whose_address_changed():
             starts[k] = rng.randrange(0, 4096 - width) if rng.random() < 0.3 else rng.randrange(0, 16) * 256
         args = [base[s:s + width] for s in starts]
         assert check(args) == brute([a.data_ptr() for a in args]), starts
+
+
+def test_a_large_generated_file_is_compiled_in_parts_and_linked_into_one_library(monkeypatch, tmp_path):
+    """cache._build splits a generated file at its kernel marks into one part per core, compiles the parts side
+    by side and links them into one library exporting every kernel; a compiler error still names the file."""
+    import ctypes
+
+    from ember.runtime import cache
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "PART_CHARS", 50)
+    monkeypatch.setattr(cache.os, "cpu_count", lambda: 3)
+    prelude = 'static inline int twice(int x) { return 2 * x; }'
+    kernels = [f'extern "C" int k{i}(int x) {{ return twice(x) + {i}; }}' for i in range(7)]
+    lib = ctypes.CDLL(str(cache.build_cpp(cache.KERNEL_MARK.join([prelude, *kernels]) + "\n").result()))
+    assert [getattr(lib, f"k{i}")(5) for i in range(7)] == [10 + i for i in range(7)]
+    bad = cache.KERNEL_MARK.join([prelude, *kernels, 'extern "C" int broken( { }'])
+    with pytest.raises(cache.BuildError, match="part"):
+        cache.build_cpp(bad).result()
+
+
+def test_wide_horizontal_groups_are_cut_into_kernels_of_at_most_64_members():
+    """An elementwise group of many members (densenet121's 120 folded convolution weights, an optimizer over many
+    parameters) becomes several C++ functions, each quick to compile; values as eager's."""
+    from ember.codegen import cpp
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(100)]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    opt, ref = torch.optim.SGD(ps, lr=0.1, momentum=0.9), torch.optim.SGD(qs, lr=0.1, momentum=0.9)
+    ember.reset()
+    step = ember.compile(lambda: opt.step())
+    graphs = []
+    from ember.backends import ember_backend
+    orig = ember_backend.compile_aten
+
+    def keep(gm, ex, options=None):
+        r = orig(gm, ex, options)
+        graphs.append(r)
+        return r
+    ember_backend.compile_aten = keep
+    try:
+        for _ in range(3):
+            for p, q in zip(ps, qs):
+                p.grad = torch.randn_like(p)
+                q.grad = p.grad.clone()
+            step()
+            ref.step()
+    finally:
+        ember_backend.compile_aten = orig
+    for p, q in zip(ps, qs):
+        torch.testing.assert_close(p, q)
+    kernels = [k for g in graphs if hasattr(g, "compiled") for k in g.compiled.kernels]
+    assert len(kernels) >= 200 // cpp.MAX_MEMBERS_PER_KERNEL, kernels   # two updates per parameter
