@@ -171,7 +171,7 @@ def phases(gm, example_inputs, backend: str) -> tuple[dict, dict]:
         if backend == "cpp":
             from ember.codegen import cpp
             sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
-            sched = schedule.split_elementwise(sched, cpp.too_many_args)
+            sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
             times["schedule"] = CLOCK() - t
             t = CLOCK()
             source, kernels = cpp.generate(sched)

@@ -50,6 +50,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from ember.frontend.meta import FLOATS, contiguous_strides, conv2d_output_shape
+
 aten = torch.ops.aten
 MEMO = True   # _memo_fake_call (bench/trace_profile.py --memo-ab compares)
 _PRIM_DEVICE = torch.ops.prim.device.default
@@ -535,27 +537,16 @@ class _Recorder(TorchDispatchMode):
 
 # ------------------------------------------------------------------------------ direct output metadata
 
-_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
-def _contiguous_strides(shape) -> tuple:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
-
-
 def _plain(t, device, dtype) -> bool:
     """A fake tensor with canonical contiguous strides, of `dtype`, on `device`, no conj/neg bit."""
     return (type(t) is FakeTensor and t.dtype == dtype and t.fake_device == device and t.layout is torch.strided
-            and t.storage_offset() == 0 and t.stride() == _contiguous_strides(t.shape) and not t.is_neg()
+            and t.storage_offset() == 0 and t.stride() == contiguous_strides(t.shape) and not t.is_neg()
             and not t.is_conj() and t.constant is None)
 
 
 def _fresh(mode: FakeTensorMode, shape, dtype, device) -> FakeTensor:
     shape = tuple(shape)
-    return _fake_tensor(mode, shape, _contiguous_strides(shape), dtype, device)
+    return _fake_tensor(mode, shape, contiguous_strides(shape), dtype, device)
 
 
 def _fake_tensor(mode: FakeTensorMode, shape, stride, dtype, device) -> FakeTensor:
@@ -575,7 +566,7 @@ def _eval_batch_norm(args, kwargs):
     if kwargs or len(args) != 8 or args[5] is not False:
         return None
     x, w, b, rm, rv = args[:5]
-    if type(x) is not FakeTensor or x.dtype not in _FLOATS or x.dim() < 2 or x.numel() == 0 or rm is None or \
+    if type(x) is not FakeTensor or x.dtype not in FLOATS or x.dim() < 2 or x.numel() == 0 or rm is None or \
             rv is None or type(args[6]) not in (float, int) or type(args[7]) not in (float, int):
         return None
     device, dtype, channels = x.fake_device, x.dtype, x.shape[1]
@@ -615,16 +606,10 @@ def _cpu_convolution(args, kwargs):
     mode = x.fake_mode
     if mode.in_kernel_invocation or w.fake_mode is not mode or (bias is not None and bias.fake_mode is not mode):
         return None
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    if groups < 1 or cg * groups != c or o % groups or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or \
-            (bias is not None and tuple(bias.shape) != (o,)):
+    shape = conv2d_output_shape(x.shape, w.shape, stride, padding, dilation, groups)
+    if shape is None or (bias is not None and tuple(bias.shape) != (shape[1],)):
         return None
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    if ho < 1 or wo < 1:
-        return None
-    return _fresh(mode, (n, o, ho, wo), dtype, device)
+    return _fresh(mode, shape, dtype, device)
 
 
 # ops whose FakeTensorMode dispatch is slow, answered directly for the inputs their rule takes (None: dispatch);

@@ -134,7 +134,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         with lower.LOWERING_LOCK:
             low, out_spec, _ = lower.lower(gm, example_inputs)
             sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
-            sched = schedule.split_elementwise(sched, cpp.too_many_args)
+            sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
             source, kernels = cpp.generate(sched)
     except lower.Unsupported as e:
         fallback_log.warning("graph runs eagerly: %s", e)

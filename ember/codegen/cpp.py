@@ -270,7 +270,7 @@ def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
 MAX_MEMBERS_PER_KERNEL = 64
 
 
-def too_many_args(group: FusedGroup) -> bool:
+def too_big_for_one_function(group: FusedGroup) -> bool:
     """Whether a group's kernel would take more pointers than one ctypes call passes (an Adam step over ~150
     parameters fused horizontally: 7 pointers each), or more members than g++ compiles quickly in one function:
     densenet121's 120 folded convolution weights (~300 members) were one 102K-character function, 7 s of

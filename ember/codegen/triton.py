@@ -1070,20 +1070,16 @@ class Launcher:
         if k is not None:
             ptrs = list(map(_data_ptr, args))
             if not self.aligned_only or not any(p % 16 for p in ptrs):
-                if self.raw:
+                try:
                     k.run(self.grid, 1, 1, _raw_stream(self.device_index), k.function, k.packed_metadata, None,
-                          None, None, *ptrs, *self.constexprs)
-                    return
+                          None, None, *(ptrs if self.raw is not False else args), *self.constexprs)
+                except (TypeError, ValueError):
+                    if self.raw is not None:
+                        raise
+                    self.raw = False    # this launcher takes tensors only: this call and the next ones
+                    return self(*args)
                 if self.raw is None:
-                    try:
-                        k.run(self.grid, 1, 1, _raw_stream(self.device_index), k.function, k.packed_metadata, None,
-                              None, None, *ptrs, *self.constexprs)
-                        self.raw = True
-                        return
-                    except (TypeError, ValueError):
-                        self.raw = False
-                k.run(self.grid, 1, 1, _raw_stream(self.device_index), k.function, k.packed_metadata, None, None,
-                      None, *args, *self.constexprs)
+                    self.raw = True
                 return
         kernel = self.fn[(self.grid,)](*args, **self.meta)
         if FAST_LAUNCH and self.kernel is None and hasattr(kernel, "packed_metadata"):

@@ -8,7 +8,7 @@ the output FakeTensor for those (eval batch_norm, layer_norm, linear, addmm, con
 pointwise ops), or None, and the caller then dispatches through FakeTensorMode as before.
 
 The rules only take inputs whose result eager computes one way on every backend: every tensor dense with
-canonical contiguous strides (`_contiguous_strides`, so no size-1 dimension with an odd stride makes
+canonical contiguous strides (`contiguous_strides`, so no size-1 dimension with an odd stride makes
 suggest_memory_format ambiguous), one device, floating dtypes; no autograd involvement (grad mode off or no
 input requiring grad: the output is then a leaf without requires_grad, as FakeTensorMode's is); no autocast, no
 inference mode. tests/frontend/test_meta.py compares each rule with eager and with FakeTensorMode over shapes,
@@ -39,7 +39,7 @@ _INPLACE_METHODS = {"relu_", "add_", "sub_", "mul_", "div_"}
 _OPERATORS = {operator.add, operator.sub, operator.mul, operator.truediv}
 
 
-def _contiguous_strides(shape) -> tuple:
+def contiguous_strides(shape) -> tuple:
     strides, acc = [], 1
     for s in reversed(shape):
         strides.append(acc)
@@ -50,12 +50,12 @@ def _contiguous_strides(shape) -> tuple:
 def _plain(t, device) -> bool:
     """A fake tensor of this capture with canonical contiguous strides, floating point, on `device`."""
     return (type(t) is FakeTensor and t.dtype in FLOATS and t.fake_device == device and t.layout is torch.strided
-            and t.stride() == _contiguous_strides(t.shape) and not t.is_neg() and not t.is_conj())
+            and t.stride() == contiguous_strides(t.shape) and not t.is_neg() and not t.is_conj())
 
 
 def _new(mode: FakeTensorMode, shape, dtype, device) -> FakeTensor:
     shape = tuple(shape)
-    return FakeTensor(mode, torch.empty_strided(shape, _contiguous_strides(shape), dtype=dtype, device="meta"), device)
+    return FakeTensor(mode, torch.empty_strided(shape, contiguous_strides(shape), dtype=dtype, device="meta"), device)
 
 
 def _grad_free(tensors) -> bool:
@@ -244,6 +244,17 @@ def _pair(v):
     return None
 
 
+def conv2d_output_shape(x_shape, w_shape, stride, padding, dilation, groups: int) -> tuple | None:
+    """(n, o, ho, wo) of a 2-d convolution of a 4-d input and weight, or None where the arguments are invalid."""
+    n, c, h, wd = x_shape
+    o, cg, kh, kw = w_shape
+    if groups < 1 or cg * groups != c or o % groups or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
+        return None
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    return (n, o, ho, wo) if ho >= 1 and wo >= 1 else None
+
+
 def _conv2d(mode, args, kwargs):
     """torch.conv2d of a batched contiguous float32/float64 CPU input and weight: a contiguous output."""
     b = _bind(_CONV_NAMES, _CONV_DEFAULTS, args, kwargs)
@@ -258,18 +269,15 @@ def _conv2d(mode, args, kwargs):
     if device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or w.dtype != x.dtype or \
             not _plain(x, device) or not _plain(w, device) or x.numel() == 0 or w.numel() == 0:
         return None
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    if cg * groups != c or o % groups or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
+    shape = conv2d_output_shape(x.shape, w.shape, stride, padding, dilation, groups)
+    if shape is None:
         return None
-    if bias is not None and (type(bias) is not FakeTensor or bias.shape != (o,) or bias.dtype != x.dtype or
+    if bias is not None and (type(bias) is not FakeTensor or bias.shape != (shape[1],) or bias.dtype != x.dtype or
                              not _plain(bias, device)):
         return None
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    if ho < 1 or wo < 1 or not _grad_free([t for t in (x, w, bias) if t is not None]):
+    if not _grad_free([t for t in (x, w, bias) if t is not None]):
         return None
-    return _new(mode, (n, o, ho, wo), x.dtype, device)
+    return _new(mode, shape, x.dtype, device)
 
 
 def _cat(mode, args, kwargs):

@@ -477,3 +477,34 @@ def test_a_row_stored_and_read_back_in_one_program_stays_in_registers():
     call = compile_and_check(f, rand(100, 64), rand(64), rand(100, 64))
     rows = [k for k in call.kernel_source.split("@triton.jit") if "RBLOCK" in k]
     assert rows and all("debug_barrier" not in k for k in rows), call.kernel_source
+
+
+@pytest.mark.parametrize("takes_integers", [True, False])
+def test_launcher_passes_integer_pointers_or_falls_back_to_tensors(takes_integers, monkeypatch):
+    """Launcher's fast path (a stand-in for Triton's compiled kernel): pointers go as integers; a launcher that
+    refuses them (TypeError) gets the tensors, from that call on; an unaligned pointer goes through Triton."""
+    from ember.codegen import triton as tb
+    calls = []
+
+    class Kernel:
+        function, packed_metadata = object(), object()
+
+        def run(self, *a):
+            ptrs = a[9:-1]
+            if not takes_integers and any(isinstance(p, int) for p in ptrs):
+                raise TypeError("Pointer argument must be a tensor")
+            calls.append(ptrs)
+    monkeypatch.setattr(tb, "_raw_stream", lambda index: 0)
+    launcher = tb.Launcher.__new__(tb.Launcher)
+    launcher.grid, launcher.device_index, launcher.constexprs = 4, 0, (128,)
+    launcher.kernel, launcher.aligned_only, launcher.raw = Kernel(), True, None
+    through_triton = []
+    launcher.fn = type("Fn", (), {"__getitem__": lambda self, grid: lambda *a, **k: through_triton.append(a)})()
+    launcher.meta = {}
+    x, y = torch.zeros(16), torch.zeros(16)
+    for _ in range(2):
+        launcher(x, y)
+    want = (x.data_ptr(), y.data_ptr()) if takes_integers else (x, y)
+    assert len(calls) == 2 and all(c == want for c in calls) and launcher.raw is takes_integers
+    launcher(x[1:], y)                       # 4 bytes past an aligned address
+    assert len(calls) == 2 and len(through_triton) == 1

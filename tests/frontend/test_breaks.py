@@ -176,18 +176,22 @@ def test_break_in_loop_compiles_bounded(fn, bound):
     assert n <= bound
 
 
+def _nested_inner(x):
+    x = x + 1
+    print("inner")
+    return x * 2
+
+
+def _nested_middle(x):
+    return _nested_inner(x.sin()).cos()
+
+
+def _nested_outer(x):   # a break (print) two calls deep
+    return _nested_middle(x * 3) - 1
+
+
 def test_break_in_nested_callees():
-    def inner(x):
-        x = x + 1
-        print("inner")
-        return x * 2
-
-    def middle(x):
-        return inner(x.sin()).cos()
-
-    def outer(x):
-        return middle(x * 3) - 1
-    r = check(outer, rand(4))
+    r = check(_nested_outer, rand(4))
     assert 2 <= r.graphs <= 6, r
     assert sum(r.ops) == 6, r  # mul, sin, add | mul, cos, sub: every op in exactly one graph
 
@@ -226,17 +230,7 @@ def test_break_in_nested_callees_found_once(monkeypatch):
     finds the break, the one that stops at it), not once more per enclosing call. Same graphs, same breaks
     (explain) and same results as the rediscovering path, which the counts asserted here were taken from."""
     from ember.frontend import interpreter
-
-    def inner(x):
-        x = x + 1
-        print("inner")
-        return x * 2
-
-    def middle(x):
-        return inner(x.sin()).cos()
-
-    def outer(x):
-        return middle(x * 3) - 1
+    inner, outer = _nested_inner, _nested_outer
     frames = []
     init = interpreter.Frame.__init__
 
