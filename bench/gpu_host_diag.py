@@ -1,0 +1,141 @@
+"""Where a host-bound compiled model's host time goes, on a GPU (one device run):
+
+    python bench/gpu_host_diag.py [resnet50|densenet]
+
+Per column (eager, Inductor, ember): host time per step with steps queued (no wait), the GPU-step time, and the
+CPU ATen ops' self time per step. For ember also: the guards + frontend alone (the graph call replaced by a
+call that returns the last outputs) and the host program alone. Then the host cost of one small convolution
+call in the forms a host program may issue (the `aten.convolution.default` OpOverload, `torch.convolution`,
+F.conv2d; channels-last input with NCHW or channels-last weight).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_cold_"))
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton_cold_"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import ember  # noqa: E402
+
+
+def queued_ms(step, n: int = 30) -> float:
+    """Host time per step, steps issued back to back (the GPU may still be busy)."""
+    step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    ms = (time.perf_counter() - t) / n * 1e3
+    torch.cuda.synchronize()
+    return ms
+
+
+def gpu_step_ms(step, n: int = 30) -> float:
+    times = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        times.append((a, b))
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in times)
+
+
+def host_ops(step, label: str, steps: int = 5, top: int = 14) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    evs = sorted(p.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    print(f"  host ops {label} (self time per step):")
+    for e in evs:
+        print(f"    {e.self_cpu_time_total / steps / 1e3:8.3f} ms {e.count // steps:5d}x  {e.key[:80]}")
+
+
+def model(name: str):
+    import torchvision
+    if name == "densenet":
+        return torchvision.models.densenet121().cuda().eval(), torch.randn(16, 3, 128, 128, device="cuda")
+    return torchvision.models.resnet50().cuda().eval(), torch.randn(32, 3, 224, 224, device="cuda")
+
+
+def main() -> None:
+    name = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
+    m, x = model(name)
+    print(f"# {name}: {torch.cuda.get_device_name()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    for col, fn in (("eager", m), ("inductor", torch.compile(m)), ("ember", ember.compile(m))):
+        def step(fn=fn):
+            with torch.no_grad():
+                return fn(x)
+        for _ in range(3):
+            step()
+        print(f"{col:9s} host {queued_ms(step):7.3f} ms/step queued, GPU-step {gpu_step_ms(step):7.3f} ms")
+        host_ops(step, col)
+        if col == "ember":
+            ember_split(step)
+    conv_forms()
+
+
+def ember_split(step) -> None:
+    """The frontend (guards, inputs) and the host program timed apart: the entry's `___graph` is swapped for
+    a stand-in that returns the last outputs, then the real graph call is timed on the recorded inputs."""
+    import gc
+    from ember.frontend import convert
+    fcs = [o for o in gc.get_objects() if isinstance(o, convert.FrameCompiler) and o.entries]
+    for fc in fcs:
+        for entry in fc.entries:
+            ns = entry.fn.__globals__
+            if "___graph" not in ns:
+                continue
+            real, seen = ns["___graph"], {}
+
+            def spy(*args, real=real, seen=seen):
+                seen["args"] = args
+                seen["out"] = real(*args)
+                return seen["out"]
+            ns["___graph"] = spy
+            step()
+            ns["___graph"] = lambda *args, seen=seen: seen["out"]
+            print(f"  ember frontend alone ({fc.name}, {len(entry.guards)} guards, {len(seen['args'])} graph inputs): "
+                  f"{queued_ms(step, 200):.3f} ms/call")
+
+            def graph_only(real=real, seen=seen):
+                with torch.no_grad():
+                    return real(*seen["args"])
+            print(f"  ember graph call alone: {queued_ms(graph_only):.3f} ms/call")
+            host_ops(graph_only, "ember graph call alone")
+            ns["___graph"] = real
+
+
+def conv_forms() -> None:
+    """Host µs of one small convolution call (GPU work ~ nothing) in each form."""
+    x = torch.randn(1, 64, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    w = torch.randn(64, 64, 3, 3, device="cuda")
+    wcl = w.to(memory_format=torch.channels_last)
+    aten = torch.ops.aten.convolution.default
+    forms = {
+        "aten.convolution.default, NCHW weight": lambda: aten(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        "aten.convolution.default, NHWC weight": lambda: aten(x, wcl, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        "torch.convolution, NCHW weight": lambda: torch.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        "F.conv2d, NCHW weight": lambda: F.conv2d(x, w, None, 1, 1),
+        "F.conv2d, NHWC weight": lambda: F.conv2d(x, wcl, None, 1, 1),
+        "torch.empty_strided (cuda)": lambda: torch.empty_strided((1, 64, 14, 14), (12544, 1, 896, 64), device="cuda"),
+    }
+    print("  one call's host time:")
+    for k, f in forms.items():
+        for _ in range(20):
+            f()
+        print(f"    {queued_ms(f, 500) * 1e3:8.1f} us  {k}")
+
+
+if __name__ == "__main__":
+    main()
