@@ -49,6 +49,56 @@ def test_pointwise_chain_is_recomputed_not_saved():
     torch.testing.assert_close(g1, g2)
 
 
+def _assert_log_softmax_recomputed(part):
+    """The forward computes the log_softmax's row statistics and saves them, not its output; the backward
+    recomputes the output (two subtractions) from the logits and the statistics."""
+    aten = torch.ops.aten
+    fw = {n.name: n for n in part.forward.graph.nodes}
+    assert not any(n.target is aten._log_softmax.default for n in fw.values())
+    saved_ops = {fw[name].target for name in part.saved if name in fw}
+    assert aten.amax.default in saved_ops and aten.sub.Tensor not in saved_ops, part.saved
+    assert sum(fw[name].target is aten.sub.Tensor for name in part.recomputed) == 2, part.recomputed
+
+
+def test_log_softmax_of_returned_logits_is_recomputed_from_row_statistics():
+    """A language model's loss: the logits are returned, so the forward saves them and the two row statistics
+    (max, log of the exp sum) and the backward recomputes the log_softmax pointwise, instead of the forward
+    saving a second logits-sized tensor. Values and gradients as eager's."""
+    def f(h, w, target):
+        logits = h @ w
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1))
+        return loss, logits
+    h, w = torch.randn(4, 6, 16, requires_grad=True), torch.randn(16, 50, requires_grad=True)
+    target = torch.randint(0, 50, (4, 6))
+    fn = aot_eager(torch.fx.symbolic_trace(f), [h, w, target])
+    loss, logits = fn(h, w, target)
+    loss.backward()
+    _assert_log_softmax_recomputed(only_artifact(fn).part)
+    h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ref, ref_logits = f(h2, w2, target)
+    ref.backward()
+    torch.testing.assert_close((loss, logits, h.grad, w.grad), (ref, ref_logits, h2.grad, w2.grad))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_softmax_of_an_input_is_recomputed_from_row_statistics(dtype):
+    """The loss in a graph of its own (after a graph break): the logits are an input, alive anyway; rows with
+    ignored targets and large logits (the max shift matters)."""
+    def f(logits, target):
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1))
+    logits = (torch.randn(4, 6, 50, dtype=dtype) * 30).requires_grad_()
+    target = torch.randint(0, 50, (4, 6))
+    target[0, :2] = -100
+    fn = aot_eager(torch.fx.symbolic_trace(f), [logits, target])
+    loss = fn(logits, target)
+    loss.backward()
+    _assert_log_softmax_recomputed(only_artifact(fn).part)
+    ref_in = logits.detach().clone().requires_grad_()
+    ref = f(ref_in, target)
+    ref.backward()
+    torch.testing.assert_close((loss, logits.grad), (ref, ref_in.grad))
+
+
 def test_dropout_mask_saved_and_same_as_eager():
     def f(x, w):
         return torch.nn.functional.dropout((x @ w).relu(), 0.5, True).tanh().sum()
