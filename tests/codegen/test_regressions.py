@@ -139,3 +139,20 @@ def test_cat_never_loads_a_piece_outside_its_range():
         for pos in itertools.product(range(seq), range(3 * heads * d)):
             value = int(at(*pos))
             assert 0 <= value < heads * seq * d, (name, pos, value)
+
+
+def test_cube_and_inverse_square_equal_eager_bit_for_bit():
+    """pow(x, 3) and pow(x, -2) are computed as eager's CPU kernels compute them (x*x*x, 1/(x*x))."""
+    import ember
+
+    def f(x):
+        return torch.pow(x, 3.0), x ** -2
+
+    def gelu_new(x):   # GPT-2's: the cube inside a longer chain (the C++ compiler may contract into FMAs there)
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(257, 33, dtype=dtype) * 3
+        got, want = ember.compile(f)(x), f(x)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+        torch.testing.assert_close(ember.compile(gelu_new)(x), gelu_new(x))
