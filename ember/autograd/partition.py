@@ -18,6 +18,12 @@ their normalized output is, given those statistics, a pointwise function of the 
 backward may recompute it with pointwise ops instead of saving it: a LayerNorm/BatchNorm output feeding a
 matmul/conv and a ReLU need not be saved next to the normalization's input. The forward keeps the fused op.
 
+A value a library call of the backward reads (a matmul, a convolution: directly or through views) is never
+recomputed, as AOTAutograd's partitioner bans it: recomputing it there writes it out again, while the forward
+wrote it anyway for its own library call (GPT-2's GELU output, read by the projection's matmul forward and by its
+weight gradient's backward: recomputed, it cost the backward two kernels writing 50 MB per layer). The
+normalization recipes above still apply where the backward only fuses pointwise work onto their output.
+
 A log_softmax over a value alive anyway (a language model's logits: an input of the loss's own graph, or
 returned by the forward) is written out in the joint graph as its parts, `(x - amax) - log(sum(exp(x - amax)))`,
 and x is counted as costing one byte in the cut: the forward then saves x and the two row statistics, and the
@@ -77,8 +83,7 @@ def recomputable(node: torch.fx.Node) -> bool:
 
 def _through_views(n):
     """The value a chain of views starts from."""
-    while isinstance(n, torch.fx.Node) and n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
-            and n.target._schema.returns and n.target._schema.returns[0].alias_info is not None:
+    while isinstance(n, torch.fx.Node) and _is_view(n):
         n = n.args[0]
     return n
 
@@ -94,6 +99,29 @@ def _split_log_softmax(graph: torch.fx.Graph, n: torch.fx.Node) -> None:
         out = _emit(graph, aten.sub.Tensor, shifted, _emit(graph, aten.log.default, total))
     n.replace_all_uses_with(out)
     graph.erase_node(n)
+
+
+def _is_view(n: torch.fx.Node) -> bool:
+    return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
+        bool(n.target._schema.returns) and n.target._schema.returns[0].alias_info is not None
+
+
+def _materialized_in_backward(n: torch.fx.Node, bw_nodes: set) -> bool:
+    """Whether a backward node that ember's code generator leaves a library call (or an ATen call it cannot
+    decompose) reads n, directly or through views of it."""
+    from ember.decomp.table import EXTERN, TABLE   # (the decomposition table imports the code generator)
+    todo, seen = [n], {n}
+    while todo:
+        for u in todo.pop().users:
+            if u in seen or u.op != "call_function":
+                continue
+            seen.add(u)
+            if u in bw_nodes:
+                if u.target is not operator.getitem and (u.target in EXTERN or u.target not in TABLE):
+                    return True
+            elif _is_view(u):
+                todo.append(u)
+    return False
 
 
 def _ancestors(roots, stop=lambda n: False, inputs_of=lambda n: n.all_input_nodes) -> set:
@@ -214,7 +242,8 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
             G.add_edge((n, "in"), (n, "out"))                      # a tuple: not a value one can save
         else:
             G.add_edge((n, "in"), (n, "out"), capacity=1 if n in cheap else size)
-        if n.op == "placeholder" or (n in in_forward and not (recomputable(n) or n in recipes)):
+        if n.op == "placeholder" or (n in in_forward and (not (recomputable(n) or n in recipes)
+                                                          or _materialized_in_backward(n, bw_nodes))):
             G.add_edge("S", (n, "in"))
         else:
             for u in inputs_of(n):

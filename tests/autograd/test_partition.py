@@ -114,8 +114,28 @@ def test_dropout_mask_saved_and_same_as_eager():
                 torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())]
 
 
+def test_value_a_backward_matmul_reads_is_saved_not_recomputed():
+    """GELU's output feeds the next matmul in the forward and its weight gradient in the backward: recomputing it
+    would write it out again in the backward, so it is saved (AOTAutograd's rule); the GELU input is saved for
+    GELU's own backward, which is pointwise."""
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU("tanh"), torch.nn.Linear(32, 8))
+    x = torch.randn(64, 16)
+    fn = aot_eager(torch.fx.symbolic_trace(m), [x])
+    part = only_artifact(fn).part
+    fw = {n.name: n for n in part.forward.graph.nodes}
+    assert torch.ops.aten.gelu.default in {fw[name].target for name in part.saved if name in fw}, part.saved
+    assert not any(n.target is torch.ops.aten.gelu.default for n in part.backward.graph.nodes)
+    ref = copy.deepcopy(m)
+    fn(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 def test_layer_norm_output_recomputed_from_statistics():
-    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 8))
+    """The layer norm's output is read in the backward only by GELU's (pointwise) backward: recomputed from the
+    input and statistics instead of saved; the GELU output, read by the last matmul's weight gradient, is saved."""
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(), torch.nn.Linear(32, 8))
     x = torch.randn(64, 16)
     fn = aot_eager(torch.fx.symbolic_trace(m), [x])
     art = only_artifact(fn)
