@@ -19,7 +19,8 @@ backward may recompute it with pointwise ops instead of saving it: a LayerNorm/B
 matmul/conv and a ReLU need not be saved next to the normalization's input. The forward keeps the fused op.
 
 A value a library call of the backward reads (a matmul, a convolution: directly or through views) is never
-recomputed, as AOTAutograd's partitioner bans it: recomputing it there writes it out again, while the forward
+recomputed (a view of it still is: the backward takes the view of the saved value, and an expanded view saved
+as such would reach the backward as a dense copy of the graph that wrote it), as AOTAutograd's partitioner bans it: recomputing it there writes it out again, while the forward
 wrote it anyway for its own library call (GPT-2's GELU output, read by the projection's matmul forward and by its
 weight gradient's backward: recomputed, it cost the backward two kernels writing 50 MB per layer). The
 normalization recipes above still apply where the backward only fuses pointwise work onto their output.
@@ -243,7 +244,7 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
         else:
             G.add_edge((n, "in"), (n, "out"), capacity=1 if n in cheap else size)
         if n.op == "placeholder" or (n in in_forward and (not (recomputable(n) or n in recipes)
-                                                          or _materialized_in_backward(n, bw_nodes))):
+                                                          or (not _is_view(n) and _materialized_in_backward(n, bw_nodes)))):
             G.add_edge("S", (n, "in"))
         else:
             for u in inputs_of(n):

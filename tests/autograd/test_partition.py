@@ -177,3 +177,21 @@ def test_saves_at_most_eager_bytes(model):
     ours = saved_storage_bytes(lambda: fn(*inputs))
     eager = saved_storage_bytes(lambda: program(*inputs))
     assert ours <= eager, (ours, eager)
+
+
+def test_expanded_value_a_backward_matmul_reads_is_saved_as_its_base():
+    """An expanded value read by the backward's bmm: its base is saved and the backward takes the view again
+    (saved as the view, it reached the backward as the forward's dense copy, which the host program could not
+    copy back into the expanded layout: RuntimeError)."""
+    import ember
+
+    def f(x, w):
+        b = torch.where(x > 0, x, 2.0).expand(8, 16, 16)
+        return torch.bmm(b, w).sin()
+    x, w = torch.randn(16, 16), torch.randn(8, 16, 4, requires_grad=True)
+    cf = ember.compile(f)
+    for _ in range(2):
+        x = torch.randn(16, 16)
+        g, = torch.autograd.grad(cf(x, w).sum(), w)
+        ge, = torch.autograd.grad(f(x, w).sum(), w)
+        torch.testing.assert_close(g, ge)
