@@ -339,20 +339,30 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None) -> Schedule:
     live = [b for b in lowered.buffers if b.name in bodies or (isinstance(b, ExternBuffer) and (
         b.side_effect or any(o is not None and o.name in needed for o in b.outputs)))]
 
+    # A pointwise buffer read only by kernels (not by a library call, not a graph output) is placed when its
+    # first reader is, from that reader's earliest group on: placed as early as its own inputs allowed, it landed
+    # in a group before a library call its reader waits for, and went through memory (GPT-2's backward
+    # recomputed the GELU's tanh in a kernel of its own, read back by the gradient kernel after the matmul).
+    outputs = {o.buffer for o in lowered.outputs if isinstance(o, TensorArg)}
+    order = {b.name: i for i, b in enumerate(live)}
+    by_extern = set().union(*(b.inputs for b in live if isinstance(b, ExternBuffer)))
+    deferred = {b.name for b in live if isinstance(b, Pointwise) and b.name not in outputs and b.name not in by_extern}
+
     items: list = []
     where: dict[str, int] = {}  # buffer name -> index of the item computing it
     member_of: dict[str, Member] = {}
-    for b in live:
-        if isinstance(b, ExternBuffer):
-            items.append(b)
-            for o in b.outputs:
-                if o is not None:
-                    where[o.name] = len(items) - 1
-            continue
+
+    def place(b, start: int = -1) -> None:
         reads = bodies[b.name].reads
+        waiting = sorted((r for r in reads if r in deferred and r not in where), key=order.__getitem__)
+        if waiting:
+            here = max((where[r] for r in reads if r in where), default=-1)
+            for r in waiting:
+                if r not in where:
+                    place(buffers[r], max(start, here))
         last = max((where[r] for r in reads if r in where), default=-1)
         placed = False
-        for j in range(max(last, 0), len(items)):
+        for j in range(max(last, start, 0), len(items)):
             g = items[j]
             if not isinstance(g, FusedGroup):
                 continue
@@ -374,6 +384,18 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None) -> Schedule:
             items.append(FusedGroup(_default_rows(b), [m]))
             member_of[b.name], where[b.name] = m, len(items) - 1
 
+    for b in live:
+        if isinstance(b, ExternBuffer):
+            items.append(b)
+            for o in b.outputs:
+                if o is not None:
+                    where[o.name] = len(items) - 1
+        elif b.name not in deferred:
+            place(b)
+    for b in live:   # (read by nothing placed: none, as every chain of readers ends at a kept buffer)
+        if b.name in deferred and b.name not in where:
+            place(b)
+
     for it in items:
         if isinstance(it, FusedGroup):
             order_elementwise(it)
@@ -384,7 +406,6 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None) -> Schedule:
         names = it.inputs if isinstance(it, ExternBuffer) else set().union(*(m.reads for m in it.members))
         for n in names:
             readers.setdefault(n, set()).add(j)
-    outputs = {o.buffer for o in lowered.outputs if isinstance(o, TensorArg)}
     for j, it in enumerate(items):
         if isinstance(it, FusedGroup):
             scratch = 0
