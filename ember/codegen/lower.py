@@ -370,6 +370,8 @@ def split_reduction(g: "Graph", size: tuple, dtype: torch.dtype, fn, rsize: tupl
             not all(getattr(n, "is_Integer", False) for n in (*size, *rsize)):
         return None
     rnumel, out = ir.prod(rsize), ir.prod(size)
+    if reduction_parts(out, rnumel, True, g.target) == reduction_parts(out, rnumel, False, g.target) == 1:
+        return None   # (most reductions: no need to look at the loads)
     column = _reduces_columns(size, fn, rsize)
     parts = reduction_parts(out, rnumel, column, g.target)
     if parts <= 1:
