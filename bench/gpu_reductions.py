@@ -66,10 +66,14 @@ def gpu_us(fn, iters: int) -> float:
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+    except Exception as e:   # (no CUPTI): the wall time still comes
+        print(f"  profiler failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return float("nan")
     total = 0.0
     for e in prof.key_averages():
         t = getattr(e, "self_device_time_total", None)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import operator
 import os
@@ -287,6 +288,7 @@ SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")   # argmax/argmin: the
 GPU_SMS = 132             # H100's; torch.cuda's own count where a GPU is visible (gpu_sm_count)
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_sm_count() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else GPU_SMS
 

@@ -42,7 +42,7 @@ import sympy
 import torch
 
 from ember.codegen import ir
-from ember.codegen.ir import Expr, FloorDiv, IndirectSymbol, ModIndex
+from ember.codegen.ir import Expr, FloorDiv, ModIndex
 from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars, split_elementwise
 from ember.tools.logs import get_logger
