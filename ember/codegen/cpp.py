@@ -7,6 +7,7 @@ a vectorizable accumulator), so g++ -O3 -march=native vectorizes contiguous inne
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -395,19 +396,24 @@ def _x0_step(off):
 XQ, XI = sympy.Symbol("xq", integer=True, nonnegative=True), sympy.Symbol("xi", integer=True, nonnegative=True)
 
 
-def _row_period(group: FusedGroup):
-    """The d of every `x0 // d` and `x0 % d` in the group's indices, as their gcd (0: none; None: x0 appears
-    inside such a division with other terms, which no block size makes linear)."""
-    period = 0
+def _indices(group: FusedGroup):
     for m in group.members:
         for x in m.body.walk():
-            offs = [x.args[1]] if x.op == "load" else [x.args[0]] if x.op == "index" else []
-            for off in offs:
-                for a in sympy.preorder_traversal(off):
-                    if isinstance(a, (ir.FloorDiv, ir.ModIndex)) and X0 in a.args[0].free_symbols:
-                        if a.args[0] != X0 or not a.args[1].is_Integer:
-                            return None
-                        period = math.gcd(period, int(a.args[1]))
+            yield from [x.args[1]] if x.op == "load" else [x.args[0]] if x.op == "index" else []
+
+
+def _row_period(group: FusedGroup):
+    """The d of every `x0 // d` and `x0 % d` in the group's indices (also inside another div/mod: a split
+    reduction's parts over several reduced dims), as their gcd (0: none; None: x0 appears inside such a division
+    with other terms, which no block size makes linear)."""
+    period = 0
+    for off in _indices(group):
+        for a in sympy.preorder_traversal(off):
+            if isinstance(a, (ir.FloorDiv, ir.ModIndex)) and X0 in a.args[0].free_symbols:
+                if a.args[0] == X0 and a.args[1].is_Integer:
+                    period = math.gcd(period, int(a.args[1]))
+                elif not isinstance(a.args[0], (ir.FloorDiv, ir.ModIndex)):
+                    return None
     return period
 
 
@@ -434,6 +440,10 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         blk = max((b for b in fits if b <= blk), default=fits[0])
         ranges = {XI: blk, XQ: n // blk, **{v: k for m in group.members for v, k in zip(rvars(len(m.inner)), m.inner)}}
         bodies = {id(m): ir.substitute(m.body, {X0: XQ * blk + XI}, ranges) for m in group.members}
+        if any(isinstance(a, (ir.FloorDiv, ir.ModIndex)) and XI in a.free_symbols for off in _indices(
+                FusedGroup(n, [dataclasses.replace(m, body=bodies[id(m)]) for m in group.members]))
+               for a in sympy.preorder_traversal(off)):
+            bodies = {}   # (a division left in xi: the plain x0 form)
     lines += [f"  for (int64_t xb = 0; xb < {n}; xb += {blk}) {{",   # (a constant trip count where blocks are whole)
               f"    const int64_t xn = {blk};" if n % blk == 0 else f"    const int64_t xn = ember_imin({blk}, {n} - xb);"]
     if bodies:

@@ -44,7 +44,7 @@ COLUMN_CASES = [
     ("bool_all0", lambda x: (x > -2.5).all(0), lambda: [torch.randn(300, 400)]),
     ("bool_sum0", lambda x: (x > 0).sum(0), lambda: [torch.randn(300, 400)]),
     ("transposed_sum1", lambda x: x.t().sum(1), lambda: [torch.randn(400, 300)]),  # non-contiguous input
-    ("few_columns", lambda x: x.sum(0), lambda: [torch.randn(3000, 3)]),
+    ("few_columns", lambda x: x.sum(0), lambda: [torch.randn(3000, 3)]),  # a constant trip count: `xn = 3`
     ("no_rows", lambda x: x.sum(0) + 1, lambda: [torch.randn(0, 40)]),  # an empty reduction: the initial value
     ("amax0_3d_rows", lambda x: x.amax((0, 1)), lambda: [_with_specials(torch.randn(6, 50, 40))]),
     ("sum0_then_pointwise", lambda x, b: (x.sum(0) + b).relu(), lambda: [torch.randn(300, 400), torch.randn(400)]),
@@ -58,6 +58,8 @@ COLUMN_CASES = [
 def test_outer_dim_reduction_is_columnwise_and_matches_eager(name, fn, make):
     src = compiled(fn, make())
     assert "column-wise" in src
+    if name == "few_columns":
+        assert "const int64_t xn = 3;" in src, src
 
 
 # (name, fn, inputs): the row form stays (a contiguous reduction loop, argmax, a strided kept dim)
@@ -130,3 +132,5 @@ def test_few_results_are_split_and_match_eager(name, fn, make, monkeypatch):
     assert src.count("reduction over") >= 2 * (1 + (name == "var0")) + (name == "bool_any_all") * 2, src
     if name not in ("rows_few_long",):
         assert "column-wise" in src
+        # the partials' rows x0 = s*C + c walked in blocks of C (or a divisor): per-block xq, contiguous xi
+        assert "const int64_t xq = xb /" in src and "xq / " not in src.split("kernel_buf", 2)[1], src
