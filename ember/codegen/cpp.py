@@ -7,6 +7,7 @@ a vectorizable accumulator), so g++ -O3 -march=native vectorizes contiguous inne
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -376,8 +377,44 @@ def columnwise(group: FusedGroup) -> bool:
                 off = x.args[1]
                 if _step(off, last) == 1:  # already contiguous in its reduction loop: the row form is right
                     return False
-                contiguous_x0 |= _step(off, X0) == 1
+                contiguous_x0 |= _x0_step(off) == 1
     return contiguous_x0
+
+
+def _x0_step(off):
+    """How far `off` moves from row x0 = 0 to x0 = 1 (reduction indices at 0): a split reduction's partial results
+    [S, C] index their rows as x0 // C and x0 % C, linear in x0 only within each run of C rows."""
+    if _step(off, X0) == 1:
+        return 1
+    zero = {v: 0 for v in off.free_symbols if v != X0}
+    try:
+        return int(off.subs({**zero, X0: 1})) - int(off.subs({**zero, X0: 0}))
+    except (TypeError, ValueError):
+        return None
+
+
+XQ, XI = sympy.Symbol("xq", integer=True, nonnegative=True), sympy.Symbol("xi", integer=True, nonnegative=True)
+
+
+def _indices(group: FusedGroup):
+    for m in group.members:
+        for x in m.body.walk():
+            yield from [x.args[1]] if x.op == "load" else [x.args[0]] if x.op == "index" else []
+
+
+def _row_period(group: FusedGroup):
+    """The d of every `x0 // d` and `x0 % d` in the group's indices (also inside another div/mod: a split
+    reduction's parts over several reduced dims), as their gcd (0: none; None: x0 appears inside such a division
+    with other terms, which no block size makes linear)."""
+    period = 0
+    for off in _indices(group):
+        for a in sympy.preorder_traversal(off):
+            if isinstance(a, (ir.FloorDiv, ir.ModIndex)) and X0 in a.args[0].free_symbols:
+                if a.args[0] == X0 and a.args[1].is_Integer:
+                    period = math.gcd(period, int(a.args[1]))
+                elif not isinstance(a.args[0], (ir.FloorDiv, ir.ModIndex)):
+                    return None
+    return period
 
 
 def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
@@ -394,15 +431,31 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         lines = ["  #pragma omp parallel for schedule(static)"]
     else:
         lines = []
-    lines += [f"  for (int64_t xb = 0; xb < {n}; xb += {blk}) {{",
-              f"    const int64_t xn = ember_imin({blk}, {n} - xb);"]
+    # rows indexed as x0 // C and x0 % C (a split reduction's partial results [S, C]): blocks of a width that
+    # divides C, each index then `xq`-dependent (the block's, hoisted) plus xi (contiguous, vectorized)
+    period, bodies = _row_period(group), {}
+    fits = [b for b in range(16, COLUMN_BLOCK + 1, 16) if period and period % b == 0] or \
+        ([period] if period and period < 16 else [])   # narrow: a block per part (one vector per step)
+    if fits:
+        blk = max((b for b in fits if b <= blk), default=fits[0])
+        ranges = {XI: blk, XQ: n // blk, **{v: k for m in group.members for v, k in zip(rvars(len(m.inner)), m.inner)}}
+        bodies = {id(m): ir.substitute(m.body, {X0: XQ * blk + XI}, ranges) for m in group.members}
+        if any(isinstance(a, (ir.FloorDiv, ir.ModIndex)) and XI in a.free_symbols for off in _indices(
+                FusedGroup(n, [dataclasses.replace(m, body=bodies[id(m)]) for m in group.members]))
+               for a in sympy.preorder_traversal(off)):
+            bodies = {}   # (a division left in xi: the plain x0 form)
+    lines += [f"  for (int64_t xb = 0; xb < {n}; xb += {blk}) {{",   # (a constant trip count where blocks are whole)
+              f"    const int64_t xn = {blk};" if n % blk == 0 else f"    const int64_t xn = ember_imin({blk}, {n} - xb);"]
+    if bodies:
+        lines.append(f"    const int64_t xq = xb / {blk}; (void)xq;")
     ind, scalars = "    ", {}
     xloop = [f"{ind}#pragma omp simd", f"{ind}for (int64_t xi = 0; xi < xn; xi++) {{"]
     for m in group.members:
         t, name = CTYPE[m.buf.dtype], m.buf.name
+        body = bodies.get(id(m), m.body)
         if not m.is_reduction:
             b = Body(ptrs, scalars, ind + "    ", {})
-            v = b.emit(m.body)
+            v = b.emit(body)
             lines += [f"{ind}// pointwise: {name}"] + xloop + [f"{ind}  {{ const int64_t x0 = xb + xi; (void)x0;"] \
                 + b.lines + [f"{ind}    {m.target}[{index_code(m.store, {})}] = {v};", f"{ind}  }}", f"{ind}}}"]
             continue
@@ -446,7 +499,7 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
             e = "rf" if k == 0 else f"(rf % {int(st) * int(m.inner[k])})"
             head.append(f"{rind}const int64_t {r} = {e} / {int(st)};" if int(st) != 1 else f"{rind}const int64_t {r} = {e};")
         b = Body(ptrs, scalars, rind + "  ", {})
-        v = b.emit(m.body)
+        v = b.emit(body)
         a = f"{acc}_p1[xi]" if levels else f"{acc}[xi]"
         if kind in ("sum", "prod") and m.body.dtype != torch.bool:
             upd = f"{a} {'+' if kind == 'sum' else '*'}= {v};"

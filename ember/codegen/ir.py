@@ -332,6 +332,45 @@ def reset_interning() -> None:
     _INDIRECT_OF.clear()
 
 
+def substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
+    """e with index symbols replaced (subst: symbol -> index expression) in every load offset and index value,
+    simplified given `ranges` ({symbol: size})."""
+    memo = {}
+    key = (frozenset(subst.items()), frozenset(ranges.items()))
+
+    def index(off):
+        """off with subst, simplified: memoized across kernels (repeated layers print the same offsets; sympy
+        evaluating the substituted div/mod was most of the Triton printer's time)."""
+        k = (off, key)
+        got = _SUBSTITUTED.get(k)
+        if got is None:
+            if len(_SUBSTITUTED) > 200_000:
+                _SUBSTITUTED.clear()
+            got = _SUBSTITUTED[k] = simplify_index(off.xreplace(subst), ranges)
+        return got
+
+    def go(x):
+        if not isinstance(x, Expr):
+            return x
+        if id(x) in memo:
+            return memo[id(x)]
+        if x.op == "load":
+            # indirect indices carry their own Exprs: substitute inside them too, as new symbols
+            ind = {s: IndirectSymbol(go(s.value)) for s in indirect_symbols(x.args[1])}
+            off = x.args[1].xreplace({**subst, **ind}) if ind else index(x.args[1])
+            y = Expr("load", (x.args[0], off), x.dtype)
+        elif x.op == "index":
+            y = Expr("index", (index(x.args[0]),), x.dtype)
+        else:
+            y = Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
+        memo[id(x)] = y
+        return y
+    return go(e)
+
+
+_SUBSTITUTED: dict = {}   # (offset, (substitution, ranges)) -> the substituted, simplified offset
+
+
 # --------------------------------------------------------------------------------------------------- buffers
 @dataclasses.dataclass(eq=False)
 class Buffer:

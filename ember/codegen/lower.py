@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import math
 import operator
+import os
 import threading
 
 import sympy
@@ -279,11 +282,136 @@ def lower_cat_chain(g: "Graph", pieces: list):
     return out
 
 
+# --------------------------------------------------------------------------------------- split reductions
+SPLIT_REDUCTIONS = True   # False: every reduction is one loop nest over its whole range (A/B timing, tests)
+SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")   # argmax/argmin: the first index would need both
+GPU_SMS = 132             # H100's; torch.cuda's own count where a GPU is visible (gpu_sm_count)
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else GPU_SMS
+
+
+def cpu_threads() -> int:
+    return os.cpu_count() or 1   # what cpp.py's OpenMP loops share their work among
+
+
+def reduction_parts(out: int, rnumel: int, column: bool, target: str) -> int:
+    """Into how many parts to split a reduction of `rnumel` elements for each of `out` results (1: none), so the
+    partial reductions fill the machine the printer's loops leave idle. column: the reduction runs down columns
+    (adjacent results adjacent in memory, the reduced index strides over rows).
+    - gpu (Triton): a row reduction is one program per result, a column one a strip of >= 8 columns per program
+      (triton.column_config); fewer than the 132 SMs (rows) / 2x that (strips) leave SMs idle: the GPT-2
+      layer-norm backward's column sums over 2048 x 768 ran on 96 programs, 20 us per layer against the 9 of
+      Inductor's split. Parts are chosen for ~4 programs per SM, each part at least 32 rows (columns) or 1024
+      elements (rows).
+    - cpu (C++): rows are shared among OpenMP threads (one row: its loop is), column groups in blocks of >= 16
+      results (cpp._column_group); split when fewer rows / blocks than threads and the work is worth it.
+    The count is a divisor of rnumel (no ragged last part), the smallest >= the wanted one."""
+    if out < 1 or rnumel < 2:
+        return 1
+    if target == "gpu":
+        sms = gpu_sm_count()
+        if column:
+            busy, want, min_chunk = math.ceil(out / 8), math.ceil(4 * sms * 8 / out), 32
+            if busy >= 2 * sms or rnumel < 256:
+                return 1
+        else:
+            busy, want, min_chunk = out, math.ceil(4 * sms / out), 1024
+            if busy >= sms or rnumel < 8192:
+                return 1
+    else:
+        threads = cpu_threads()
+        if out * rnumel < 4 * 32768:
+            return 1
+        if column:
+            busy, want, min_chunk = math.ceil(out / 16), math.ceil(2 * 16 * threads / out), 64
+        else:
+            busy, want, min_chunk = (out if out > 1 else threads), math.ceil(2 * threads / out), 4096
+        if busy >= threads:
+            return 1
+    fits = [d for d in sympy.divisors(rnumel) if d > 1 and rnumel // d >= min_chunk]
+    if not fits:
+        return 1
+    return next((d for d in fits if d >= want), fits[-1])
+
+
+def _reduces_columns(size, fn, rsize) -> bool:
+    """Whether a reduction's loads run down columns: the innermost kept index steps by one element and the
+    innermost reduced one by more (x.sum(0) of a row-major matrix); no load of the results' elements is contiguous
+    along the reduction (triton.is_columnwise's rule)."""
+    idx = [sympy.Symbol(f"sx{i}", integer=True, nonnegative=True) for i in range(len(size))]
+    ridx = [sympy.Symbol(f"sr{i}", integer=True, nonnegative=True) for i in range(len(rsize))]
+    kept = [i for i, n in zip(idx, size) if n != 1]
+    if not kept:
+        return False
+    x, r = kept[-1], ridx[-1]
+    column = False
+    for e in fn(idx, ridx).walk():
+        if e.op != "load":
+            continue
+        off = ir.expand_index(e.args[1])
+        along_r = sympy.expand(off.subs(r, r + 1) - off)
+        along_x = sympy.expand(off.subs(x, x + 1) - off)
+        if along_r == 1 and along_x != 0:   # (a per-row statistic, mean[r], is read along r by every column)
+            return False
+        column |= along_x == 1 and along_r.is_Integer and abs(int(along_r)) >= 2
+    return column
+
+
+def split_reduction(g: "Graph", size: tuple, dtype: torch.dtype, fn, rsize: tuple, kind: str):
+    """A reduction with too few results to keep the machine busy as a reduction of partial results: a Reduction
+    buffer of S partial results per result, each over a part of the range, added to the graph, and returned as
+    (fn, rsize) of the reduction over those S (None: no split). Column reductions keep the partials as
+    [S, *size] (the partial reduction runs down columns too: a strip of columns per program), others as
+    [*size, S] (each part a contiguous piece of a row). float16/bfloat16 partial sums and products are stored in
+    float32 (the printers accumulate in float32; eager rounds once, at the end); max/min/any/all are exact in any
+    order and keep NaN (a part's NaN is its max); integer sums wrap as the unsplit sum would."""
+    if not SPLIT_REDUCTIONS or kind not in SPLIT_KINDS or not rsize or \
+            not all(getattr(n, "is_Integer", False) for n in (*size, *rsize)):
+        return None
+    rnumel, out = ir.prod(rsize), ir.prod(size)
+    if reduction_parts(out, rnumel, True, g.target) == reduction_parts(out, rnumel, False, g.target) == 1:
+        return None   # (most reductions: no need to look at the loads)
+    column = _reduces_columns(size, fn, rsize)
+    parts = reduction_parts(out, rnumel, column, g.target)
+    if parts <= 1:
+        return None
+    chunk = rnumel // parts
+    if int(rsize[0]) % parts == 0:   # the outermost reduced dim splits: part s is rows [s*c0, (s+1)*c0)
+        c0 = int(rsize[0]) // parts
+        prsize = ((sympy.Integer(c0),) if c0 > 1 else ()) + tuple(rsize[1:])
+
+        def reduced(s, pr):
+            return [s * c0 + pr[0], *pr[1:]] if c0 > 1 else [s, *pr]
+    else:   # a flat range of the reduced dims: their indices as div/mod of it (simplified by the scheduler)
+        prsize, strides = (sympy.Integer(chunk),), ir.contiguous_strides(rsize)
+
+        def reduced(s, pr):
+            flat = s * chunk + pr[0]
+            return [ir.FloorDiv(flat, st) if k == 0 else ir.ModIndex(ir.FloorDiv(flat, st), n)
+                    for k, (n, st) in enumerate(zip(rsize, strides))]
+    if column:
+        psize = (sympy.Integer(parts),) + size
+        pfn = lambda idx, pr: fn(list(idx[1:]), reduced(idx[0], pr))  # noqa: E731
+        read = lambda idx, r: [r[0], *idx]  # noqa: E731
+    else:
+        psize = size + (sympy.Integer(parts),)
+        pfn = lambda idx, pr: fn(list(idx[:-1]), reduced(idx[-1], pr))  # noqa: E731
+        read = lambda idx, r: [*idx, r[0]]  # noqa: E731
+    pdtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) and kind in ("sum", "prod") else dtype
+    partial = g.add(Reduction(g.new_name(), psize, ir.contiguous_strides(psize), pdtype, fn=pfn, rsize=prsize,
+                              kind=kind, origins=g.origins))
+    return (lambda idx, r: partial.load(read(list(idx), r))), (sympy.Integer(parts),)
+
+
 class Graph:
     """The lowering context: buffers made so far. ember.decomp.prims reaches it as ir.GRAPH."""
 
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, target: str = "cpu"):
         self.gm = gm
+        self.target = target  # the code generator: "cpu" (C++/OpenMP) or "gpu" (Triton); split_reduction asks
         self.channels_last = wants_channels_last(gm)
         self.cl: set = set()  # names of the buffers stored channels-last where eager's are not
         self.buffers: list[Buffer] = []
@@ -316,11 +444,14 @@ class Graph:
         return TensorBox.of_buffer(buf)
 
     def reduction(self, size, dtype, fn, rsize, kind, origin="") -> TensorBox:
-        size = tuple(size)
+        size, rsize = tuple(size), tuple(rsize)
         cl = self._reads_cl(size, lambda idx: fn(idx, [sympy.Symbol(f"lr{i}", integer=True, nonnegative=True)
                                                        for i in range(len(rsize))]))
+        split = split_reduction(self, size, dtype, fn, rsize, kind)
+        if split is not None:  # the partial results are a buffer of their own; this reduction reduces them
+            fn, rsize = split
         buf = self.add(Reduction(self.new_name(), size, channels_last_strides(size) if cl else ir.contiguous_strides(size),
-                                 dtype, fn=fn, rsize=tuple(rsize), kind=kind, origins=self.origins))
+                                 dtype, fn=fn, rsize=rsize, kind=kind, origins=self.origins))
         self._note_layout(buf)
         return TensorBox.of_buffer(buf)
 
@@ -417,16 +548,18 @@ class Graph:
 LOWERING_LOCK = threading.Lock()
 
 
-def lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
+def lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") -> LoweredGraph:
+    """target: the code generator the buffers are for, "cpu" (C++) or "gpu" (Triton): reductions with too few
+    results to keep it busy are split for it (split_reduction)."""
     with ir.gc_frozen():
-        return _lower(gm, example_inputs)
+        return _lower(gm, example_inputs, target)
 
 
-def _lower(gm: torch.fx.GraphModule, example_inputs: list) -> LoweredGraph:
+def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") -> LoweredGraph:
     from ember.decomp.table import EXTERN, TABLE  # the table imports prims, which import this module's users
 
     ir.reset_interning()
-    g = Graph(gm)
+    g = Graph(gm, target)
     ir.GRAPH = g
     env: dict = {}
     inputs = []

@@ -42,7 +42,7 @@ import sympy
 import torch
 
 from ember.codegen import ir
-from ember.codegen.ir import Expr, FloorDiv, IndirectSymbol, ModIndex
+from ember.codegen.ir import Expr, FloorDiv, ModIndex
 from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars, split_elementwise
 from ember.tools.logs import get_logger
@@ -645,41 +645,7 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
     return L, start
 
 
-def _substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
-    memo = {}
-    key = (frozenset(subst.items()), frozenset(ranges.items()))
-
-    def index(off):
-        """off with subst, simplified: memoized across kernels (repeated layers print the same offsets; sympy
-        evaluating the substituted div/mod was most of the Triton printer's time)."""
-        k = (off, key)
-        got = _SUBSTITUTED.get(k)
-        if got is None:
-            if len(_SUBSTITUTED) > 200_000:
-                _SUBSTITUTED.clear()
-            got = _SUBSTITUTED[k] = ir.simplify_index(off.xreplace(subst), ranges)
-        return got
-
-    def go(x):
-        if not isinstance(x, Expr):
-            return x
-        if id(x) in memo:
-            return memo[id(x)]
-        if x.op == "load":
-            # indirect indices carry their own Exprs: substitute inside them too, as new symbols
-            ind = {s: IndirectSymbol(go(s.value)) for s in ir.indirect_symbols(x.args[1])}
-            off = x.args[1].xreplace({**subst, **ind}) if ind else index(x.args[1])
-            y = Expr("load", (x.args[0], off), x.dtype)
-        elif x.op == "index":
-            y = Expr("index", (index(x.args[0]),), x.dtype)
-        else:
-            y = Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
-        memo[id(x)] = y
-        return y
-    return go(e)
-
-
-_SUBSTITUTED: dict = {}   # (offset, (substitution, ranges)) -> the substituted, simplified offset
+_substitute = ir.substitute   # (the C++ printer's column groups use it too)
 
 
 REDUCE_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
@@ -1192,7 +1158,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         return gm.forward
     try:
         with lower.LOWERING_LOCK:
-            low, out_spec, _ = lower.lower(gm, example_inputs)
+            low, out_spec, _ = lower.lower(gm, example_inputs, target="gpu")
             mutations = gm.meta.get("ember_input_mutations")
             sched = split_few_row_groups(schedule.schedule(low, mutations=mutations))
             schedule.write_in_place(sched, mutations)   # the split may have made more of them safe

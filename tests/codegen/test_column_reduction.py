@@ -44,10 +44,13 @@ COLUMN_CASES = [
     ("bool_all0", lambda x: (x > -2.5).all(0), lambda: [torch.randn(300, 400)]),
     ("bool_sum0", lambda x: (x > 0).sum(0), lambda: [torch.randn(300, 400)]),
     ("transposed_sum1", lambda x: x.t().sum(1), lambda: [torch.randn(400, 300)]),  # non-contiguous input
-    ("few_columns", lambda x: x.sum(0), lambda: [torch.randn(3000, 3)]),
+    ("few_columns", lambda x: x.sum(0), lambda: [torch.randn(3000, 3)]),  # a constant trip count: `xn = 3`
     ("no_rows", lambda x: x.sum(0) + 1, lambda: [torch.randn(0, 40)]),  # an empty reduction: the initial value
     ("amax0_3d_rows", lambda x: x.amax((0, 1)), lambda: [_with_specials(torch.randn(6, 50, 40))]),
     ("sum0_then_pointwise", lambda x, b: (x.sum(0) + b).relu(), lambda: [torch.randn(300, 400), torch.randn(400)]),
+    # a global average pool of a channels-last input: rows n*C + c, each load (x0 // C)*HWC + r*C + x0 % C
+    ("channels_last_mean_hw", lambda x: x.mean((2, 3)),
+     lambda: [torch.randn(4, 96, 7, 7).to(memory_format=torch.channels_last)]),
 ]
 
 
@@ -55,6 +58,8 @@ COLUMN_CASES = [
 def test_outer_dim_reduction_is_columnwise_and_matches_eager(name, fn, make):
     src = compiled(fn, make())
     assert "column-wise" in src
+    if name == "few_columns":
+        assert "const int64_t xn = 3;" in src, src
 
 
 # (name, fn, inputs): the row form stays (a contiguous reduction loop, argmax, a strided kept dim)
@@ -73,3 +78,59 @@ ROW_CASES = [
 def test_other_reductions_keep_the_row_form_and_match_eager(name, fn, make):
     src = compiled(fn, make())
     assert "column-wise" not in src
+
+
+# ----------------------------------------------------------------------------------------- split reductions
+def test_split_factors_from_sizes():
+    """lower.reduction_parts: deterministic, a divisor of the reduced size, only where results are too few."""
+    from ember.codegen import lower
+    gpu = lambda out, r, col: lower.reduction_parts(out, r, col, "gpu")  # noqa: E731
+    assert gpu(768, 2048, True) == 8          # GPT-2's layer-norm weight/bias gradients: 8 x 256 rows
+    assert gpu(1, 64 * 2 ** 20, False) == 1024  # a full sum of 64M elements: 1024 parts (512 programs of 2)
+    assert gpu(4, 65536, False) == 64         # few long rows: parts of 1024
+    assert gpu(3072, 2048, True) == 1         # 384 strips of 8 columns already fill 132 SMs
+    assert gpu(2048, 768, False) == 1         # a layer norm's row sums
+    assert gpu(1, 4096, False) == 1           # too short to be worth a second kernel
+    assert gpu(100, 3000, True) == 50         # 3000 rows: a divisor (no ragged part), parts of >= 32 rows
+    cpu = lambda out, r, col, threads: lower.reduction_parts(out, r, col, "cpu") if not setattr(  # noqa: E731
+        lower, "cpu_threads", lambda: threads) else None
+    try:
+        assert cpu(3, 2_000_000, True, 2) == 25   # 3 columns: one block of the column loop on 1 of 2 threads
+        assert cpu(768, 2048, True, 2) == 1       # 48 blocks of 16 columns for 2 threads
+        assert cpu(768, 2048, True, 64) == 4
+        assert cpu(4, 1_000_000, False, 16) == 8  # 4 rows for 16 threads
+        assert cpu(1, 1_000_000, False, 16) == 1  # one row: its loop is parallel already
+        assert cpu(3, 3000, True, 16) == 1        # too little work to split
+    finally:
+        import os
+        lower.cpu_threads = lambda: os.cpu_count() or 1
+
+
+SPLIT_CASES = [
+    ("sum0_narrow", lambda x: x.sum(0), lambda: [torch.rand(200_000, 3) + 0.5]),
+    ("mean0_float64", lambda x: x.mean(0), lambda: [torch.rand(100_000, 8, dtype=torch.float64)]),
+    ("tanh_mean0", lambda x: x.tanh().mean(0), lambda: [torch.rand(50_000, 16) + 0.5]),
+    ("var0", lambda x: x.var(0), lambda: [torch.randn(100_000, 4) * 3 + 1]),
+    ("amax0_nan_inf", lambda x: x.amax(0), lambda: [_with_specials(torch.randn(100_000, 5))]),
+    ("amin0_nan_inf", lambda x: x.amin(0), lambda: [_with_specials(torch.randn(100_000, 5))]),
+    ("int_sum0", lambda x: x.sum(0), lambda: [torch.randint(-2 ** 30, 2 ** 30, (100_000, 6), dtype=torch.int32)]),
+    ("bool_any_all", lambda x: ((x > 4.2).any(0), (x > -4.2).all(0)), lambda: [torch.randn(100_000, 6)]),
+    # 4 x 50000 rows in 16 parts: the part's rows are a flat range over both reduced dims (div/mod indices)
+    ("sum01_flat_parts", lambda x: x.sum((0, 1)), lambda: [torch.rand(4, 50_000, 3) + 0.5]),
+    ("rows_few_long", lambda x: x.sum(1), lambda: [torch.rand(3, 400_000) + 0.5]),
+]
+
+
+@pytest.mark.parametrize("name,fn,make", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_few_results_are_split_and_match_eager(name, fn, make, monkeypatch):
+    """With 16 threads to fill (monkeypatched: the split depends on the machine's CPU count), reductions with
+    few results become a partial reduction over parts of the rows, then one over the parts (two kernels; the
+    partials of a column reduction run column-wise too); NaN/inf, integer and boolean results as eager's."""
+    from ember.codegen import lower
+    monkeypatch.setattr(lower, "cpu_threads", lambda: 16)
+    src = compiled(fn, make())
+    assert src.count("reduction over") >= 2 * (1 + (name == "var0")) + (name == "bool_any_all") * 2, src
+    if name not in ("rows_few_long",):
+        assert "column-wise" in src
+        # the partials' rows x0 = s*C + c walked in blocks of C (or a divisor): per-block xq, contiguous xi
+        assert "const int64_t xq = xb /" in src and "xq / " not in src.split("kernel_buf", 2)[1], src

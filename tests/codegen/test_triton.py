@@ -442,10 +442,14 @@ def test_conv_block_channels_last_layout(inference):
         assert pool and all(tuple(int(s) for s in m.inner) == (8,) for m in pool)
 
 
-def test_column_sums_take_strips_of_columns():
+def test_column_sums_take_strips_of_columns(monkeypatch):
     """Sums down the columns of row-major matrices (layer-norm weight and bias gradients): a program takes a
     strip of at least 8 columns (whole 32-byte sectors of each row), not one column; values as eager's, also
-    for a column count that is no multiple of the strip and a row count past one tile."""
+    for a column count that is no multiple of the strip and a row count past one tile. (Unsplit: the split
+    reductions' tests are test_split_*.)"""
+    from ember.codegen import lower
+    monkeypatch.setattr(lower, "SPLIT_REDUCTIONS", False)
+
     def f(g, x, mean, rstd):
         xhat = (x - mean) * rstd
         return (g * xhat).sum(0), g.sum(0), (g * 1.5).amax(0)
@@ -517,3 +521,83 @@ def test_cube_and_inverse_square_are_products_as_in_eager():
         return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0)))), x ** -2
     call = compile_and_check(gelu_new, rand(64, 96))
     assert "pow" not in call.kernel_source.split("def k_", 1)[1]
+
+
+# ----------------------------------------------------------------------------------------- split reductions
+def _pos(*shape, dtype=torch.float32):
+    """Positive values: sums of thousands of them are well conditioned (a sum of randn cancels to near zero,
+    where float32's summation order, eager's or ours, shows past assert_close's default tolerance)."""
+    return (torch.rand(*shape, device=DEV) + 0.5).to(dtype)
+
+
+def _splits(call) -> list:
+    """(rows, reduced elements) of each reduction the kernels compute, in order."""
+    return [(int(m.buf.numel) if hasattr(m.buf, "numel") else math.prod(int(s) for s in m.buf.size),
+             math.prod(int(s) for s in m.inner)) for k in call.kernels for m in k[0].members if m.is_reduction]
+
+
+def test_split_column_sums_of_layer_norm_backward_share_one_partial_kernel():
+    """GPT-2's layer-norm weight and bias gradients, column sums of [rows, 768] (768 results, 96 strips of 8
+    columns for 132 SMs): split into 8 parts (of 256 rows for GPT-2's 2048; 128 here, for the interpreter's
+    time), partial sums [8, 768] of both in one kernel of 384 programs that loads g once, then one kernel adding
+    the 8 partials of each."""
+    aten = torch.ops.aten
+
+    def ln_bw(g, x, w, b):
+        _, mean, rstd = aten.native_layer_norm(x, [768], w, b, 1e-5)
+        return aten.native_layer_norm_backward(g, x, [768], mean, rstd, w, b, [True, True, True])
+    call = compile_and_check(ln_bw, _pos(1024, 768), rand(1024, 768), rand(768), rand(768), atol=1e-4, rtol=1e-4)
+    partial = [k for k in call.kernels if any(m.is_reduction and tuple(int(s) for s in m.buf.size) == (8, 768)
+                                              for m in k[0].members)]
+    assert len(partial) == 1 and len(partial[0][0].members) == 2, [k[0].members for k in call.kernels]
+    assert partial[0][4] == 384, partial[0][3]   # programs
+    final = [k for k in call.kernels if all(m.is_reduction and tuple(int(s) for s in m.inner) == (8,)
+                                            for m in k[0].members)]
+    assert len(final) == 1 and len(final[0][0].members) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_split_column_sum_matches_eager_and_keeps_partials_in_float32(dtype):
+    call = compile_and_check(lambda x: (x.sum(0), x.mean(0, keepdim=True)), _pos(2048, 768, dtype=dtype), **(
+        {} if dtype != torch.float32 else {"atol": 1e-5, "rtol": 1.3e-6}))
+    partials = [m.buf for k in call.kernels for m in k[0].members if m.is_reduction and int(m.buf.size[0]) == 8]
+    assert len(partials) == 2 and all(b.dtype == torch.float32 for b in partials), partials
+
+
+def test_split_full_sum_and_mean_of_a_large_tensor():
+    """A full sum was one program looping over every element; now 512 programs of partial sums, then one."""
+    call = compile_and_check(lambda x: (x.sum(), x.mean()), _pos(1 << 20), atol=1e-5, rtol=1.3e-6)
+    assert any(k[4] >= 512 for k in call.kernels), [k[4] for k in call.kernels]
+    compile_and_check(lambda x: x.sum(), _pos(4, 1 << 16, dtype=torch.bfloat16))
+
+
+def test_split_few_long_rows():
+    call = compile_and_check(lambda x: x.sum(1), _pos(4, 65536), atol=1e-5, rtol=1.3e-6)
+    assert (256, 1024) in _splits(call) and (4, 64) in _splits(call), _splits(call)
+
+
+def test_split_var_mean_over_rows():
+    compile_and_check(lambda x: torch.var_mean(x, 0), rand(2048, 96) * 2 + 1, atol=1e-5, rtol=1.3e-6)
+
+
+def test_split_max_min_keep_nan_and_inf_and_integer_sums_stay_exact():
+    x = rand(512, 64)
+    x[100, 5] = float("nan")
+    x[300, 7] = float("inf")
+    x[10, 9] = -float("inf")
+    call = compile_and_check(lambda x: (x.amax(0), x.amin(0)), x)
+    assert (16, 32) in {(r // 64, n) for r, n in _splits(call)}, _splits(call)   # 16 parts of 32 rows
+    i = torch.randint(-2 ** 30, 2 ** 30, (512, 64), device=DEV, dtype=torch.int32)
+    compile_and_check(lambda i: (i.sum(0), (i > 0).any(0), (i > -2 ** 30 + 10).all(0)), i)
+
+
+def test_argmax_is_not_split():
+    x = rand(1024, 16)
+    x[5, :] = x[1000, :] = 100.0    # ties: the first index
+    call = compile_and_check(lambda x: x.argmax(0), x)
+    assert _splits(call) == [(16, 1024)], _splits(call)
+
+
+def test_reductions_with_enough_results_are_not_split():
+    call = compile_and_check(lambda x: x.sum(0), _pos(2048, 4096), atol=1e-5, rtol=1.3e-6)
+    assert _splits(call) == [(4096, 2048)]
