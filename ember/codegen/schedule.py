@@ -352,14 +352,15 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None) -> Schedule:
     where: dict[str, int] = {}  # buffer name -> index of the item computing it
     member_of: dict[str, Member] = {}
 
-    def place(b, start: int = -1) -> None:
+    def place(b, start: int = -1, rows: int | None = None) -> None:
+        """rows: the row count of the reader b is placed for (a deferred buffer), for a group b starts"""
         reads = bodies[b.name].reads
         waiting = sorted((r for r in reads if r in deferred and r not in where), key=order.__getitem__)
         if waiting:
             here = max((where[r] for r in reads if r in where), default=-1)
             for r in waiting:
                 if r not in where:
-                    place(buffers[r], max(start, here))
+                    place(buffers[r], max(start, here), rows or _default_rows(b))
         last = max((where[r] for r in reads if r in where), default=-1)
         placed = False
         for j in range(max(last, start, 0), len(items)):
@@ -379,9 +380,11 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None) -> Schedule:
             member_of[b.name], where[b.name] = m, j
             placed = True
             break
-        if not placed:
-            m = bodies[b.name]
-            items.append(FusedGroup(_default_rows(b), [m]))
+        if not placed:   # a group of its own; a flat one (one row) takes its reader's row count if b fits it
+            m = member(b, rows) if rows is not None and rows > 1 and _default_rows(b) == 1 else None
+            numel = rows if m is not None else _default_rows(b)
+            m = m or bodies[b.name]
+            items.append(FusedGroup(numel, [m]))
             member_of[b.name], where[b.name] = m, len(items) - 1
 
     for b in live:

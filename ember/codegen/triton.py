@@ -42,7 +42,7 @@ import sympy
 import torch
 
 from ember.codegen import ir
-from ember.codegen.ir import Expr, FloorDiv, ModIndex
+from ember.codegen.ir import Expr, FloorDiv, ModIndex, TensorArg
 from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars, split_elementwise
 from ember.tools.logs import get_logger
@@ -330,6 +330,30 @@ def _inner_index(m: Member, rflat) -> dict:
             for v, s, st in zip(r, m.inner, strides)}
 
 
+def registers_for_private_values(sched: Schedule) -> None:
+    """Pointwise members of a group without reductions that nothing outside the group reads (no graph output, no
+    in-place write, no later kernel or library call): `local`, so `inline_locals` substitutes them into their
+    readers and they are never stored (GPT-2's GELU backward stored the tanh and a partial product it computed
+    for its gradient: 50 MB of writes per layer). After the splits and chunks that could part a value from its
+    readers."""
+    outputs = {o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg)}
+    readers: dict[str, set] = {}
+    for j, it in enumerate(sched.items):
+        names = set().union(*(m.reads for m in it.members)) if isinstance(it, FusedGroup) else set(it.inputs)
+        for n in names:
+            readers.setdefault(n, set()).add(j)
+    for j, it in enumerate(sched.items):
+        if isinstance(it, FusedGroup) and not any(m.is_reduction for m in it.members):
+            for k, m in enumerate(it.members):
+                if m.local or m.dest or m.buf.name in outputs or readers.get(m.buf.name) != {j}:
+                    continue
+                # only where inline_locals can substitute it: every read is of the element it computes
+                if all(x.inner == m.inner and all(ld.args[1] == m.store for ld in x.body.walk()
+                                                  if ld.op == "load" and ld.args[0] == m.buf.name)
+                       for x in it.members[k + 1:] if m.buf.name in x.reads):
+                    m.local = True
+
+
 def split_few_row_groups(sched: Schedule) -> Schedule:
     """Split groups of few rows into their independent parts.
 
@@ -506,7 +530,8 @@ def inline_locals(group: FusedGroup) -> tuple[FusedGroup, list[str]]:
     readers when every read is of the same element the member computes (a tile already holds it), else
     kept as scratch buffers. Returns the group to print and the scratch buffer names."""
     members, scratch = list(group.members), []
-    for k, m in enumerate(group.members):
+    for k in range(len(members)):
+        m = members[k]   # (its body has the locals before it substituted already)
         if not m.local or m.is_reduction:
             continue
         readers = [j for j in range(k + 1, len(members)) if m.buf.name in members[j].reads]
@@ -1163,6 +1188,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             sched = split_few_row_groups(schedule.schedule(low, mutations=mutations))
             schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
             sched = chunk_wide_groups(sched)
+            if not (options or {}).get("max_autotune"):   # (the matmul templates print their epilogues' stores)
+                registers_for_private_values(sched)
             device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
             if (options or {}).get("max_autotune"):
                 from ember.codegen import mm_template

@@ -601,3 +601,15 @@ def test_argmax_is_not_split():
 def test_reductions_with_enough_results_are_not_split():
     call = compile_and_check(lambda x: x.sum(0), _pos(2048, 4096), atol=1e-5, rtol=1.3e-6)
     assert _splits(call) == [(4096, 2048)]
+
+
+def test_values_read_only_in_their_kernel_are_not_stored():
+    """GPT-2's GELU backward: the tanh and a product of it are read twice each, only inside the gradient kernel
+    after the matmul: both stay in registers (a local read by a local included), only the gradient is stored."""
+    def f(x, w, g):
+        t = torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0)))
+        gy = g @ w
+        inner = torch.ops.aten.tanh_backward(gy * x * 0.5, t) * 0.7978845608028654
+        return inner * (1 + 0.134145 * x * x) + inner.exp() * 1e-3 + (t + 1) * 0.5 * gy
+    call = compile_and_check(f, rand(64, 96), rand(32, 96), rand(64, 32))
+    assert call.kernel_source.count("tl.store(") == 1, call.kernel_source
