@@ -5,23 +5,21 @@
 For each weight shape: the NCHW weight as given, the weight converted to channels-last in the same call
 (`w.contiguous(memory_format=torch.channels_last)` then the convolution), and a channels-last weight made once.
 """
-import time
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu_host_diag import queued_ms  # noqa: E402
+
 
 def queued_us(f, n=500):
     for _ in range(20):
         f()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    us = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return us
+    return queued_ms(f, n) * 1e3
 
 
 def kernels(f):

@@ -11,7 +11,6 @@ F.conv2d; channels-last input with NCHW or channels-last weight).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -24,6 +23,9 @@ import torch.nn.functional as F  # noqa: E402
 
 import ember  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu import steady_ms  # noqa: E402
+
 
 def queued_ms(step, n: int = 30) -> float:
     """Host time per step, steps issued back to back (the GPU may still be busy)."""
@@ -35,18 +37,6 @@ def queued_ms(step, n: int = 30) -> float:
     ms = (time.perf_counter() - t) / n * 1e3
     torch.cuda.synchronize()
     return ms
-
-
-def gpu_step_ms(step, n: int = 30) -> float:
-    times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        times.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in times)
 
 
 def host_ops(step, label: str, steps: int = 5, top: int = 14) -> None:
@@ -78,7 +68,7 @@ def main() -> None:
                 return fn(x)
         for _ in range(3):
             step()
-        print(f"{col:9s} host {queued_ms(step):7.3f} ms/step queued, GPU-step {gpu_step_ms(step):7.3f} ms")
+        print(f"{col:9s} host {queued_ms(step):7.3f} ms/step queued, GPU-step {steady_ms(step, 30):7.3f} ms")
         host_ops(step, col)
         if col == "ember":
             ember_split(step)

@@ -9,8 +9,9 @@ import ember
 from ember.backends import ember_backend
 
 
-def _compiled_graphs(fn, *args):
-    """Compile fn with the ember backend; return (compiled fn, the CompiledGraph objects it made)."""
+def _compiled_graphs(fn, *args, run=lambda f, *args: f(*args)):
+    """Compile fn with the ember backend and call run(compiled fn, *args) (a backward compiles at its first run);
+    return (compiled fn, the CompiledGraph objects it made)."""
     made = []
     orig = ember_backend.compile_aten
 
@@ -21,7 +22,7 @@ def _compiled_graphs(fn, *args):
     ember_backend.compile_aten = rec
     try:
         f = ember.compile(fn)
-        f(*args)
+        run(f, *args)
     finally:
         ember_backend.compile_aten = orig
     return f, [g for g in made if g is not None]
@@ -419,18 +420,7 @@ def test_gelu_tanh_recomputed_in_the_gradient_kernel_after_the_matmul():
     def fn(x):
         return proj(gelu_new(fc(torch.relu(x) * 2))).square().sum()
     x = torch.randn(64, 32)
-    made, orig = [], ember_backend.compile_aten
-
-    def rec(gm, ex, options=None):
-        r = orig(gm, ex, options)
-        made.append(getattr(r, "compiled", None))
-        return r
-    ember_backend.compile_aten = rec
-    try:
-        ember.compile(fn)(x).backward()   # the backward compiles at its first run
-    finally:
-        ember_backend.compile_aten = orig
-    graphs = [g for g in made if g is not None]
+    _, graphs = _compiled_graphs(fn, x, run=lambda f, x: f(x).backward())
     grads = [p.grad.clone() for p in (*fc.parameters(), *proj.parameters())]
     for p in (*fc.parameters(), *proj.parameters()):
         p.grad = None
