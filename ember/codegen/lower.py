@@ -205,9 +205,9 @@ CONV_CALLS = CONVOLUTIONS + tuple(getattr(_POINTWISE_CONV, o, None) for o in ("d
 
 # CPU float32 products as oneDNN inner products (torch.ops.mkldnn._linear_pointwise: a @ w.T for a row-major
 # input and a row-major [N, K] weight, a linear layer's own layout): on this 2-core AMD EPYC (Zen 5) ATen's mm
-# (MKL) ran BERT's and the MLP's products 2.2-2.3x slower than oneDNN, one or two threads (1024x768x3072: 23.8
-# vs 10.6 ms), whatever the output buffer. Below ~2M multiply-adds oneDNN's ~12 us per call loses (1x64x64:
-# 13 vs 2 us). A weight that is not row-major (x @ W of a [K, N] weight, the backward's products) stays with
+# (MKL) ran BERT's and the MLP's products 2.2-2.3x slower than oneDNN, one or two threads (1024x768x3072, two
+# threads: 23.8 vs 11.0 ms), whatever the output buffer. Below ~2M multiply-adds oneDNN's ~12 us per call loses
+# (1x64x64: 13 vs 2 us). A weight that is not row-major (x @ W of a [K, N] weight, the backward's products) stays with
 # MKL: oneDNN reordered such a weight on every call, 3x slower than MKL. The weight is read as it is on every
 # call (no packed copy kept across calls: `p.data.mul_(...)` changes a weight without bumping its version).
 _LINEAR = _mkldnn_op("_linear_pointwise")
