@@ -21,6 +21,9 @@ channels-last before; a cached fold would be stale after `p.data.mul_(...)`, whi
 Where oneDNN's fused convolutions exist (torch.ops.mkldnn._convolution_pointwise, float32, channels-last graph),
 the relu or residual add (+ relu) after it become post-ops of that one call: the output is written once, where
 a separate batch-norm/relu pass read and wrote it again (resnet18 b8 224px: 20 fewer passes over activations).
+
+CPU float32 products of a linear layer's layout are oneDNN inner products, their bias inside (cpu_matmul); in an
+inference graph a relu/gelu/silu that alone reads one becomes its post-op (plan_linear_fusions).
 """
 from __future__ import annotations
 
@@ -201,6 +204,116 @@ _POINTWISE_CONV = _mkldnn_op("_convolution_pointwise")
 # every library convolution a lowered graph may call (tests and tools look for these)
 CONV_CALLS = CONVOLUTIONS + tuple(getattr(_POINTWISE_CONV, o, None) for o in ("default", "binary")
                                   if getattr(_POINTWISE_CONV, o, None) is not None)
+
+
+# CPU float32 products as oneDNN inner products (torch.ops.mkldnn._linear_pointwise: a @ w.T for a row-major
+# input and a row-major [N, K] weight, a linear layer's own layout): on this 2-core AMD EPYC (Zen 5) ATen's mm
+# (MKL) ran BERT's and the MLP's products 2.2-2.3x slower than oneDNN, one or two threads (1024x768x3072, two
+# threads: 23.8 vs 11.0 ms), whatever the output buffer. Below ~2M multiply-adds oneDNN's ~12 us per call loses
+# (1x64x64: 13 vs 2 us). A weight that is not row-major (x @ W of a [K, N] weight, the backward's products) stays with
+# MKL: oneDNN reordered such a weight on every call, 3x slower than MKL. The weight is read as it is on every
+# call (no packed copy kept across calls: `p.data.mul_(...)` changes a weight without bumping its version).
+_LINEAR = _mkldnn_op("_linear_pointwise")
+ONEDNN_MATMULS = True  # False: every product is ATen's mm (A/B timing)
+ONEDNN_MIN_WORK = 1 << 21  # multiply-adds (M*K*N) from which a product goes to oneDNN
+
+
+def _onednn_product(m, k, n, dtypes, device) -> bool:
+    """Whether an [m, k] @ [k, n] product of these dtypes on this device goes to oneDNN (see ONEDNN_MATMULS)."""
+    return _LINEAR is not None and ONEDNN_MATMULS and device == "cpu" and all(d == torch.float32 for d in dtypes) \
+        and m * k * n >= ONEDNN_MIN_WORK
+
+
+def cpu_matmul(g: "Graph", a: TensorBox, b: TensorBox, bias: TensorBox | None = None,
+               post_op: tuple = ("none", [], ""), any_weight: bool = False):
+    """a @ b (+ bias, then oneDNN's post_op: (attr, scalars, algorithm)) for 2-D float32 CPU values as one
+    oneDNN inner product, or None (then the caller keeps ATen's mm). `a` is made row-major where it is not
+    (a copy of M*K elements against M*K*N multiply-adds). `b` must be the transpose of a row-major [N, K]
+    weight, unless any_weight (a planned fusion: then another layout is copied into that one)."""
+    v = g.val
+    if not isinstance(v, torch.Tensor) or a.ndim != 2 or b.ndim != 2:
+        return None
+    m, k, n = (int(s) for s in (a.size[0], a.size[1], b.size[1]))
+    if not _onednn_product(m, k, n, (a.dtype, b.dtype, v.dtype), v.device.type):
+        return None
+    from ember.decomp import prims as P
+    w = P.permute(b, [1, 0])
+    if w.strided is None or tuple(int(s) for s in w.strided[1]) != (k, 1):
+        if not any_weight:
+            return None
+        w = g.realize(TensorBox(w.size, w.dtype, w.loader), stride=(k, 1))
+    if a.strided is None or tuple(int(s) for s in a.strided[1]) != (k, 1):
+        a = g.realize(TensorBox(a.size, a.dtype, a.loader), stride=(k, 1))
+    if bias is not None and (bias.strided is None or tuple(int(s) for s in bias.strided[1]) != (1,)):
+        bias = g.realize(TensorBox(bias.size, bias.dtype, bias.loader), stride=(1,))
+    return g.extern(_LINEAR.default, (a, w, bias, *post_op), {}, fallback=False)
+
+
+# activations that oneDNN applies to a product's result as it writes it (post-ops), as the ATen op's (attr,
+# scalars, algorithm) given its arguments, or None; each agrees with eager to ~1 ulp (gelu's erf and tanh forms
+# 1.4e-6 / 4.8e-7 at most over [-12, 12], relu exactly, silu 9.5e-7), and saves a kernel's pass over the result
+LINEAR_POST_OPS = {
+    aten.relu.default: lambda *a, **k: ("relu", [], "") if not a[1:] and not k else None,
+    aten.gelu.default: lambda x, approximate="none": ("gelu", [], approximate) if approximate in ("none", "tanh") else None,
+    aten.silu.default: lambda *a, **k: ("swish", [], "") if not a[1:] and not k else None,
+}
+FUSE_LINEARS = True  # False: activations after linear layers are kernels of their own (A/B timing)
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+@dataclasses.dataclass
+class LinearFusion:
+    """addmm(bias, x, weight.t()) or mm(x, weight.t()) [-> views] -> activation of a CPU inference graph, computed
+    at `last` (the activation) as one oneDNN inner product with the bias and the activation as post-ops."""
+    mm: torch.fx.Node
+    post_op: tuple
+    last: torch.fx.Node
+    skip: tuple  # the addmm and the views
+
+
+def plan_linear_fusions(gm: torch.fx.GraphModule) -> dict:
+    """{activation node: LinearFusion} for the linear layers of a CPU float32 inference graph whose only reader
+    is (through views) a relu, gelu or silu, where the product goes to oneDNN (cpu_matmul)."""
+    if _LINEAR is None or not FUSE_LINEARS or not (isinstance(getattr(gm, "meta", None), dict)
+                                                   and gm.meta.get("ember_inference")):
+        return {}
+    plans = {}
+    for mm in gm.graph.nodes:
+        if mm.op != "call_function" or mm.target not in (aten.addmm.default, aten.mm.default) or mm.kwargs \
+                or len(mm.args) != (3 if mm.target is aten.addmm.default else 2) \
+                or not all(isinstance(a, torch.fx.Node) for a in mm.args):
+            continue
+        v, (bv, av, wv) = mm.meta.get("val"), [a.meta.get("val") for a in mm.args[-3:]] if len(mm.args) == 3 \
+            else [None] + [a.meta.get("val") for a in mm.args]
+        if not all(isinstance(t, torch.Tensor) for t in (v, av, wv)) or av.ndim != 2 or wv.ndim != 2 \
+                or tuple(wv.stride()) != (1, wv.shape[0]) \
+                or (bv is not None and (not isinstance(bv, torch.Tensor) or tuple(bv.shape) != (v.shape[1],)
+                                        or bv.dtype != v.dtype)) \
+                or not _onednn_product(av.shape[0], av.shape[1], wv.shape[1], (av.dtype, wv.dtype, v.dtype), v.device.type):
+            continue
+        chain, u = [mm], _only_user(mm)
+        while u is not None and u.target in _VIEWS and u.args[0] is chain[-1]:
+            chain.append(u)
+            u = _only_user(u)
+        how = LINEAR_POST_OPS.get(u.target) if u is not None and u.op == "call_function" else None
+        post_op = how(*u.args, **u.kwargs) if how is not None and u.args and u.args[0] is chain[-1] else None
+        uv = u.meta.get("val") if u is not None else None
+        if post_op is None or not isinstance(uv, torch.Tensor) or uv.dtype != v.dtype or uv.numel() != v.numel():
+            continue
+        plans[u] = LinearFusion(mm, post_op, u, tuple(chain))
+    return plans
+
+
+def lower_linear_fusion(g: "Graph", f: LinearFusion, env: dict):
+    """The fused linear of f: one oneDNN call (its weight copied to row-major [N, K] first where it is not)."""
+    from ember.decomp import prims as P
+    bias, a, b = (env[x] for x in f.mm.args) if len(f.mm.args) == 3 else (None, *(env[x] for x in f.mm.args))
+    out_val, g.val = g.val, f.mm.meta["val"]
+    try:
+        y = cpu_matmul(g, a, b, bias, f.post_op, any_weight=True)
+    finally:
+        g.val = out_val
+    return P.reshape(y, list(out_val.shape))
 
 
 SHARE_CAT_BUFFERS = True  # False: each concatenation of a chain copies all its pieces (A/B timing)
@@ -566,6 +679,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
     constants: dict = {}
     users = {n: len(n.users) for n in gm.graph.nodes}
     fusions = plan_conv_fusions(gm, g.channels_last)
+    fusions.update(plan_linear_fusions(gm))
     g.cat_chains = plan_cat_chains(gm) if g.channels_last else {}
     fused_away = {n for f in fusions.values() for n in f.skip}
     try:
@@ -592,7 +706,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 constants[name] = t
                 env[node] = TensorBox.of_buffer(buf)
             elif node.op == "call_function":
-                if node in fused_away:  # computed by a fused convolution at its chain's end
+                if node in fused_away:  # computed by a fused convolution or linear at its chain's end
                     env[node] = None
                     continue
                 args, kwargs = pytree.tree_map(lambda a: env[a] if isinstance(a, torch.fx.Node) else a,
@@ -629,7 +743,8 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 out, why = None, "no ember decomposition"
                 if fused is not None:
                     g.origins = tuple(n.name for n in fused.skip) + (node.name,)
-                    out = _check(lower_conv_fusion(g, fused, env), g.val, node)
+                    lower_fused = lower_linear_fusion if isinstance(fused, LinearFusion) else lower_conv_fusion
+                    out = _check(lower_fused(g, fused, env), g.val, node)
                 elif fn is not None:
                     try:
                         out = _check(fn(*args, **kwargs), g.val, node)

@@ -1076,16 +1076,34 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
 # ------------------------------------------------------------------------------------------------ matmuls
 @reg(aten.addmm.default)
 def addmm(bias, a, b, *, beta=1, alpha=1):
-    """A linear layer's addmm as the library mm plus a lazy bias add, which fuses into whatever reads the result
-    (gelu, the residual add + layer_norm). On CPU, addmm itself first copies the broadcast bias into its output
-    (one more pass over it, and one more parallel region) and then accumulates the product on it. On CUDA,
-    cuBLASLt's bias epilogue picks slower kernels for BERT's shapes (H100: 70 against 54 us a 1024x768x768
-    product); float32 only there, where the product is rounded to the output's dtype either way."""
+    """A linear layer's addmm. On CPU in float32 where the weight is laid out for it, one oneDNN inner product
+    with the bias inside (lower.cpu_matmul: added as the product is written, no extra pass; a reader that is a
+    library call, attention reading Q, K and V, then takes the product as it is). Elsewhere the library mm plus a
+    lazy bias add, which fuses into whatever reads the result (gelu, the residual add + layer_norm): on CPU,
+    ATen's addmm first copies the broadcast bias into its output (one more pass over it, and one more parallel
+    region) and then accumulates the product on it; on CUDA, cuBLASLt's bias epilogue picks slower kernels for
+    BERT's shapes (H100: 70 against 54 us a 1024x768x768 product); float32 only there, where the product is
+    rounded to the output's dtype either way."""
     v = out()
     if beta != 1 or alpha != 1 or not floaty(v.dtype) or not isinstance(bias, TensorBox) or bias.dtype != v.dtype \
             or (v.device.type == "cuda" and v.dtype != torch.float32) or v.device.type not in ("cpu", "cuda"):
         return NotImplemented
-    return P.add(ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False), bias, dtype=v.dtype)
+    from ember.codegen.lower import cpu_matmul
+    row_bias = bias.ndim == 1 and int(bias.size[0]) == int(v.shape[-1])  # what oneDNN's bias is: one per column
+    prod = cpu_matmul(ir.GRAPH, a, b, bias if row_bias else None)
+    if prod is not None and row_bias:
+        return prod
+    if prod is None:
+        prod = ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False)
+    return P.add(prod, bias, dtype=v.dtype)
+
+
+@reg(aten.mm.default)
+def mm(a, b):
+    """On CPU in float32, a oneDNN inner product where the weight is laid out for one (lower.cpu_matmul);
+    else ATen's mm (the extern it is listed as)."""
+    from ember.codegen.lower import cpu_matmul
+    return cpu_matmul(ir.GRAPH, a, b) or NotImplemented
 
 
 # ------------------------------------------------------------------------------------------------ foreach
