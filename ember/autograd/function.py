@@ -13,7 +13,6 @@ silently wrong. A graph the tracer cannot make functional runs as it is (eager),
 from __future__ import annotations
 
 import dataclasses
-import gc
 from typing import Callable
 
 import torch
@@ -22,6 +21,7 @@ import torch.fx
 from ember.autograd.partition import Partition, partition
 from ember.autograd.trace import TraceMeta, _lifted_getter, finish, lift_parameters, trace_forward, \
     trace_joint
+from ember.tools import collector
 from ember.tools.logs import get_logger
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
@@ -82,14 +82,9 @@ class CompiledGraphFunction(torch.autograd.Function):
                     for k, (shape, dtype, device) in zip(art.meta.tangent_of, ctx.tangent_meta)]
         if art.backward is None:
             # the backward's compile, on the first backward: with the cyclic collector paused, as the frontend
-            # pauses it for the forward's (FrameCompiler.capture_without_gc says why)
-            paused = gc.isenabled()
-            gc.disable()
-            try:
+            # pauses it for the forward's (ember.tools.collector says why)
+            with collector.paused():
                 art.backward = art.bw_compiler(art.part.backward, [*saved, *tangents])
-            finally:
-                if paused:
-                    gc.enable()
         gin = iter(art.backward(*saved, *tangents))
         return (None, *[next(gin) if rg else None for rg in art.meta.requires_grad])
 

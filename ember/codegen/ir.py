@@ -14,32 +14,13 @@ through the IR; the C++ backend specializes them to the example's values).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import itertools
 import math
 from typing import Callable, Sequence
 
 import sympy
 import torch
-
-
-@contextlib.contextmanager
-def gc_frozen():
-    """Python's cyclic GC paused for what exists already (gc.freeze) while code is generated. Lowering makes
-    hundreds of thousands of short-lived sympy objects, and each collection of the oldest generation also
-    walked everything the program held before (the model, its fake tensors, the traced graphs): a third of
-    GPT-2's training graphs' lowering, scheduling and printing was the GC. New objects are still collected;
-    the frozen ones are handed back afterwards. Left alone when the program froze objects itself."""
-    if gc.get_freeze_count() or not gc.isenabled():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 # ----------------------------------------------------------------------------------------------- index math

@@ -41,6 +41,7 @@ import torch.utils._pytree as pytree
 
 from ember.codegen import ir
 from ember.codegen.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, TensorArg, TensorBox
+from ember.tools import collector
 from ember.tools.logs import get_logger
 
 fallback_log = get_logger("fallbacks")
@@ -664,7 +665,7 @@ LOWERING_LOCK = threading.Lock()
 def lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") -> LoweredGraph:
     """target: the code generator the buffers are for, "cpu" (C++) or "gpu" (Triton): reductions with too few
     results to keep it busy are split for it (split_reduction)."""
-    with ir.gc_frozen():
+    with collector.frozen():
         return _lower(gm, example_inputs, target)
 
 

@@ -25,6 +25,7 @@ import sympy
 
 from ember.codegen import ir
 from ember.codegen.ir import Expr, ExternBuffer, Pointwise, Reduction, TensorArg
+from ember.tools import collector
 
 X0 = sympy.Symbol("x0", integer=True, nonnegative=True)
 
@@ -300,7 +301,7 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None) 
     mutations: (input index, output index) pairs, the graph outputs that the caller copies back into inputs
     (ember.autograd's input mutations); those computed by a kernel are written into the input directly where
     that is safe (`Schedule.inplace`, see `_write_in_place`)."""
-    with ir.gc_frozen():
+    with collector.frozen():
         return _schedule(lowered, row_buffers, mutations)
 
 

@@ -45,6 +45,7 @@ from ember.codegen import ir
 from ember.codegen.ir import Expr, FloorDiv, ModIndex, TensorArg
 from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars, split_elementwise
+from ember.tools import collector
 from ember.tools.logs import get_logger
 
 code_log = get_logger("output_code")
@@ -892,7 +893,7 @@ def _accumulate(m: Member, v: str, ii: str, ind: str) -> tuple[list[str], list[s
 # ------------------------------------------------------------------------------------------------- modules
 def generate(sched: Schedule) -> tuple[str, list]:
     """The Python module of a schedule's kernels, and per group (kernel name, args, config, grid)."""
-    with ir.gc_frozen():
+    with collector.frozen():
         return _generate(sched)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import dis
 import functools
-import gc
 import inspect
 import keyword
 import linecache
@@ -48,6 +47,7 @@ from ember.frontend.values import (
     BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV,
     PartialV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
 )
+from ember.tools import collector
 from ember.tools.logs import enabled, get_logger
 
 RECOMPILE_LIMIT = 8
@@ -183,20 +183,10 @@ class FrameCompiler:
         return "(none)"
 
     def capture_without_gc(self, frame_args: tuple) -> Entry:
-        """capture (and the backend's compile inside it) with Python's cyclic garbage collector paused.
-
-        A compile allocates a few hundred thousand objects (fake tensors, fx nodes, the min-cut's dicts), which
-        sets off full collections of the whole heap, a model library's included: 0.25-0.45 s each on the dev VM,
-        two in a cold GPT-2 training compile (collections of young objects only are cheap and rare here). After
-        the compile the collector runs again as usual; what the compile left as garbage is found by its next
-        young collection, which only scans objects made since its last run."""
-        if not gc.isenabled():
+        """capture (and the backend's compile inside it) with Python's cyclic garbage collector paused
+        (ember.tools.collector says why)."""
+        with collector.paused():
             return self.capture(frame_args)
-        gc.disable()
-        try:
-            return self.capture(frame_args)
-        finally:
-            gc.enable()
 
     def capture(self, frame_args: tuple) -> Entry:
         stop_at: dict[int, str] = {}
