@@ -36,6 +36,17 @@ def fast_unflatten(spec: pytree.TreeSpec) -> Callable[[list], object]:
 _data_ptr = torch.Tensor.data_ptr
 
 
+def _overlapping(size, stride) -> bool:
+    """Whether a layout has elements sharing memory (an expanded dim: stride 0 over more than one element)."""
+    dims = sorted((abs(int(st)), int(n)) for n, st in zip(size, stride) if int(n) > 1)
+    reach = 0   # one past the furthest offset the dims before reach
+    for st, n in dims:
+        if st <= reach:
+            return True
+        reach += (n - 1) * st
+    return False
+
+
 def _restride(t: torch.Tensor, stride) -> torch.Tensor:
     out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
@@ -240,7 +251,12 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
         L.append("        return _fallback(args)")
     for b in restrided:
         stride = tuple(int(s) for s in b.stride)
-        L.append(f"    if {b.name}.stride() != {stride}: {b.name} = _restride({b.name}, {stride})")
+        if _overlapping(b.size, stride):
+            # compiled for an expanded input (elements sharing memory): a tensor of another layout cannot be
+            # copied into that one, and its values need not repeat as the compiled code assumes
+            L.append(f"    if {b.name}.stride() != {stride}: return _fallback(args)")
+        else:
+            L.append(f"    if {b.name}.stride() != {stride}: {b.name} = _restride({b.name}, {stride})")
 
     # lifetimes: the last item that reads each buffer; outputs and buffers fallbacks saw never die
     last, pinned = {}, {o.buffer for o in low.outputs if isinstance(o, TensorArg)}

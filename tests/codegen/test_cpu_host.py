@@ -433,3 +433,20 @@ def test_gelu_tanh_recomputed_in_the_gradient_kernel_after_the_matmul():
     kernels = [ln for g in graphs for ln in g.source.splitlines() if ln.startswith("// fused fx nodes:")]
     gradient = [k for k in kernels if "tanh_backward_default" in k]
     assert len(gradient) == 1 and "tanh_default," in gradient[0], kernels
+
+
+def test_graph_compiled_for_an_expanded_input_runs_a_dense_one_eagerly():
+    """An input traced as an expanded view (stride 0) and then given as a dense tensor of the same shape: the
+    compiled code assumed repeated values, and the tensor cannot be copied into the expanded layout, so that call
+    runs the graph as it is (it was a RuntimeError from copy_)."""
+    from tests.codegen.aten_trace import trace_aten
+
+    def f(x):
+        return (x * 2).sum(1)
+    x = torch.randn(1, 16).expand(8, 16)
+    gm, _ = trace_aten(f, [x])
+    compiled = ember_backend.compile_aten(gm, [x])
+    x = torch.randn(1, 16).expand(8, 16)
+    torch.testing.assert_close(compiled(x)[0], f(x))
+    y = torch.randn(8, 16)
+    torch.testing.assert_close(compiled(y)[0], f(y))
