@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import ember
 from ember.codegen import lower
 from ember.codegen.ir import ExternBuffer
+from tests.codegen.recording import compiled_graphs
 
 pytestmark = pytest.mark.skipif(lower._LINEAR is None, reason="this torch has no oneDNN linear (mkldnn._linear_pointwise)")
 LINEAR = "mkldnn._linear_pointwise.default"
@@ -15,22 +16,10 @@ LINEAR = "mkldnn._linear_pointwise.default"
 
 def _compiled(fn, *args, inference=True):
     """Compile fn with the ember backend (through ember.compile) and call it; return (compiled fn, its graphs)."""
-    from ember.backends import ember_backend
-    made = []
-    orig = ember_backend.compile_aten
-
-    def rec(gm, ex, options=None):
-        r = orig(gm, ex, options)
-        made.append(getattr(r, "compiled", None))
-        return r
-    ember_backend.compile_aten = rec
-    try:
-        f = ember.compile(fn)
+    def run(f, *args):
         with torch.set_grad_enabled(not inference):
             f(*args)
-    finally:
-        ember_backend.compile_aten = orig
-    return f, [g for g in made if g is not None]
+    return compiled_graphs(fn, *args, run=run)
 
 
 def _externs(fn, *args, inference=True):
