@@ -5,7 +5,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import ember
 from ember.codegen import lower
 from ember.codegen.ir import ExternBuffer
 from tests.codegen.recording import compiled_graphs
