@@ -37,28 +37,25 @@ CLOCK = time.process_time
 
 
 # ------------------------------------------------------------------------------------------------ workloads
-def resnet50():
+def _vision(name: str, *shape: int):
+    """A torchvision model in eval mode and an inference step on a random batch of `shape`."""
     import torch
     import torchvision
-    model = torchvision.models.resnet50().eval()
-    x = torch.randn(8, 3, 224, 224)
+    model = getattr(torchvision.models, name)().eval()
+    x = torch.randn(*shape)
 
     def step(fn):
         with torch.no_grad():
             fn(x)
     return model, step
+
+
+def resnet50():
+    return _vision("resnet50", 8, 3, 224, 224)
 
 
 def densenet121():
-    import torch
-    import torchvision
-    model = torchvision.models.densenet121().eval()
-    x = torch.randn(16, 3, 128, 128)
-
-    def step(fn):
-        with torch.no_grad():
-            fn(x)
-    return model, step
+    return _vision("densenet121", 16, 3, 128, 128)
 
 
 def bert():

@@ -641,7 +641,7 @@ def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str =
         for name in m.reads & values.keys():
             mbody = _replace_loads(mbody, name, values[name])
         values[m.buf.name] = mbody
-        body = _substitute(mbody, subst, ranges)
+        body = ir.substitute(mbody, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
         v = b.emit(body)
         stores.append(ind + _store(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
@@ -669,9 +669,6 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
         L += _flat_range(members, f"(pid - {start})", rows, rsize, extents, "        ", prefix=f"s{k}_")
         start += n
     return L, start
-
-
-_substitute = ir.substitute   # (the C++ printer's column groups use it too)
 
 
 REDUCE_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
@@ -737,7 +734,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
         rflat = sympy.Symbol("rflat", integer=True, nonnegative=True)
         ranges = {X0: rows, rflat: max(R, 1)}
         subst = _inner_index(m, rflat) if m.inner else {}
-        body = _substitute(m.body, subst, ranges)
+        body = ir.substitute(m.body, subst, ranges)
         store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
         if R <= 1 and not m.inner:
             b = Body(scalars, "xmask", ind, ranges, extents)
