@@ -6,8 +6,9 @@
 
 Times are medians of per-step CUDA-event times after warm-up (events bracket each step as the CPU issues it,
 so launch gaps count). "compile" is the cold cost: the wall time of the first calls (until the compiled code
-and any CUDA graphs are recorded) minus as many steady steps; Inductor's caches are pointed at a fresh
-directory so it compiles from nothing. A failing column prints the error class and the run goes on.
+and any CUDA graphs are recorded) minus as many steady steps, not counting the model's construction;
+Inductor's, Triton's and ember's caches are pointed at fresh directories so each compiles from nothing (rows
+later in a run may find kernels an earlier row compiled: both compilers alike). A failing column prints the error class and the run goes on.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="induct
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton_cold_"))
+os.environ["EMBER_CACHE_DIR"] = tempfile.mkdtemp(prefix="ember_cold_")   # (gpu_final.sh points tests at its own)
 
 import torch  # noqa: E402
 
@@ -249,10 +251,11 @@ COMPILE_PROFILE: list[str] = []
 
 def measure(w: Workload, column: str, compiler) -> dict:
     torch.manual_seed(0)
-    t0 = time.perf_counter()
-    step = w.build(compiler, w.mode)
+    step = w.build(compiler, w.mode)   # the model's construction is not the compile's (nor is it timed)
     if step is None:
         return None
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
     first = 3 if compiler is not None else 0     # reduce-overhead records CUDA graphs on the first calls
     pr = None
     if column == "ember" and any(k in w.name.lower() for k in COMPILE_PROFILE):

@@ -7,6 +7,7 @@
 #   (bench/gpu.py --only splits at commas: a row name with a comma is matched by a part of it)
 #   bash bench/gpu_final.sh final   # all of it in one command (tests of what changed, bench, training row)
 #   bash bench/gpu_final.sh profile # where the time goes: eager and ember on the model rows, kernel and host profiles
+#   bash bench/gpu_final.sh diag    # host split and cold-compile profiles of the host-bound rows, Triton pool
 #   bash bench/gpu_final.sh quick   # while working: optimizer/CUDA-graph tests, Adam rows with a kernel profile
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
@@ -58,6 +59,17 @@ check)   # while working: GPU tests of the optimizer/Triton/CUDA-graph paths, Ad
   timeout 150 python3 bench/gpu.py --only gpt2 --columns ember --profile gpt2 > "$OUT/gpt2.log" 2>&1
   grep -E "^\||profile |Error" "$OUT/gpt2.log" | tail -6
   TOP=${TOP:-6} timeout 120 python3 bench/gpu_gpt2_diag.py > "$OUT/gpt2_diag.log" 2>&1; tail -3 "$OUT/gpt2_diag.log" ;;
+diag)   # where host and cold-compile time go: GPU tests of what changed, the Triton compile pool, the host split
+  # (frontend alone, host program alone) of the host-bound rows, cProfile of ember's cold compiles
+  timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
+    tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
+    | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
+  timeout 200 python3 bench/gpu_compile_pool.py ${POOL_ROWS:-resnet50 bert} 2>&1 | tee "$OUT/pool.log" | tail -8
+  timeout 150 python3 bench/gpu_host_diag.py ${HOST_ROWS:-adam bert} --no-conv ${HOST_FLAGS:-} > "$OUT/host.log" 2>&1
+  grep -E "^#|host .*queued|alone" "$OUT/host.log"
+  timeout 150 python3 bench/gpu.py --only "${ROWS:-adam step,resnet50,bertmodel b8 s128 inference$}" --columns ember \
+    --compile-profile "${COMPILE_PROFILE:-adam step,resnet50,bertmodel}" > "$OUT/compile.log" 2>&1
+  grep -E "^\||compile profile|Error" "$OUT/compile.log" | tail -12 ;;
 quick)   # a check while working: optimizer and CUDA-graph tests, the Adam rows with a kernel profile
   timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py 2>&1 \

@@ -1,6 +1,6 @@
 """Where a host-bound compiled model's host time goes, on a GPU (one device run):
 
-    python bench/gpu_host_diag.py [resnet50|densenet]
+    python bench/gpu_host_diag.py [resnet50|densenet|bert|adam ...] [--no-inductor] [--no-conv] [--cprofile]
 
 Per column (eager, Inductor, ember): host time per step with steps queued (no wait), the GPU-step time, and the
 CPU ATen ops' self time per step. For ember also: the guards + frontend alone (the graph call replaced by a
@@ -24,6 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 import ember  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+import gpu  # noqa: E402
 from gpu import steady_ms  # noqa: E402
 
 
@@ -51,28 +52,28 @@ def host_ops(step, label: str, steps: int = 5, top: int = 14) -> None:
         print(f"    {e.self_cpu_time_total / steps / 1e3:8.3f} ms {e.count // steps:5d}x  {e.key[:80]}")
 
 
-def model(name: str):
-    import torchvision
-    if name == "densenet":
-        return torchvision.models.densenet121().cuda().eval(), torch.randn(16, 3, 128, 128, device="cuda")
-    return torchvision.models.resnet50().cuda().eval(), torch.randn(32, 3, 224, 224, device="cuda")
+BUILDERS = {"resnet50": gpu.resnet50, "densenet": gpu.densenet_inference, "bert": gpu.bert, "adam": gpu.adam}
 
 
 def main() -> None:
-    name = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
-    m, x = model(name)
-    print(f"# {name}: {torch.cuda.get_device_name()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    for col, fn in (("eager", m), ("inductor", torch.compile(m)), ("ember", ember.compile(m))):
-        def step(fn=fn):
-            with torch.no_grad():
-                return fn(x)
-        for _ in range(3):
-            step()
-        print(f"{col:9s} host {queued_ms(step):7.3f} ms/step queued, GPU-step {steady_ms(step, 30):7.3f} ms")
-        host_ops(step, col)
-        if col == "ember":
-            ember_split(step)
-    conv_forms()
+    names = [a for a in sys.argv[1:] if not a.startswith("--")] or ["resnet50"]
+    cols = {"eager": None, "inductor": torch.compile, "ember": gpu.ember_compile}
+    if "--no-inductor" in sys.argv:
+        del cols["inductor"]
+    for name in names:
+        print(f"# {name}: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        for col, compiler in cols.items():
+            torch.manual_seed(0)
+            step = BUILDERS[name](compiler, None)
+            for _ in range(3):
+                step()
+            print(f"{col:9s} host {queued_ms(step):7.3f} ms/step queued, GPU-step {steady_ms(step, 30):7.3f} ms")
+            host_ops(step, col)
+            if col == "ember":
+                ember_split(step)
+    if "--no-conv" not in sys.argv:
+        conv_forms()
 
 
 def ember_split(step) -> None:
@@ -80,7 +81,12 @@ def ember_split(step) -> None:
     a stand-in that returns the last outputs, then the real graph call is timed on the recorded inputs."""
     import gc
     from ember.frontend import convert
-    fcs = [o for o in gc.get_objects() if isinstance(o, convert.FrameCompiler) and o.entries]
+    def is_compiler(o) -> bool:
+        try:
+            return isinstance(o, convert.FrameCompiler) and bool(o.entries)
+        except ReferenceError:   # a dead weakref.proxy among the objects
+            return False
+    fcs = [o for o in gc.get_objects() if is_compiler(o)]
     for fc in fcs:
         for entry in fc.entries:
             ns = entry.fn.__globals__
@@ -101,8 +107,17 @@ def ember_split(step) -> None:
             def graph_only(real=real, seen=seen):
                 with torch.no_grad():
                     return real(*seen["args"])
+
             print(f"  ember graph call alone: {queued_ms(graph_only):.3f} ms/call")
             host_ops(graph_only, "ember graph call alone")
+            if "--cprofile" in sys.argv:   # the graph call's Python, function by function
+                import cProfile
+                import pstats
+                pr = cProfile.Profile()
+                pr.runcall(lambda: [graph_only() for _ in range(50)])
+                torch.cuda.synchronize()
+                print("  cProfile of 50 graph calls:")
+                pstats.Stats(pr).sort_stats("tottime").print_stats(18)
             ns["___graph"] = real
 
 

@@ -1,0 +1,61 @@
+"""How much of a cold compile is Triton's, and how well the compile pool spreads it (one device run):
+
+    python bench/gpu_compile_pool.py [row ...]      # rows: resnet50, bert, densenet, adam (bench/gpu.py builders)
+
+Each (row, pool) runs in a fresh process with empty Triton and ember caches: the wall time of the first call
+(the cold compile), the time spent in `triton._precompile` (waiting for the pool), the number of kernels, and
+how the kernels were compiled: "threads=N" is N threads of this process (no worker processes,
+EMBER_COMPILE_WORKERS=0), "workers=N" is N worker processes (ember.codegen.compile_worker) with 8 threads loading.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CHILD = r'''
+import os, sys, time, concurrent.futures as cf
+sys.path.insert(0, "bench")
+import torch, gpu
+from ember.codegen import triton as tr
+threads = int(os.environ["POOL_THREADS"])
+tr._COMPILE_POOL = cf.ThreadPoolExecutor(max_workers=threads)
+how = f"workers={os.environ['EMBER_COMPILE_WORKERS']}" if os.environ["EMBER_COMPILE_WORKERS"] != "0" else f"threads={threads}"
+spent = {"precompile": 0.0, "kernels": 0}
+real = tr._precompile
+def timed(mod, kernels, sched, device):
+    t = time.perf_counter()
+    out = real(mod, kernels, sched, device)
+    spent["precompile"] += time.perf_counter() - t
+    spent["kernels"] += len({k[1] for k in kernels})
+    return out
+tr._precompile = timed
+torch.manual_seed(0)
+build = {"resnet50": gpu.resnet50, "bert": gpu.bert, "densenet": gpu.densenet_inference, "adam": gpu.adam}[sys.argv[1]]
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()   # CUDA's start-up is not the compile's
+t = time.perf_counter()
+step = build(gpu.ember_compile, None)
+step(); torch.cuda.synchronize()
+first = time.perf_counter() - t
+print(f"{sys.argv[1]:9s} {how:10s}: first call {first:6.2f} s, waiting for Triton {spent['precompile']:5.2f} s, "
+      f"{spent['kernels']} kernels", flush=True)
+'''
+
+
+def main() -> None:
+    rows = sys.argv[1:] or ["resnet50", "bert"]
+    print(f"# bench/gpu_compile_pool.py {' '.join(rows)}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{os.cpu_count()} CPUs")
+    for row in rows:
+        for threads, workers in ((8, 0), (8, 8)):
+            env = dict(os.environ, POOL_THREADS=str(threads), EMBER_COMPILE_WORKERS=str(workers),
+                       TRITON_CACHE_DIR=tempfile.mkdtemp(),
+                       EMBER_CACHE_DIR=tempfile.mkdtemp())
+            r = subprocess.run([sys.executable, "-c", CHILD, row], env=env, capture_output=True, text=True, timeout=300)
+            print(r.stdout.strip() or r.stderr.strip()[-800:], flush=True)
+
+
+if __name__ == "__main__":
+    main()
