@@ -41,7 +41,7 @@ from typing import Callable
 import sympy
 import torch
 
-from ember.codegen import compile_worker, ir
+from ember.codegen import ir
 from ember.codegen.ir import Expr, FloorDiv, ModIndex, TensorArg
 from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars, split_elementwise
@@ -994,23 +994,20 @@ _COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name
 
 
 def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> dict:
-    """Compile and load every kernel now, concurrently, instead of one by one at first launch. Worker processes
-    (ember.codegen.compile_worker) compile into Triton's cache; this process's threads then load each kernel
-    (a cache hit) and build the C launcher stub Triton 3.6 makes for each new argument signature (~0.3 s of gcc
-    each, cached too; resnet50 has 8: built serially at first launch they were a third of its cold compile).
-    Argument dtypes stand in for tensors (Triton's warmup takes them).
+    """Compile and load every kernel now, concurrently, instead of one by one at first launch: Triton's passes
+    and PTX assembly run outside the GIL, and so does the C build of the launcher stub that Triton 3.6 makes for
+    each new argument signature (~0.3 s of gcc each; resnet50 has 8, built serially at first launch they were
+    a third of its cold compile). Argument dtypes stand in for tensors (Triton's warmup takes them).
     Returns {kernel name: Triton's compiled kernel, loaded} for those that loaded."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return {}
     t0 = time.perf_counter()
-    pool = compile_worker.workers(device)
     jobs = {}
     for _, name, args, cfg, _grid in kernels:
         if name not in jobs:
             meta = {k: v for k, v in cfg.items() if k != "persistent"}
             dtypes = [sched.buffers[a].dtype for a in args]
-            ahead = pool.compile(mod.__file__, name, dtypes, meta) if pool is not None else None
-            jobs[name] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, meta, device, ahead)
+            jobs[name] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, meta, device)
     loaded = {}
     for name, job in jobs.items():
         try:
@@ -1021,12 +1018,7 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> di
     return {k: v for k, v in loaded.items() if getattr(v, "function", None) is not None}
 
 
-def _compile_and_load(fn, dtypes: list, meta: dict, device: torch.device, ahead=None):
-    if ahead is not None:   # a worker process compiling it into Triton's cache
-        try:
-            ahead.result()
-        except Exception as e:
-            code_log.debug("compile worker: %s", e)
+def _compile_and_load(fn, dtypes: list, meta: dict, device: torch.device):
     kernel = fn.warmup(*dtypes, grid=(1,), **meta)
     if device.type == "cuda" and hasattr(kernel, "_init_handles"):
         with torch.cuda.device(device):   # the module loads into this device's context, from this thread
@@ -1187,10 +1179,6 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
                              "/".join(sorted(devices - {"cuda"})))
         STATS["eager_graphs"] += 1
         return gm.forward
-    device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
-    workers = compile_worker.workers(device)
-    if workers is not None:
-        workers.warm()   # they start while this graph is lowered and scheduled
     try:
         with lower.LOWERING_LOCK:
             low, out_spec, _ = lower.lower(gm, example_inputs, target="gpu")
@@ -1200,6 +1188,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             sched = chunk_wide_groups(sched)
             if not (options or {}).get("max_autotune"):   # (the matmul templates print their epilogues' stores)
                 registers_for_private_values(sched)
+            device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
             if (options or {}).get("max_autotune"):
                 from ember.codegen import mm_template
                 sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
