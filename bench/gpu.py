@@ -75,6 +75,19 @@ def pointwise(compiler, mode):
     return lambda: fn(x)
 
 
+def affine(compiler, mode):
+    """Diagnostic row: the memory side of the pointwise row alone (one multiply-add per element): what a flat
+    kernel's loads and stores reach, where the chain above adds sin, cos, sigmoid and tanh (libdevice's
+    precise versions, as eager's kernels compute them)."""
+    x = torch.randn(N_POINTWISE, device=DEV)
+
+    def scale(x):
+        return x * 1.5 + 0.5
+
+    fn = scale if compiler is None else compiler(scale, mode=mode)
+    return lambda: fn(x)
+
+
 def adam(compiler, mode, fused=False, capturable=False):
     params = [torch.nn.Linear(1024, 1024, bias=False, device=DEV).weight for _ in range(10)]
     for p in params:
@@ -183,6 +196,7 @@ def densenet_cudagraphs_only(compiler, mode):
 
 WORKLOADS = [
     Workload("pointwise chain, 64M float32", pointwise, bytes_moved=2 * 4 * N_POINTWISE, iters=100),
+    Workload("affine x*1.5+0.5, 64M float32 (diag)", affine, bytes_moved=2 * 4 * N_POINTWISE, iters=100),
     Workload("Adam step, 10x Linear(1024,1024)", adam, bytes_moved=7 * 4 * 10 * 1024 * 1024, iters=100),
     # the step counters on the GPU (torch keeps them on the CPU by default): the whole step can be one kernel
     Workload("Adam step, capturable=True", functools.partial(adam, capturable=True),
