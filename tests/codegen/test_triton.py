@@ -729,5 +729,40 @@ def test_cross_entropy_over_long_rows_forward_and_gradient(scale):
         torch.testing.assert_close(xg.grad, xe.grad, atol=1e-6, rtol=1e-5)
     made = {k: tb.STATS[k] - before[k] for k in before}
     assert made["eager_graphs"] == 0 and made["graphs"] == 2, made
-    forward = sources[0]
+    forward, backward = sources
     assert forward.count("_new = _max_nan(") == 1 and _loops(forward) == (1 if scale is None else 2), forward
+    # log_softmax's backward sums nll_loss's one-hot gradient over the row: the element at the label, no loop
+    assert _loops(backward) == 0 and "tl.sum(" not in backward, backward
+
+
+def _one_hot_rows(rows: int, n: int):
+    labels = torch.randint(0, n, (rows,), device=DEV)
+    labels[1], labels[2], labels[3], labels[4] = -100, n, n - 1, 0    # out of range on both sides, both ends
+    v = rand(rows)
+    v[3] = -0.0    # eager's sum adds it to zeros: 0.0
+    return labels, v
+
+
+def test_sum_of_a_one_hot_row_is_its_element_without_a_loop():
+    """sum over the columns of where(column == label, v, 0): the value at the label, 0 for labels outside the
+    row, in one pointwise kernel."""
+    labels, v = _one_hot_rows(9, 5000)
+
+    def f(labels, v):
+        cols = torch.arange(5000, device=labels.device)
+        return torch.where(cols[None, :] == labels[:, None], v[:, None], 0.0).sum(1)
+    call = compile_and_check(f, labels, v, atol=0, rtol=0)
+    assert _loops(call) == 0 and "tl.sum(" not in call.kernel_source and "BLOCK: tl.constexpr" in call.kernel_source
+    assert torch.equal(call([labels, v])[0].signbit(), f(labels, v).signbit())
+
+
+def test_sum_of_where_column_equals_label_of_a_row_value_keeps_its_loop():
+    """where(column == label, x[row, column], 0): the value changes along the row, so the sum stays a
+    reduction (picking x[row, label] would need an indirect load)."""
+    labels, _ = _one_hot_rows(5, 5000)
+
+    def f(labels, x):
+        cols = torch.arange(5000, device=labels.device)
+        return torch.where(cols[None, :] == labels[:, None], x, 0.0).sum(1)
+    call = compile_and_check(f, labels, rand(5, 5000), atol=0, rtol=0)
+    assert _loops(call) == 1
