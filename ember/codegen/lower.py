@@ -398,6 +398,7 @@ def lower_cat_chain(g: "Graph", pieces: list):
 
 # --------------------------------------------------------------------------------------- split reductions
 SPLIT_REDUCTIONS = True   # False: every reduction is one loop nest over its whole range (A/B timing, tests)
+ONE_HOT_SUMS = True       # False: a sum of a one-hot row stays a reduction (one_hot_sum; A/B timing, tests)
 SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")   # argmax/argmin: the first index would need both
 GPU_SMS = 132             # H100's; torch.cuda's own count where a GPU is visible (gpu_sm_count)
 
@@ -611,7 +612,7 @@ class Graph:
 
     def reduction(self, size, dtype, fn, rsize, kind, origin="") -> TensorBox:
         size, rsize = tuple(size), tuple(rsize)
-        one_hot = one_hot_sum(size, dtype, fn, rsize, kind)
+        one_hot = one_hot_sum(size, dtype, fn, rsize, kind) if ONE_HOT_SUMS else None
         if one_hot is not None:   # a sum of one element at a computed column: that element, no loop
             return one_hot
         cl = self._reads_cl(size, lambda idx: fn(idx, [sympy.Symbol(f"lr{i}", integer=True, nonnegative=True)

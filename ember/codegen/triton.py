@@ -57,6 +57,7 @@ TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "
       torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 PERSISTENT_MAX_R = 4096     # longest row kept whole in registers
+ONLINE_SOFTMAX = True       # False: a looped sum of exp(x - max) waits for the max's loop (A/B timing, tests)
 FLAT = "flat"
 FOREACH = "foreach"
 ROWS = "rows"
@@ -718,7 +719,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
         R = _rsize(m)
         joins = run and not persistent and m.is_reduction and R == run[0][3] and m.inner
         if joins and m.reads & {r[0].buf.name for r in run}:
-            mx = _online_softmax_max(m, run, online)
+            mx = _online_softmax_max(m, run, online) if ONLINE_SOFTMAX else None
             if mx is None:
                 joins = False
             else:
