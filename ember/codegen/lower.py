@@ -398,6 +398,7 @@ def lower_cat_chain(g: "Graph", pieces: list):
 
 # --------------------------------------------------------------------------------------- split reductions
 SPLIT_REDUCTIONS = True   # False: every reduction is one loop nest over its whole range (A/B timing, tests)
+ONE_HOT_SUMS = True       # False: a sum of a one-hot row stays a reduction (one_hot_sum; A/B timing, tests)
 SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")   # argmax/argmin: the first index would need both
 GPU_SMS = 132             # H100's; torch.cuda's own count where a GPU is visible (gpu_sm_count)
 
@@ -520,6 +521,58 @@ def split_reduction(g: "Graph", size: tuple, dtype: torch.dtype, fn, rsize: tupl
     return (lambda idx, r: partial.load(read(list(idx), r))), (sympy.Integer(parts),)
 
 
+def one_hot_sum(size: tuple, dtype: torch.dtype, fn, rsize: tuple, kind: str) -> TensorBox | None:
+    """A sum over r of where(r == k, v, 0) with k and v not depending on r (a row that is one-hot: the gradient
+    nll_loss_backward makes, summed again by log_softmax's backward) as the value it adds up to,
+    where(0 <= k < R, v, 0) + 0.0, with no loop over the row (GPT-2's loss backward looped over 50,257 columns
+    of each row to find the one at the label). k outside [0, R) (ignore_index -100) hits no column: 0. The + 0.0
+    is eager's sum adding v to zeros (-0.0 comes out 0.0). float32/float64 sums over one reduced dim of >= 2;
+    None for anything else."""
+    if kind != "sum" or dtype not in (torch.float32, torch.float64) or len(rsize) != 1 or \
+            not getattr(rsize[0], "is_Integer", False) or int(rsize[0]) < 2:
+        return None
+    r = sympy.Symbol("onehot_r", integer=True, nonnegative=True)
+    idx = [sympy.Symbol(f"onehot_x{i}", integer=True, nonnegative=True) for i in range(len(size))]
+    if _one_hot_parts(fn(idx, [r]), r) is None:
+        return None
+    zero = ir.Expr("const", (0.0,), dtype)
+
+    def loader(index):
+        parts = _one_hot_parts(fn(list(index), [r]), r)
+        if parts is None:   # (the same loaders at other indices: the same Expr structure)
+            raise Unsupported("a one-hot sum whose body changed form at another index")
+        k, v = parts
+        inside = ir.Expr("logical_and", (ir.Expr("ge", (k, ir.Expr("const", (0,), k.dtype)), torch.bool),
+                                         ir.Expr("lt", (k, ir.Expr("const", (int(rsize[0]),), k.dtype)), torch.bool)),
+                         torch.bool)
+        return ir.Expr("add", (ir.Expr("where", (inside, v, zero), dtype), zero), dtype)
+    return TensorBox(size, dtype, loader)
+
+
+def _one_hot_parts(body: ir.Expr, r) -> tuple | None:
+    """(k, v) of a body where(index(r) == k, v, 0) (or k == index(r)), k an integer and v a value of the body's
+    dtype, neither depending on r; else None."""
+    if body.op != "where":
+        return None
+    cond, v, other = body.args
+    if other.op != "const" or other.args[0] != 0 or math.copysign(1.0, other.args[0]) < 0 or v.dtype != body.dtype \
+            or cond.op != "eq":
+        return None
+    a, b = cond.args
+    if not (a.op == "index" and a.args[0] == r):
+        a, b = b, a
+    if not (a.op == "index" and a.args[0] == r) or a.dtype.is_floating_point or a.dtype == torch.bool or \
+            b.dtype != a.dtype or _depends_on(b, r) or _depends_on(v, r):
+        return None
+    return b, v
+
+
+def _depends_on(e: ir.Expr, r) -> bool:
+    """Whether the value e changes with the index symbol r (a load's offset or an index value holds it)."""
+    return any((x.op == "load" and r in x.args[1].free_symbols) or (x.op == "index" and r in x.args[0].free_symbols)
+               for x in e.walk())
+
+
 class Graph:
     """The lowering context: buffers made so far. ember.decomp.prims reaches it as ir.GRAPH."""
 
@@ -559,6 +612,9 @@ class Graph:
 
     def reduction(self, size, dtype, fn, rsize, kind, origin="") -> TensorBox:
         size, rsize = tuple(size), tuple(rsize)
+        one_hot = one_hot_sum(size, dtype, fn, rsize, kind) if ONE_HOT_SUMS else None
+        if one_hot is not None:   # a sum of one element at a computed column: that element, no loop
+            return one_hot
         cl = self._reads_cl(size, lambda idx: fn(idx, [sympy.Symbol(f"lr{i}", integer=True, nonnegative=True)
                                                        for i in range(len(rsize))]))
         split = split_reduction(self, size, dtype, fn, rsize, kind)

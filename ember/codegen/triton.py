@@ -57,6 +57,7 @@ TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "
       torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 PERSISTENT_MAX_R = 4096     # longest row kept whole in registers
+ONLINE_SOFTMAX = True       # False: a looped sum of exp(x - max) waits for the max's loop (A/B timing, tests)
 FLAT = "flat"
 FOREACH = "foreach"
 ROWS = "rows"
@@ -700,22 +701,30 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
     scalars: dict = {}
     stored_here: set = set()
     run: list = []   # looped reductions of one row length not reading each other: one loop (_looped_members)
+    online: dict = {}   # in `run`: a sum of exp(x - max) -> that max (one loop, _online_softmax_max)
 
     def flush():
         if run:
             ms = [r[0] for r in run]
             L.extend(_looped_members(ms, [r[1] for r in run], [r[2] for r in run], scalars, ind, run[0][3],
-                                     run[0][4], extents))
+                                     run[0][4], extents, online))
             for x in ms:
                 scalars[x.buf.name] = f"{x.buf.name}_v"
                 if not x.local:
                     stored_here.add(x.buf.name)
             run.clear()
+            online.clear()
 
     for m in group.members:
         R = _rsize(m)
-        if run and not (not persistent and m.is_reduction and R == run[0][3] and m.inner
-                        and not m.reads & {r[0].buf.name for r in run}):
+        joins = run and not persistent and m.is_reduction and R == run[0][3] and m.inner
+        if joins and m.reads & {r[0].buf.name for r in run}:
+            mx = _online_softmax_max(m, run, online) if ONLINE_SOFTMAX else None
+            if mx is None:
+                joins = False
+            else:
+                online[m.buf.name] = mx
+        if run and not joins:
             flush()
         barrier_at = None
         if m.reads & stored_here:
@@ -822,9 +831,41 @@ def _looped_member(m: Member, body: Expr, store, scalars, ind, R, ranges, extent
     return _looped_members([m], [body], [store], scalars, ind, R, ranges, extents)
 
 
-def _looped_members(ms: list, bodies: list, stores: list, scalars, ind, R, ranges, extents) -> list[str]:
+def _online_softmax_max(m: Member, run: list, online: dict) -> str | None:
+    """The max reduction of `run` (looped reductions pending one loop) whose result the sum reduction `m` reads
+    as `sum(exp(x - max))`, x being exactly the value the max reduces (the same Expr: the same loads, pointwise
+    ops between them and the max included), so both run in one loop (online softmax, `_accumulate_online`);
+    None when m is not such a sum, or reads any other member of the run."""
+    if m.buf.kind != "sum":
+        return None
+    by_name = {r[0].buf.name: r for r in run}
+    read = m.reads & by_name.keys()
+    if len(read) != 1:
+        return None
+    (name,) = read
+    mx, mbody, mstore, R, ranges = by_name[name]
+    if mx.buf.kind != "max" or name in online.values() or not mbody.dtype.is_floating_point or \
+            mx.buf.dtype != mbody.dtype or m.inner != mx.inner:
+        return None
+    rflat = sympy.Symbol("rflat", integer=True, nonnegative=True)
+    body = ir.substitute(m.body, _inner_index(m, rflat), ranges)
+    if body.op != "exp" or body.args[0].op != "sub" or body.dtype != mbody.dtype:
+        return None
+    x, shift = body.args[0].args
+    if x is not mbody or shift.op != "load" or shift.args != (name, mstore):
+        return None
+    return name
+
+
+def _looped_members(ms: list, bodies: list, stores: list, scalars, ind, R, ranges, extents,
+                    online: dict | None = None) -> list[str]:
     """One loop over the row in RBLOCK steps for members of the same row length that do not read each other
-    (a pointwise member alone, or several reductions: values they share, e.g. a load, computed once)."""
+    (a pointwise member alone, or several reductions: values they share, e.g. a load, computed once), except
+    that a sum of exp(x - max) may read its max (`online`: sum -> max, see `_online_softmax_max`): its
+    accumulator is updated with the max's (`_accumulate_online`), its body is not computed."""
+    online = online or {}
+    sum_of = {mx: s for s, mx in online.items()}
+    by_name = {m.buf.name: m for m in ms}
     L = []
     for m in ms:
         if m.is_reduction:
@@ -840,13 +881,20 @@ def _looped_members(ms: list, bodies: list, stores: list, scalars, ind, R, range
     b.prefix = f"{ms[0].buf.name}_t"   # a name reused from an earlier member would be a loop-carried variable to Triton
     after = []
     for m, body, store in zip(ms, bodies, stores):
+        if m.buf.name in online:   # accumulated with its max's update, reduced right after it
+            if not m.local:
+                after.append(ind + _store(m, f"{m.buf.name}_v", index_code(store, {}), "xmask", "[XBLOCK, 1]"))
+            continue
         done = len(b.lines)
         v = b.emit(body)
         L += b.lines[done:]
         if not m.is_reduction:
             L.append(ii + _store(m, v, index_code(store, {}), "mask", "[XBLOCK, RBLOCK]"))
             continue
-        upd, fin = _accumulate(m, v, ii, ind)
+        if m.buf.name in sum_of:
+            upd, fin = _accumulate_online(m, by_name[sum_of[m.buf.name]], v, ii, ind)
+        else:
+            upd, fin = _accumulate(m, v, ii, ind)
         L += upd
         after += fin
         if not m.local:
@@ -885,6 +933,26 @@ def _accumulate(m: Member, v: str, ii: str, ind: str) -> tuple[list[str], list[s
         fin.append(f"{ind}_, {n}_v = tl.reduce(({n}_acc, {n}_acci), 1, _{kind})")
         fin.append(f"{ind}{n}_v = {n}_v[:, None]")
     return upd_lines, fin
+
+
+def _accumulate_online(mx: Member, sm: Member, v: str, ii: str, ind: str) -> tuple[list[str], list[str]]:
+    """`_accumulate` for a max reduction of the tile `v` (mx) and the sum of exp(v - that max) (sm) in one loop:
+    each lane keeps its running max m and the sum s of exp(x - m) over the x it saw, rescaled when m grows,
+    s' = s * exp(m - m') + exp(x - m'); after the loop, the row's max M and sum(s * exp(m - M)) over the lanes.
+    The max is the same as `_accumulate`'s (max is exact in any order, NaN kept). The sum is eager's
+    sum(exp(x - M)) but for rounding: a lane that saw only -inf (or masked) values keeps m = -inf and s = 0
+    (exp(-inf - -inf) would be NaN), so it adds 0 * exp(-inf - M) = 0 to a row whose max M is finite, and
+    0 * exp(-inf - -inf) = NaN to a row of only -inf, as eager's exp(-inf - -inf) does; +inf or NaN values
+    make s NaN in their lane (exp(inf - inf)), hence the sum NaN, as in eager."""
+    n, s, at = mx.buf.name, sm.buf.name, _acc_type(mx)
+    upd = [f"{ii}{n}_x = tl.where(mask, ({v}), float('-inf')).to({at})",
+           f"{ii}{n}_new = _max_nan({n}_acc, {n}_x)",
+           f"{ii}{s}_acc = tl.where({n}_new == float('-inf'), 0, "
+           f"{s}_acc * tl.exp({n}_acc - {n}_new) + tl.exp({n}_x - {n}_new)).to({at})",
+           f"{ii}{n}_acc = {n}_new"]
+    fin = [f"{ind}{n}_v = tl.reduce({n}_acc, 1, _max_nan)[:, None].to({compute_type(mx.buf.dtype)})",
+           f"{ind}{s}_v = tl.sum({s}_acc * tl.exp({n}_acc - {n}_v), 1)[:, None].to({compute_type(sm.buf.dtype)})"]
+    return upd, fin
 
 
 # ------------------------------------------------------------------------------------------------- modules

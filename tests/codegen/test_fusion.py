@@ -192,3 +192,16 @@ def test_dropout_backward_fuses_with_the_layer_norm_backward_around_it(dtype):
     g, r = torch.randn(64, 96, dtype=dtype), torch.randn(64, 96, dtype=dtype)
     c = compiled(f, [g, torch.rand(64, 96) > 0.1, r])
     assert len(groups(c)) == 1 and len(c.sched.items) == 1    # one kernel, no ATen call beside it
+
+
+def test_sum_of_a_one_hot_row_is_its_element_without_a_reduction():
+    """nll_loss_backward's one-hot gradient summed over its row (log_softmax's backward): where(0 <= label < n,
+    v, 0) per row, no reduction (lower.one_hot_sum); -100 (ignore_index) and n hit no column."""
+    labels = torch.randint(0, 3000, (7,))
+    labels[1], labels[2], labels[3] = -100, 3000, 2999
+    v = torch.randn(7)
+
+    def f(labels, v):
+        return torch.where(torch.arange(3000)[None, :] == labels[:, None], v[:, None], 0.0).sum(1)
+    c = compiled(f, [labels, v])
+    assert not any(m.is_reduction for g in groups(c) for m in g.members)

@@ -613,3 +613,156 @@ def test_values_read_only_in_their_kernel_are_not_stored():
         return inner * (1 + 0.134145 * x * x) + inner.exp() * 1e-3 + (t + 1) * 0.5 * gy
     call = compile_and_check(f, rand(64, 96), rand(32, 96), rand(64, 32))
     assert call.kernel_source.count("tl.store(") == 1, call.kernel_source
+
+
+# ------------------------------------------------------------------------ online softmax in looped reductions
+def _inf_rows(rows: int, n: int) -> torch.Tensor:
+    """Random rows, some with -inf: row 0 all -inf, row 1 -inf but for one value in the last block, row 2 -inf
+    in its first 2048 columns (lanes whose running max starts at -inf), row 3 a few -inf, then random rows."""
+    x = rand(rows, n)
+    x[0] = -math.inf
+    x[1] = -math.inf
+    x[1, n - 3] = 0.25
+    x[2, :2048] = -math.inf
+    x[3, ::7] = -math.inf
+    return x
+
+
+def _loops(call) -> int:
+    return (call if isinstance(call, str) else call.kernel_source).count("for roff in range(")
+
+
+@pytest.mark.parametrize("op", ["log_softmax", "softmax"])
+def test_looped_softmax_max_and_sum_share_one_loop(op):
+    """A row too long for one tile: the max and the sum of exp(x - max) run in one loop (the sum rescaled as
+    the max grows), then one loop writes the output: two loops, not three."""
+    f = getattr(torch, op)
+    call = compile_and_check(lambda x: f(x * 1.5, 1), rand(5, 5000), atol=1e-5, rtol=1e-5)
+    assert _loops(call) == 2, call.kernel_source
+    assert "tl.exp(p" in call.kernel_source and "_new = _max_nan(" in call.kernel_source
+
+
+def test_online_max_and_sum_of_rows_with_inf_and_nan():
+    """The max exactly as eager's, the sum as eager's sum(exp(x - amax)): 0 from -inf values, NaN for a row
+    that is all -inf (exp(-inf - -inf)), for a row holding +inf (exp(inf - inf)) and for a row holding NaN."""
+    x = _inf_rows(8, 5000)
+    x[4, 4500] = math.inf
+    x[5, 10] = math.nan
+
+    def f(x):
+        m = x.amax(1, keepdim=True)
+        return m, torch.exp(x - m).sum(1), torch.log_softmax(x, 1), torch.softmax(x, 1)
+    call = compile_and_check(f, x, atol=1e-5, rtol=1e-5)
+    # three max and sum pairs (each reduction of its own: amax's, log_softmax's, softmax's), one loop each, and
+    # the loops writing log_softmax's and softmax's rows
+    assert call.kernel_source.count("_new = _max_nan(") == 3 and _loops(call) == 5, call.kernel_source
+    want_max, want_sum = f(x)[:2]
+    got_max, got_sum = call([x])[:2]
+    torch.testing.assert_close(got_max, want_max, atol=0, rtol=0, equal_nan=True)
+    assert got_sum[0].isnan() and got_sum[4].isnan() and got_sum[5].isnan() and got_sum[1] == 1.0
+
+
+def test_online_sum_ignores_masked_lanes_of_a_row_shorter_than_a_block(monkeypatch):
+    """Looped rows of 300 in a 1024-wide tile: lanes 300.. are masked from the start (their running max stays
+    -inf, they add nothing), some real lanes hold only -inf."""
+    from ember.codegen import triton as tb
+    monkeypatch.setattr(tb, "PERSISTENT_MAX_R", 256)
+    x = rand(7, 300)
+    x[0] = -math.inf
+    x[1, :150] = -math.inf
+    call = compile_and_check(lambda x: (torch.log_softmax(x, 1), torch.exp(x - x.amax(1, keepdim=True)).sum(1)), x)
+    assert call.kernel_source.count("_new = _max_nan(") == 2 and _loops(call) == 3, call.kernel_source
+
+
+def test_sum_of_exp_of_another_value_minus_the_max_keeps_two_loops():
+    """exp(y - max(x)) is not the max's own value minus the max: no online rescaling, the sum waits for the max."""
+    call = compile_and_check(lambda x, y: torch.exp(y - x.amax(1, keepdim=True)).sum(1), rand(3, 5000),
+                             rand(3, 5000))
+    assert _loops(call) == 2 and "_new = _max_nan(" not in call.kernel_source
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_online_softmax_of_bfloat16_and_float64_rows(dtype):
+    x = rand(4, 4500, dtype=dtype)
+    tol = {"atol": 1e-2, "rtol": 1.6e-2} if dtype == torch.bfloat16 else {}
+    if not CUDA and dtype == torch.bfloat16:
+        tol = {"atol": 0.25, "rtol": 0.05}   # the interpreter rounds to bfloat16 toward zero (see above)
+    call = compile_and_check(lambda x: torch.log_softmax(x, 1), x, **tol)
+    assert _loops(call) == 2, call.kernel_source
+
+
+@pytest.mark.parametrize("scale", [None, 2.0])
+def test_cross_entropy_over_long_rows_forward_and_gradient(scale):
+    """Through ember.compile with the Triton code generator for the forward and backward graphs, ignore_index
+    rows included. Logits that are an input: the joint graph's log_softmax is split into max / sum(exp) (saved
+    for the backward), whose forward kernel is one loop over each 5000-column row for both (as GPT-2's); scaled
+    logits: log_softmax stays whole, its decomposition's max and sum share a loop."""
+    import ember
+    from ember.autograd import aot_module
+    from ember.codegen import triton as tb
+    sources = []
+
+    def triton_graph(gm, ex):
+        run = tb.compile_aten(gm, ex)
+        sources.append(run.compiled.kernel_source)
+        return run
+
+    def backend(gm, ex):
+        return aot_module(gm, ex, triton_graph, triton_graph)
+
+    def f(logits, labels):
+        return torch.nn.functional.cross_entropy(logits if scale is None else logits * scale, labels)
+
+    torch.manual_seed(0)
+    before = dict(tb.STATS)
+    compiled = ember.compile(f, backend=backend)
+    for _ in range(2):
+        x = _inf_rows(6, 5000)
+        x[0] = rand(5000)   # (an all -inf row is NaN in eager's loss: a finite loss is what's compared)
+        labels = torch.randint(0, 5000, (6,), device=DEV)
+        labels[1], labels[4] = 4997, -100
+        xg, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = compiled(xg, labels), f(xe, labels)
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(xg.grad, xe.grad, atol=1e-6, rtol=1e-5)
+    made = {k: tb.STATS[k] - before[k] for k in before}
+    assert made["eager_graphs"] == 0 and made["graphs"] == 2, made
+    forward, backward = sources
+    assert forward.count("_new = _max_nan(") == 1 and _loops(forward) == (1 if scale is None else 2), forward
+    # log_softmax's backward sums nll_loss's one-hot gradient over the row: the element at the label, no loop
+    assert _loops(backward) == 0 and "tl.sum(" not in backward, backward
+
+
+def _one_hot_rows(rows: int, n: int):
+    labels = torch.randint(0, n, (rows,), device=DEV)
+    labels[1], labels[2], labels[3], labels[4] = -100, n, n - 1, 0    # out of range on both sides, both ends
+    v = rand(rows)
+    v[3] = -0.0    # eager's sum adds it to zeros: 0.0
+    return labels, v
+
+
+def test_sum_of_a_one_hot_row_is_its_element_without_a_loop():
+    """sum over the columns of where(column == label, v, 0): the value at the label, 0 for labels outside the
+    row, in one pointwise kernel."""
+    labels, v = _one_hot_rows(9, 5000)
+
+    def f(labels, v):
+        cols = torch.arange(5000, device=labels.device)
+        return torch.where(cols[None, :] == labels[:, None], v[:, None], 0.0).sum(1)
+    call = compile_and_check(f, labels, v, atol=0, rtol=0)
+    assert _loops(call) == 0 and "tl.sum(" not in call.kernel_source and "BLOCK: tl.constexpr" in call.kernel_source
+    assert torch.equal(call([labels, v])[0].signbit(), f(labels, v).signbit())
+
+
+def test_sum_of_where_column_equals_label_of_a_row_value_keeps_its_loop():
+    """where(column == label, x[row, column], 0): the value changes along the row, so the sum stays a
+    reduction (picking x[row, label] would need an indirect load)."""
+    labels, _ = _one_hot_rows(5, 5000)
+
+    def f(labels, x):
+        cols = torch.arange(5000, device=labels.device)
+        return torch.where(cols[None, :] == labels[:, None], x, 0.0).sum(1)
+    call = compile_and_check(f, labels, rand(5, 5000), atol=0, rtol=0)
+    assert _loops(call) == 1
