@@ -37,7 +37,7 @@ import torch
 import torch.fx
 
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
-from ember.frontend.guards import DICT_GET, share_paths
+from ember.frontend.guards import CHECK_TENSORS, DICT_GET, share_paths
 from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
 )
@@ -634,11 +634,14 @@ class EntryCodegen:
     def finish(self, description: str) -> Entry:
         fc = self.fc
         guards = self.cap.guards.exprs()
+        condition = self.cap.guards.condition()
+        if self.cap.guards.batched:
+            self.namespace[CHECK_TENSORS] = self.cap.guards.checker.check
         self.namespace.update(self.consts.objs)
         params = ", ".join(fc.params)
         lines = list(self.lines)
         first = lines[:1] if lines and lines[0].startswith("___o = ___graph(") else []
-        cond, first = share_paths(guards, first)
+        cond, first = share_paths(condition, first)
         lines[:len(first)] = first
         src = [f"def ___entry({params}):",
                "    try:",

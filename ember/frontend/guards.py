@@ -2,7 +2,9 @@
 
 They are compiled into one generated function per cache entry, cheapest checks first (identity and type,
 then constants and lengths, then tensor metadata), because guard evaluation is most of a compiled call's
-overhead. Shapes are checked exactly here (static shapes); symbolic sizes will replace `tensor()` checks.
+overhead. Plain tensors' metadata is checked by one call of a C++ checker (ember.frontend.tensor_check) once
+it is loaded; each tensor's Python check stays in `exprs()`, which a failed call's reason is looked up in.
+Shapes are checked exactly here (static shapes); symbolic sizes will replace `tensor()` checks.
 """
 from __future__ import annotations
 
@@ -11,10 +13,16 @@ import re
 
 import torch
 
+from ember.frontend import tensor_check
+
 # The name under which generated code calls `dict.get`: a tensor-keyed item (an optimizer's `state[p]`) is read
 # as `___dict_get(<dict source>, <key source>)` (interpreter.tensor_keyed_item), which share_paths knows as a
 # path step, so `opt.state[p]` is looked up once per call however many guards and graph inputs read it.
 DICT_GET = "___dict_get"
+
+
+# The name under which an entry calls the C++ tensor checker (ember.frontend.tensor_check).
+CHECK_TENSORS = "___check_tensors"
 
 
 class Guards:
@@ -23,6 +31,10 @@ class Guards:
         self.items: list[tuple[int, str]] = []
         self._seen: set[str] = set()
         self._tensors: set[str] = set()   # sources with a tensor guard
+        # tensor guards the C++ checker proves, by their Python text: (source, type, packed metadata). The first
+        # capture starts the checker's build; until it is loaded, every tensor guard is Python.
+        self.checker = tensor_check.checker()
+        self.batched: dict[str, tuple[str, type, bytes]] = {}
 
     def add(self, expr: str, cost: int = 1) -> None:
         if expr not in self._seen:
@@ -51,12 +63,41 @@ class Guards:
         v = source if source.isidentifier() else f"___g{len(self._tensors)}"   # an argument is a local already
         first = source if v == source else f"({v} := {source})"
         device = f"{v}.is_cpu" if t.device.type == "cpu" else f"{v}.device == {c(t.device)}"
-        self.add(f"type({first}) is {c(type(t))} and {v}.dtype is {c(t.dtype)} and {v}.requires_grad is "
-                 f"{t.requires_grad} and {v}.shape == {tuple(t.shape)} and {v}.stride() == {tuple(t.stride())} "
-                 f"and {device}", 2)
+        expr = (f"type({first}) is {c(type(t))} and {v}.dtype is {c(t.dtype)} and {v}.requires_grad is "
+                f"{t.requires_grad} and {v}.shape == {tuple(t.shape)} and {v}.stride() == {tuple(t.stride())} "
+                f"and {device}")
+        self.add(expr, 2)
+        if self.checker is not None and type(t) in tensor_check.BATCH_TYPES:
+            spec = self.checker.spec(t)
+            if spec is not None:
+                self.batched[expr] = (source, type(t), spec)
 
     def exprs(self) -> list[str]:
+        """Each guard on its own, cheapest first: what a failed call's reason is looked up in."""
         return [e for _, e in sorted(self.items, key=lambda item: item[0])]
+
+    def condition(self) -> list[str]:
+        """The guards as the entry evaluates them: exprs(), the tensor guards the C++ checker proves replaced
+        by one call of it, `___check_tensors((S1, S2, ...), <types>, <packed metadata>)`, at the place of the
+        first (share_paths binds each S, which the graph call then reads)."""
+        out: list[str] = []
+        batch: list[tuple[str, type, bytes]] = []
+        at = -1
+        for e in self.exprs():
+            b = self.batched.get(e)
+            if b is None:
+                out.append(e)
+                continue
+            if not batch:
+                at = len(out)
+                out.append("")
+            batch.append(b)
+        if batch:
+            c = self.consts.ref
+            sources = "".join(f"{s}, " for s, _, _ in batch)
+            out[at] = (f"{CHECK_TENSORS}(({sources}), {c(tuple(t for _, t, _ in batch))}, "
+                       f"{c(b''.join(sp for _, _, sp in batch))})")
+        return out
 
 
 # A Python string literal (skipped: a path-like text inside one is not a path), or a path: an attribute/subscript

@@ -1,0 +1,136 @@
+"""The cheaper forms of guards still fail whenever what they cover changes.
+
+Tensor guards of plain tensors and parameters run in one call of the C++ checker (ember.frontend.tensor_check);
+with EMBER_TENSOR_CHECK=0 they are the Python checks. Every change below is made in both modes, to a module and
+to an eager copy of it: the compiled result must equal eager's, and the graph count says whether the change was
+seen (a change of metadata recompiles; a change of values only, or a new parameter with the same metadata, does
+not need to)."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from tests.frontend.harness import BASELINE, Recorder, assert_same, compile, rand
+
+pytestmark = pytest.mark.skipif(BASELINE, reason="ember's guard implementation")
+
+
+def tensor_checker():
+    from ember.frontend import tensor_check
+    return tensor_check.checker(wait=True)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.scale = nn.Parameter(torch.randn(4))
+        self.register_buffer("shift", torch.randn(4))
+        self.k = 2
+
+    def forward(self, x):
+        return self.bn(self.lin(x)) * self.scale + self.shift * self.k
+
+
+def _set_scale(m, t):
+    m.scale = t
+
+
+def _to_plain_tensor(m):
+    t = m.scale.detach().clone()
+    del m.scale
+    m.scale = t
+
+
+# (change applied to the module and to its eager copy, whether a new graph is needed)
+CHANGES = {
+    "values_only": (lambda m: m.scale.data.mul_(3), False),
+    "same_metadata_new_parameter": (lambda m: _set_scale(m, nn.Parameter(torch.randn(4))), False),
+    "data_shape": (lambda m: setattr(m.scale, "data", torch.randn(1)), True),
+    "data_stride": (lambda m: setattr(m.scale, "data", torch.randn(8)[::2]), True),
+    "data_dtype": (lambda m: setattr(m.scale, "data", m.scale.data.double()), True),
+    "weight_transposed": (lambda m: setattr(m.lin.weight, "data", m.lin.weight.data.t().contiguous().t()), True),
+    "requires_grad": (lambda m: m.scale.requires_grad_(False), True),
+    "parameter_to_tensor": (_to_plain_tensor, True),
+    "buffer_dtype": (lambda m: setattr(m, "shift", m.shift.double()), True),
+    "buffer_shape": (lambda m: setattr(m, "shift", torch.randn(1)), True),
+    "module_attribute": (lambda m: setattr(m, "k", 3), True),
+    "training_flag": (lambda m: m.bn.train(), True),
+    "submodule_replaced": (lambda m: setattr(m, "bn", nn.LayerNorm(4)), True),
+}
+
+
+@pytest.mark.parametrize("checker", ["c++", "python"])
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_change_is_seen_or_harmless(change, checker, monkeypatch):
+    if checker == "c++":
+        if tensor_checker() is None:
+            pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+    else:
+        monkeypatch.setenv("EMBER_TENSOR_CHECK", "0")
+    from ember.frontend.convert import FrameCompiler
+    torch.manual_seed(0)
+    m = Net().eval()
+    ref = copy.deepcopy(m)
+    rec = Recorder()
+    cm = compile(m, rec, dynamic=False)
+    x = rand(3, 4)
+    assert_same(ref(x), cm(x))
+    assert_same(ref(x), cm(x))
+    sources = [e.source for fc in FrameCompiler._all for e in fc.entries]
+    assert any("___check_tensors(" in s for s in sources) == (checker == "c++"), sources
+    fn, recompiles = CHANGES[change]
+    for module in (m, ref):   # the same change, random values included
+        torch.manual_seed(1)
+        fn(module)
+    x = rand(3, 4)
+    assert_same(ref(x), cm(x))
+    assert_same(ref(x), cm(x))
+    assert rec.graphs == 1 + recompiles, rec
+
+
+def test_checker_rejects_each_property():
+    """check() is false when any one of type, dtype, requires_grad, shape, stride, device differs, or when the
+    tensors are fewer or more than the specs."""
+    tc = tensor_checker()
+    if tc is None:
+        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+    a, p = torch.randn(3, 4), nn.Parameter(torch.randn(2, 2))
+    types, spec = (torch.Tensor, nn.Parameter), tc.spec(a) + tc.spec(p)
+    assert tc.check((a, p), types, spec) is True
+    assert tc.check((a, torch.randn(2, 2)), types, spec) is False                      # type
+    assert tc.check((a.double(), p), types, spec) is False                             # dtype
+    assert tc.check((a.requires_grad_(), p), types, spec) is False                     # requires_grad
+    a.requires_grad_(False)
+    assert tc.check((torch.randn(4, 3), p), types, spec) is False                      # shape
+    assert tc.check((torch.randn(4, 3).t(), p), types, spec) is False                  # stride
+    assert tc.check((torch.randn(3, 4, device="meta"), p), types, spec) is False       # device
+    assert tc.check((a,), types[:1], spec) is False                                    # fewer tensors
+    assert tc.check((a, p, a), types + (torch.Tensor,), spec) is False                 # more tensors
+    assert tc.check((torch.randn(3, 4).to_sparse(), p), types, spec) is False          # not strided
+    assert tc.spec(torch.randn(3).to_sparse()) is None
+    p.data = torch.randn(2, 3)
+    assert tc.check((a, p), types, spec) is False                                      # .data replaced
+
+
+def test_a_tensor_subclass_keeps_the_python_check():
+    """A subclass may define its metadata in Python: its guard stays Python, next to the batched ones."""
+    if tensor_checker() is None:
+        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+    from ember.frontend.convert import FrameCompiler
+
+    class Sub(torch.Tensor):
+        pass
+
+    def f(x, y): return x + y
+    rec = Recorder()
+    cf = compile(f, rec, dynamic=False)
+    x, y = rand(3), rand(3).as_subclass(Sub)
+    assert_same(f(x, y), cf(x, y))
+    src = next(e.source for fc in FrameCompiler._all for e in fc.entries)
+    assert "___check_tensors((x, )" in src and "y.stride() == (1,)" in src, src
+    y = rand(3)
+    assert_same(f(x, y), cf(x, y))   # a plain tensor where the subclass was
+    assert rec.graphs == 2
