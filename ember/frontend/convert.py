@@ -37,7 +37,7 @@ import torch
 import torch.fx
 
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
-from ember.frontend.guards import CHECK_TENSORS, DICT_GET, share_paths
+from ember.frontend.guards import CHECK_CONSTS, CHECK_TENSORS, DICT_GET, share_paths
 from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
 )
@@ -635,8 +635,9 @@ class EntryCodegen:
         fc = self.fc
         guards = self.cap.guards.exprs()
         condition = self.cap.guards.condition()
-        if self.cap.guards.batched:
+        if self.cap.guards.checker is not None:
             self.namespace[CHECK_TENSORS] = self.cap.guards.checker.check
+            self.namespace[CHECK_CONSTS] = self.cap.guards.checker.check_consts
         self.namespace.update(self.consts.objs)
         params = ", ".join(fc.params)
         lines = list(self.lines)

@@ -180,9 +180,13 @@ def structseq_fields(cls) -> list[str]:
 
 
 def attr_source(parent: str | None, name: str) -> str | None:
+    """`parent.name`, or `getattr(parent, 'name')` where the name is no identifier. A dunder or private name is
+    plain too: the entry is a module-level function, where no name mangling happens, and share_paths walks a
+    plain attribute once per call (BertModel's `self.__class__.__name__` reads, as getattr calls: 185 builtin
+    calls per cached call)."""
     if parent is None:
         return None
-    plain = name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("__")
+    plain = name.isidentifier() and not keyword.iskeyword(name)
     return f"{parent}.{name}" if plain else f"getattr({parent}, {name!r})"
 
 

@@ -1,7 +1,8 @@
 """The cheaper forms of guards still fail whenever what they cover changes.
 
-Tensor guards of plain tensors and parameters run in one call of the C++ checker (ember.frontend.tensor_check);
-with EMBER_TENSOR_CHECK=0 they are the Python checks. Every change below is made in both modes, to a module and
+Tensor guards of plain tensors and parameters, and constant guards (`type(S) is int and S == 1`, `S is None`),
+run in one call each of the C++ checker (ember.frontend.tensor_check); with EMBER_TENSOR_CHECK=0 they are the
+Python checks. Every change below is made in both modes, to a module and
 to an eager copy of it: the compiled result must equal eager's, and the graph count says whether the change was
 seen (a change of metadata recompiles; a change of values only, or a new parameter with the same metadata, does
 not need to)."""
@@ -10,6 +11,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from tests.frontend.harness import BASELINE, Recorder, assert_same, compile, rand
 
@@ -29,9 +31,17 @@ class Net(nn.Module):
         self.scale = nn.Parameter(torch.randn(4))
         self.register_buffer("shift", torch.randn(4))
         self.k = 2
+        self.pad = (1, 2)
+        self.coef = (1, 3)
+        self.offset = None
+        self.name = "plain"
 
     def forward(self, x):
-        return self.bn(self.lin(x)) * self.scale + self.shift * self.k
+        out = F.pad(self.bn(self.lin(x)) * self.scale + self.shift * self.k, self.pad)
+        out = out * self.coef[0] + self.coef[1]
+        if self.offset is not None:
+            out = out + self.offset
+        return out.exp() if self.name == "exp" else out
 
 
 def _set_scale(m, t):
@@ -57,6 +67,12 @@ CHANGES = {
     "buffer_dtype": (lambda m: setattr(m, "shift", m.shift.double()), True),
     "buffer_shape": (lambda m: setattr(m, "shift", torch.randn(1)), True),
     "module_attribute": (lambda m: setattr(m, "k", 3), True),
+    "attribute_equal_value_other_type": (lambda m: setattr(m, "k", 2.0), True),
+    "tuple_item": (lambda m: setattr(m, "pad", (2, 2)), True),
+    "tuple_item_bool_for_int": (lambda m: setattr(m, "coef", (True, 3)), True),
+    "tuple_longer": (lambda m: setattr(m, "pad", (1, 2, 0, 0)), True),
+    "none_to_number": (lambda m: setattr(m, "offset", 0.5), True),
+    "string": (lambda m: setattr(m, "name", "exp"), True),
     "training_flag": (lambda m: m.bn.train(), True),
     "submodule_replaced": (lambda m: setattr(m, "bn", nn.LayerNorm(4)), True),
 }
@@ -80,7 +96,7 @@ def test_a_change_is_seen_or_harmless(change, checker, monkeypatch):
     assert_same(ref(x), cm(x))
     assert_same(ref(x), cm(x))
     sources = [e.source for fc in FrameCompiler._all for e in fc.entries]
-    assert any("___check_tensors(" in s for s in sources) == (checker == "c++"), sources
+    assert all(("___check_tensors(" in s and "___check_consts(" in s) == (checker == "c++") for s in sources), sources
     fn, recompiles = CHANGES[change]
     for module in (m, ref):   # the same change, random values included
         torch.manual_seed(1)
@@ -113,6 +129,20 @@ def test_checker_rejects_each_property():
     assert tc.spec(torch.randn(3).to_sparse()) is None
     p.data = torch.randn(2, 3)
     assert tc.check((a, p), types, spec) is False                                      # .data replaced
+
+
+def test_const_checker_wants_the_exact_type():
+    tc = tensor_checker()
+    if tc is None:
+        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+    expected = (1, 2.5, "a", b"b", 1j, None, True, False)
+    assert tc.check_consts(tuple(expected), expected) is True
+    for i, other in enumerate([True, 2, "b", "b", 1, False, 1, 0]):
+        values = list(expected)
+        values[i] = other
+        assert tc.check_consts(tuple(values), expected) is False, (i, other)
+    assert tc.check_consts((1, 2), (1,)) is False
+    assert tc.check_consts((float("nan"),), (float("nan"),)) is False   # (NaN guards stay Python: `S != S`)
 
 
 def test_a_tensor_subclass_keeps_the_python_check():
