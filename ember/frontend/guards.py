@@ -15,7 +15,8 @@ import torch
 
 from ember.frontend import tensor_check
 
-# The name under which generated code calls `dict.get`: a tensor-keyed item (an optimizer's `state[p]`) is read
+# The name under which generated code calls `dict.get` (or tensor_check's dict_get, the same lookup without a
+# Python Tensor.__hash__ call): a tensor-keyed item (an optimizer's `state[p]`) is read
 # as `___dict_get(<dict source>, <key source>)` (interpreter.tensor_keyed_item), which share_paths knows as a
 # path step, so `opt.state[p]` is looked up once per call however many guards and graph inputs read it.
 DICT_GET = "___dict_get"

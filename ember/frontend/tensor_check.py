@@ -132,10 +132,49 @@ static PyObject* check_consts(PyObject*, PyObject* const* args, Py_ssize_t nargs
   Py_RETURN_TRUE;
 }
 
+// dict_get(d, key) -> d.get(key), the lookup of an optimizer's `state[p]` (guards.DICT_GET). Tensor.__hash__ is
+// a Python function returning id(self) (~0.2 us a call); for a key whose type's __hash__ is that function, the
+// hash is computed here as Python would from id(key): the same lookup, no Python call.
+static PyObject* tensor_hash = nullptr;   // torch.Tensor.__dict__['__hash__'] (set by init)
+static PyObject* hash_name = nullptr;
+
+static PyObject* init(PyObject*, PyObject* fn) {
+  Py_XDECREF(tensor_hash);
+  Py_INCREF(fn);
+  tensor_hash = fn;
+  if (hash_name == nullptr) hash_name = PyUnicode_InternFromString("__hash__");
+  Py_RETURN_NONE;
+}
+
+static PyObject* dict_get(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyDict_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "dict_get(d: dict, key)");
+    return nullptr;
+  }
+  PyObject *d = args[0], *key = args[1];
+  Py_hash_t h;
+  if (tensor_hash != nullptr && hash_name != nullptr && _PyType_Lookup(Py_TYPE(key), hash_name) == tensor_hash) {
+    h = Py_hash_t(uintptr_t(key) % ((uint64_t(1) << 61) - 1));   // hash(int): n mod 2**61 - 1 (64-bit builds)
+  } else {
+    h = PyObject_Hash(key);
+    if (h == -1) return nullptr;
+  }
+  PyObject* v = _PyDict_GetItem_KnownHash(d, key, h);
+  if (v == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NONE;
+  }
+  Py_INCREF(v);
+  return v;
+}
+
 static PyMethodDef methods[] = {
     {"spec", spec, METH_O, "packed metadata of a tensor (bytes), or None"},
     {"check", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check)), METH_FASTCALL,
      "check(tensors, types, specs) -> bool"},
+    {"init", init, METH_O, "init(torch.Tensor.__hash__)"},
+    {"dict_get", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(dict_get)), METH_FASTCALL,
+     "dict_get(d, key) -> d.get(key)"},
     {"check_consts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check_consts)), METH_FASTCALL,
      "check_consts(values, expected) -> bool"},
     {nullptr, nullptr, 0, nullptr}};
@@ -190,6 +229,7 @@ def _load(so: pathlib.Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(NAME, so)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    mod.init(torch.Tensor.__dict__["__hash__"])
     return mod
 
 

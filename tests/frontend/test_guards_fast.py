@@ -145,6 +145,29 @@ def test_const_checker_wants_the_exact_type():
     assert tc.check_consts((float("nan"),), (float("nan"),)) is False   # (NaN guards stay Python: `S != S`)
 
 
+def test_dict_get_is_dict_get():
+    """The checker's dict_get (an optimizer's `state[p]` without a Python Tensor.__hash__ call) finds what
+    dict.get finds, for tensor keys and others, and like dict.get never calls a defaultdict's factory."""
+    import collections
+    tc = tensor_checker()
+    if tc is None:
+        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+
+    class Hashed(torch.Tensor):
+        def __hash__(self):
+            return 5
+
+    p, t, h = nn.Parameter(torch.randn(2)), torch.randn(3), torch.randn(1).as_subclass(Hashed)
+    d = collections.defaultdict(dict, {p: {"step": 1}, t: 2, 5: "five", "k": 7})
+    for key in (p, t, h, torch.randn(1), 5, "k", "missing", (1, 2)):
+        assert tc.dict_get(d, key) is dict.get(d, key), key
+    assert len(d) == 4
+    with pytest.raises(TypeError):
+        tc.dict_get(d, [1])             # unhashable, as dict.get
+    with pytest.raises(TypeError):
+        tc.dict_get([(p, 1)], p)        # not a dict
+
+
 def test_a_tensor_subclass_keeps_the_python_check():
     """A subclass may define its metadata in Python: its guard stays Python, next to the batched ones."""
     if tensor_checker() is None:
