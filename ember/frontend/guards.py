@@ -23,7 +23,7 @@ DICT_GET = "___dict_get"
 
 
 # The names under which an entry calls the C++ checker's functions (ember.frontend.tensor_check).
-CHECK_TENSORS, CHECK_CONSTS = "___check_tensors", "___check_consts"
+CHECK_TENSORS, CHECK_CONSTS, CHECK_FALSY = "___check_tensors", "___check_consts", "___check_falsy"
 
 
 class Guards:
@@ -38,6 +38,7 @@ class Guards:
         self.batched: dict[str, tuple[str, type, bytes]] = {}
         # constant guards (`type(S) is int and S == 1`, `S is None`) the checker proves: (source, value)
         self.const_batched: dict[str, tuple[str, object]] = {}
+        self.falsy_batched: dict[str, str] = {}   # `not S` guards (a module's hook dicts are empty): S
 
     def add(self, expr: str, cost: int = 1) -> None:
         if expr not in self._seen:
@@ -59,6 +60,14 @@ class Guards:
             return
         if self.checker is not None:
             self.const_batched[expr] = (source, value)
+
+    def falsy(self, source: str) -> None:
+        """`not S`: what a module's hook dicts (forward, forward pre, backward...) are on every cached call, ~200
+        of them in BertModel's."""
+        expr = f"not {source}"
+        self.add(expr, 1)
+        if self.checker is not None:
+            self.falsy_batched[expr] = source
 
     def tensor(self, source: str, t: torch.Tensor) -> None:
         """type, dtype, requires_grad, shape, stride and device of the tensor at `source`, written out inline on a
@@ -87,20 +96,23 @@ class Guards:
 
     def condition(self) -> list[str]:
         """The guards as the entry evaluates them, once the C++ checker is loaded: exprs() with the constant
-        guards replaced by one call `___check_consts((S1, S2, ...), <values>)` after the other guards of their
-        cost (those that make reading S safe, `type(S') is tuple and len(S') == 2`, run first), and the tensor
+        guards replaced by one call `___check_consts((S1, S2, ...), <values>)` (and `not S` guards by
+        `___check_falsy((S1, ...))`) after the other guards of their cost (those that make reading S safe, `type(S') is tuple and len(S') == 2`, run first), and the tensor
         guards by one call `___check_tensors((S1, S2, ...), <exact types>, <packed metadata>)` at the place of
         the first (share_paths binds each S, which the graph call then reads). Each constant guard costs ~40 ns
         as Python bytecode (resnet50: ~700 of them, conv strides and paddings mostly), ~10 ns in the batch."""
         out: list[str] = []
         tensors: list[tuple[str, type, bytes]] = []
         consts: list[tuple[str, object]] = []
+        falsy: list[str] = []
         tensor_at = const_at = -1
         for cost, e in sorted(self.items, key=lambda item: item[0]):
             if cost >= 2 and const_at < 0:
                 const_at = len(out)
             if e in self.const_batched:
                 consts.append(self.const_batched[e])
+            elif e in self.falsy_batched:
+                falsy.append(self.falsy_batched[e])
             elif e in self.batched:
                 if not tensors:
                     tensor_at = len(out)
@@ -113,10 +125,12 @@ class Guards:
             sources = "".join(f"{s}, " for s, _, _ in tensors)
             out[tensor_at] = (f"{CHECK_TENSORS}(({sources}), {c(tuple(t for _, t, _ in tensors))}, "
                               f"{c(b''.join(sp for _, _, sp in tensors))})")
+        at = const_at if const_at >= 0 else len(out)
         if consts:
             sources = "".join(f"{s}, " for s, _ in consts)
-            out.insert(const_at if const_at >= 0 else len(out),
-                       f"{CHECK_CONSTS}(({sources}), {c(tuple(v for _, v in consts))})")
+            out.insert(at, f"{CHECK_CONSTS}(({sources}), {c(tuple(v for _, v in consts))})")
+        if falsy:
+            out.insert(at, f"{CHECK_FALSY}(({''.join(f'{s}, ' for s in falsy)}))")
         return out
 
 

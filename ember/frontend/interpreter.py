@@ -2307,11 +2307,26 @@ class Frame:
             raise Unsupported("backward hooks or global module hooks", self.where())
         src = mod_v.source
         g = self.cap.guards
+        # hooks registered after the capture must be seen: the global ones and this module's backward ones are
+        # empty (checked above), its forward ones as many as the capture called. Backward hooks do nothing
+        # where grad mode is off (no output has a grad_fn to hook), so an inference call does not check them:
+        # two more checks per module were 10-15% of BertModel's cached call.
+        hooks = f"{self.cap.consts.ref(module_mod)}."
+        grad = torch.is_grad_enabled()
+        for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                     "_global_backward_pre_hooks"):
+            if hasattr(module_mod, name) and (grad or "forward" in name):
+                g.falsy(hooks + name)
         if src is not None:
-            g.add(f"not {src}._forward_hooks and not {src}._forward_pre_hooks" if not (
-                mod._forward_hooks or mod._forward_pre_hooks) else
-                f"len({src}._forward_hooks) == {len(mod._forward_hooks)} and "
-                f"len({src}._forward_pre_hooks) == {len(mod._forward_pre_hooks)}", 1)
+            for name in ("_backward_hooks", "_backward_pre_hooks"):
+                if grad and hasattr(mod, name):
+                    g.falsy(f"{src}.{name}")
+            if not (mod._forward_hooks or mod._forward_pre_hooks):
+                g.falsy(f"{src}._forward_hooks")
+                g.falsy(f"{src}._forward_pre_hooks")
+            else:
+                g.add(f"len({src}._forward_hooks) == {len(mod._forward_hooks)} and "
+                      f"len({src}._forward_pre_hooks) == {len(mod._forward_pre_hooks)}", 1)
         for hook_id, hook in list(mod._forward_pre_hooks.items()):
             if mod._forward_pre_hooks_with_kwargs.get(hook_id):
                 raise Unsupported("forward pre-hook with kwargs", self.where())

@@ -168,6 +168,20 @@ static PyObject* dict_get(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return v;
 }
 
+// check_falsy(values: tuple) -> bool: `not S` for each S (a module's hook dicts: empty).
+static PyObject* check_falsy(PyObject*, PyObject* values) {
+  if (!PyTuple_CheckExact(values)) {
+    PyErr_SetString(PyExc_TypeError, "check_falsy(values: tuple)");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(values); i < n; i++) {
+    int r = PyObject_IsTrue(PyTuple_GET_ITEM(values, i));
+    if (r < 0) PyErr_Clear();
+    if (r != 0) Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"spec", spec, METH_O, "packed metadata of a tensor (bytes), or None"},
     {"check", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check)), METH_FASTCALL,
@@ -175,6 +189,7 @@ static PyMethodDef methods[] = {
     {"init", init, METH_O, "init(torch.Tensor.__hash__)"},
     {"dict_get", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(dict_get)), METH_FASTCALL,
      "dict_get(d, key) -> d.get(key)"},
+    {"check_falsy", check_falsy, METH_O, "check_falsy(values) -> all(not v for v in values)"},
     {"check_consts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check_consts)), METH_FASTCALL,
      "check_consts(values, expected) -> bool"},
     {nullptr, nullptr, 0, nullptr}};

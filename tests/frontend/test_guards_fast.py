@@ -131,7 +131,7 @@ def test_checker_rejects_each_property():
     assert tc.check((a, p), types, spec) is False                                      # .data replaced
 
 
-def test_const_checker_wants_the_exact_type():
+def test_const_and_falsy_checkers():
     tc = tensor_checker()
     if tc is None:
         pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
@@ -143,6 +143,9 @@ def test_const_checker_wants_the_exact_type():
         assert tc.check_consts(tuple(values), expected) is False, (i, other)
     assert tc.check_consts((1, 2), (1,)) is False
     assert tc.check_consts((float("nan"),), (float("nan"),)) is False   # (NaN guards stay Python: `S != S`)
+    assert tc.check_falsy(({}, [], 0, None, "")) is True
+    for truthy in ({1: 2}, [0], 1, "x", object()):
+        assert tc.check_falsy(({}, truthy)) is False
 
 
 def test_dict_get_is_dict_get():
@@ -187,3 +190,58 @@ def test_a_tensor_subclass_keeps_the_python_check():
     y = rand(3)
     assert_same(f(x, y), cf(x, y))   # a plain tensor where the subclass was
     assert rec.graphs == 2
+
+
+def _global_forward_hook(m):
+    def hook(mod, args, out):
+        return out * 2 if isinstance(mod, nn.Linear) else out
+    return nn.modules.module.register_module_forward_hook(hook)
+
+
+def _backward_hook(m):
+    def hook(mod, grad_in, grad_out):
+        return tuple(g * 3 if g is not None else None for g in grad_in)
+    return m.lin.register_full_backward_hook(hook)
+
+
+HOOKS = {
+    "forward": (lambda m: m.lin.register_forward_hook(lambda mod, args, out: out + 1), False),
+    "forward_pre": (lambda m: m.lin.register_forward_pre_hook(lambda mod, args: (args[0] * 2,)), False),
+    "global_forward": (_global_forward_hook, False),
+    "backward": (_backward_hook, True),
+}
+
+
+@pytest.mark.parametrize("checker", ["c++", "python"])
+@pytest.mark.parametrize("hook", list(HOOKS))
+def test_a_hook_registered_after_the_capture_runs(hook, checker, monkeypatch):
+    """Hooks registered after a capture change what a call does (a backward hook: the gradients, so it is
+    checked where grad mode is on): the cached entry must not be used."""
+    if checker == "c++":
+        if tensor_checker() is None:
+            pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+    else:
+        monkeypatch.setenv("EMBER_TENSOR_CHECK", "0")
+    register, grads = HOOKS[hook]
+    torch.manual_seed(0)
+    m = Net().eval()
+    ref = copy.deepcopy(m)
+    cm = compile(m, Recorder(), dynamic=False)
+
+    def run(f, x):
+        out = f(x)
+        if not grads:
+            return out
+        x.grad = None
+        out.sum().backward()
+        return out, x.grad
+
+    x = rand(3, 4, requires_grad=grads)
+    assert_same(run(ref, x), run(cm, x))
+    handles = [register(m), register(ref)] if hook != "global_forward" else [register(m)]
+    try:
+        x = rand(3, 4, requires_grad=grads)
+        assert_same(run(ref, x), run(cm, x))
+    finally:
+        for h in handles:
+            h.remove()
