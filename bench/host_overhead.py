@@ -19,6 +19,7 @@ C++ backend (host program + kernels). --profile ROW prints cProfile's top functi
 (and of its "nothing" call). --against DIR adds "nothing" and "ember" columns of the ember package in another
 checkout (e.g. a `git worktree` of an older commit), imported in this process as `ember_against` (its imports
 rewritten): an A/B in one process, where separate runs on a shared machine differ by more than the change.
+--torch adds "torch nothing": torch.compile with the same backend (the baseline of the frontend's cost).
 """
 from __future__ import annotations
 
@@ -170,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                    help="cpu: this process's CPU time (default; other processes' load does not count), wall: elapsed")
     p.add_argument("--no-aot-eager", action="store_true", help="leave out the (slow) aot_eager column")
+    p.add_argument("--torch", action="store_true",
+                   help='add a "torch nothing" column: torch.compile with the same backend (its guards and cache '
+                        'lookup alone)')
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1: no OpenMP waits)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -183,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = {k: v for k, v in rows.items() if k[1] in a.rows}
     if a.no_aot_eager:
         del COMPILERS["aot_eager"]
+    if a.torch:
+        COMPILERS["torch nothing"] = lambda fn: torch.compile(fn, backend=nothing)
     if a.against:
         other = load_against(a.against)
         COMPILERS["nothing (against)"] = lambda fn: other.compile(fn, backend=nothing)
