@@ -2,8 +2,9 @@
 
 They are compiled into one generated function per cache entry, cheapest checks first (identity and type,
 then constants and lengths, then tensor metadata), because guard evaluation is most of a compiled call's
-overhead. Plain tensors' metadata is checked by one call of a C++ checker (ember.frontend.tensor_check) once
-it is loaded; each tensor's Python check stays in `exprs()`, which a failed call's reason is looked up in.
+overhead. Once the C++ checker (ember.frontend.native_guards) is loaded, plain tensors' metadata, constants
+and empty hook dicts are checked by one call of it each (`condition()`); each guard's Python text stays in
+`exprs()`, which a failed call's reason is looked up in.
 Shapes are checked exactly here (static shapes); symbolic sizes will replace `tensor()` checks.
 """
 from __future__ import annotations
@@ -13,16 +14,16 @@ import re
 
 import torch
 
-from ember.frontend import tensor_check
+from ember.frontend import native_guards
 
-# The name under which generated code calls `dict.get` (or tensor_check's dict_get, the same lookup without a
+# The name under which generated code calls `dict.get` (or native_guards' dict_get, the same lookup without a
 # Python Tensor.__hash__ call): a tensor-keyed item (an optimizer's `state[p]`) is read
 # as `___dict_get(<dict source>, <key source>)` (interpreter.tensor_keyed_item), which share_paths knows as a
 # path step, so `opt.state[p]` is looked up once per call however many guards and graph inputs read it.
 DICT_GET = "___dict_get"
 
 
-# The names under which an entry calls the C++ checker's functions (ember.frontend.tensor_check).
+# The names under which an entry calls the C++ checker's functions (ember.frontend.native_guards).
 CHECK_TENSORS, CHECK_CONSTS, CHECK_FALSY = "___check_tensors", "___check_consts", "___check_falsy"
 
 
@@ -34,7 +35,7 @@ class Guards:
         self._tensors: set[str] = set()   # sources with a tensor guard
         # tensor guards the C++ checker proves, by their Python text: (source, type, packed metadata). The first
         # capture starts the checker's build; until it is loaded, every tensor guard is Python.
-        self.checker = tensor_check.checker()
+        self.checker = native_guards.checker()
         self.batched: dict[str, tuple[str, type, bytes]] = {}
         # constant guards (`type(S) is int and S == 1`, `S is None`) the checker proves: (source, value)
         self.const_batched: dict[str, tuple[str, object]] = {}
@@ -85,7 +86,7 @@ class Guards:
                 f"{t.requires_grad} and {v}.shape == {tuple(t.shape)} and {v}.stride() == {tuple(t.stride())} "
                 f"and {device}")
         self.add(expr, 2)
-        if self.checker is not None and type(t) in tensor_check.BATCH_TYPES:
+        if self.checker is not None and type(t) in native_guards.BATCH_TYPES:
             spec = self.checker.spec(t)
             if spec is not None:
                 self.batched[expr] = (source, type(t), spec)
@@ -96,11 +97,12 @@ class Guards:
 
     def condition(self) -> list[str]:
         """The guards as the entry evaluates them, once the C++ checker is loaded: exprs() with the constant
-        guards replaced by one call `___check_consts((S1, S2, ...), <values>)` (and `not S` guards by
-        `___check_falsy((S1, ...))`) after the other guards of their cost (those that make reading S safe, `type(S') is tuple and len(S') == 2`, run first), and the tensor
-        guards by one call `___check_tensors((S1, S2, ...), <exact types>, <packed metadata>)` at the place of
-        the first (share_paths binds each S, which the graph call then reads). Each constant guard costs ~40 ns
-        as Python bytecode (resnet50: ~700 of them, conv strides and paddings mostly), ~10 ns in the batch."""
+        guards replaced by one call `___check_consts((S1, S2, ...), <values>)` and the `not S` guards by one
+        `___check_falsy((S1, ...))`, both after the other guards of their cost (those that make reading S safe,
+        `type(S') is tuple and len(S') == 2`, run first), and the tensor guards by one call
+        `___check_tensors((S1, S2, ...), <exact types>, <packed metadata>)` at the place of the first
+        (share_paths binds each S, which the graph call then reads). Each constant guard costs ~40 ns as Python
+        bytecode (resnet50: ~700 of them, conv strides and paddings mostly), ~10 ns in the batch."""
         out: list[str] = []
         tensors: list[tuple[str, type, bytes]] = []
         consts: list[tuple[str, object]] = []

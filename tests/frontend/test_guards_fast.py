@@ -1,7 +1,7 @@
 """The cheaper forms of guards still fail whenever what they cover changes.
 
 Tensor guards of plain tensors and parameters, and constant guards (`type(S) is int and S == 1`, `S is None`),
-run in one call each of the C++ checker (ember.frontend.tensor_check); with EMBER_TENSOR_CHECK=0 they are the
+run in one call each of the C++ checker (ember.frontend.native_guards); with EMBER_NATIVE_GUARDS=0 they are the
 Python checks. Every change below is made in both modes, to a module and
 to an eager copy of it: the compiled result must equal eager's, and the graph count says whether the change was
 seen (a change of metadata recompiles; a change of values only, or a new parameter with the same metadata, does
@@ -18,9 +18,9 @@ from tests.frontend.harness import BASELINE, Recorder, assert_same, compile, ran
 pytestmark = pytest.mark.skipif(BASELINE, reason="ember's guard implementation")
 
 
-def tensor_checker():
-    from ember.frontend import tensor_check
-    return tensor_check.checker(wait=True)
+def native_checker():
+    from ember.frontend import native_guards
+    return native_guards.checker(wait=True)
 
 
 class Net(nn.Module):
@@ -82,10 +82,10 @@ CHANGES = {
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_change_is_seen_or_harmless(change, checker, monkeypatch):
     if checker == "c++":
-        if tensor_checker() is None:
+        if native_checker() is None:
             pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
     else:
-        monkeypatch.setenv("EMBER_TENSOR_CHECK", "0")
+        monkeypatch.setenv("EMBER_NATIVE_GUARDS", "0")
     from ember.frontend.convert import FrameCompiler
     torch.manual_seed(0)
     m = Net().eval()
@@ -110,7 +110,7 @@ def test_a_change_is_seen_or_harmless(change, checker, monkeypatch):
 def test_checker_rejects_each_property():
     """check() is false when any one of type, dtype, requires_grad, shape, stride, device differs, or when the
     tensors are fewer or more than the specs."""
-    tc = tensor_checker()
+    tc = native_checker()
     if tc is None:
         pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
     a, p = torch.randn(3, 4), nn.Parameter(torch.randn(2, 2))
@@ -132,7 +132,7 @@ def test_checker_rejects_each_property():
 
 
 def test_const_and_falsy_checkers():
-    tc = tensor_checker()
+    tc = native_checker()
     if tc is None:
         pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
     expected = (1, 2.5, "a", b"b", 1j, None, True, False)
@@ -152,7 +152,7 @@ def test_dict_get_is_dict_get():
     """The checker's dict_get (an optimizer's `state[p]` without a Python Tensor.__hash__ call) finds what
     dict.get finds, for tensor keys and others, and like dict.get never calls a defaultdict's factory."""
     import collections
-    tc = tensor_checker()
+    tc = native_checker()
     if tc is None:
         pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
 
@@ -173,7 +173,7 @@ def test_dict_get_is_dict_get():
 
 def test_a_tensor_subclass_keeps_the_python_check():
     """A subclass may define its metadata in Python: its guard stays Python, next to the batched ones."""
-    if tensor_checker() is None:
+    if native_checker() is None:
         pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
     from ember.frontend.convert import FrameCompiler
 
@@ -218,10 +218,10 @@ def test_a_hook_registered_after_the_capture_runs(hook, checker, monkeypatch):
     """Hooks registered after a capture change what a call does (a backward hook: the gradients, so it is
     checked where grad mode is on): the cached entry must not be used."""
     if checker == "c++":
-        if tensor_checker() is None:
+        if native_checker() is None:
             pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
     else:
-        monkeypatch.setenv("EMBER_TENSOR_CHECK", "0")
+        monkeypatch.setenv("EMBER_NATIVE_GUARDS", "0")
     register, grads = HOOKS[hook]
     torch.manual_seed(0)
     m = Net().eval()

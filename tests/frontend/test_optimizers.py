@@ -345,8 +345,8 @@ def test_state_is_looked_up_once_per_parameter_and_call():
     finally:
         torch.Tensor.__hash__ = orig
     assert hashes == len(list(t.model.parameters()))
-    from ember.frontend import tensor_check
-    if BASELINE or tensor_check.checker() is None:
+    from ember.frontend import native_guards
+    if BASELINE or native_guards.checker() is None:
         return
     calls = []
 

@@ -1,14 +1,17 @@
-"""A C++ checker of many tensors' metadata (and many constants) in one call: most of a cached call's guards.
+"""Guards in C++: the checks a cached call makes most, each over many values in one call.
 
-A tensor guard checks type, dtype, requires_grad, shape, stride and device. Written as Python (Guards.tensor)
-that is six attribute reads, each a trip through torch's Python bindings (~40-90 ns; `t.shape` and `t.stride()`
-build a tuple): ~0.3 us a tensor on the dev VM, 80 us of resnet50's 133 us cached-call frontend (267 tensors),
-and the same in batched form (`list(map(attrgetter(...), tensors)) == [...]`, measured: 84 us), since the getters,
-not the bytecode, cost. `check` reads the same fields from each tensor's C++ TensorImpl: ~2 us for 320 tensors.
-
-It also checks constants: `check_consts(values, expected)` is true iff each value is its expected int, float,
-str, bytes, complex, bool or None, of exactly its type (the Python guard `type(S) is int and S == 1`, ~40 ns
-of bytecode each; resnet50 has ~700, conv strides and paddings mostly).
+- `check(tensors, types, specs)`: tensor metadata. A tensor guard checks type, dtype, requires_grad, shape,
+  stride and device. Written as Python (Guards.tensor) that is six attribute reads, each a trip through torch's
+  Python bindings (~40-90 ns; `t.shape` and `t.stride()` build a tuple): ~0.3 us a tensor on the dev VM, 80 us
+  of resnet50's 133 us cached-call frontend (267 tensors); batched as `list(map(attrgetter(...), tensors)) ==
+  [...]` it measured no faster (84 us): the getters cost, not the bytecode. Read from each tensor's C++
+  TensorImpl: ~2 us for 320 tensors.
+- `check_consts(values, expected)`: each value is its expected int, float, str, bytes, complex, bool or None,
+  of exactly its type (the Python guard `type(S) is int and S == 1`, ~40 ns of bytecode each; resnet50 has
+  ~700, conv strides and paddings mostly).
+- `check_falsy(values)`: `not S` for each (a module's hook dicts are empty).
+- `dict_get(d, key)`: `d.get(key)`, an optimizer's `state[p]`, with a tensor key's hash computed here as
+  torch's Tensor.__hash__ (a Python function returning id(self)) would.
 
 `spec(t)` packs a tensor's metadata at capture (int64s: scalar type, requires_grad, device type and index, ndim,
 sizes, strides); `check(tensors, types, specs)` is true iff every tensor's exact Python type is its entry of
@@ -19,7 +22,7 @@ not dense strided tensors with concrete sizes, keep the Python checks (spec retu
 The extension includes torch's headers and links against its libraries, so it is built for this torch and
 Python: ~11 s of g++ on the dev VM, in the background (ember.runtime.cache's pool), cached on disk under
 $EMBER_CACHE_DIR/guards by a hash of the source, flags, torch version and Python version. Captures made before
-it is loaded (and everything, if it cannot be built: no compiler, or set EMBER_TENSOR_CHECK=0) use the Python
+it is loaded (and everything, if it cannot be built: no compiler, or set EMBER_NATIVE_GUARDS=0) use the Python
 checks, which prove the same.
 """
 from __future__ import annotations
@@ -42,7 +45,7 @@ import torch
 from ember.tools.logs import get_logger
 
 log = get_logger("guards")
-NAME = "ember_tensor_check"
+NAME = "ember_native_guards"
 # the types whose metadata the C++ side may read: a Python subclass can override `shape` & co. in Python
 BATCH_TYPES = (torch.Tensor, torch.nn.Parameter)
 
@@ -193,8 +196,8 @@ static PyMethodDef methods[] = {
     {"check_consts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check_consts)), METH_FASTCALL,
      "check_consts(values, expected) -> bool"},
     {nullptr, nullptr, 0, nullptr}};
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ember_tensor_check", nullptr, -1, methods};
-PyMODINIT_FUNC PyInit_ember_tensor_check(void) { return PyModule_Create(&module); }
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ember_native_guards", nullptr, -1, methods};
+PyMODINIT_FUNC PyInit_ember_native_guards(void) { return PyModule_Create(&module); }
 """
 
 _lock = threading.Lock()
@@ -263,9 +266,9 @@ def _done(fut: concurrent.futures.Future) -> None:
 
 def checker(wait: bool = False) -> types.ModuleType | None:
     """The loaded extension, or None while it builds (the first call starts the build, in the background) or
-    when it cannot be had (EMBER_TENSOR_CHECK=0: never). `wait`: block until the build has ended."""
+    when it cannot be had (EMBER_NATIVE_GUARDS=0: never). `wait`: block until the build has ended."""
     global _future
-    if os.environ.get("EMBER_TENSOR_CHECK", "1") == "0":
+    if os.environ.get("EMBER_NATIVE_GUARDS", "1") == "0":
         return None
     if _module is not None or _failed:
         return _module
