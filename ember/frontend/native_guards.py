@@ -260,7 +260,8 @@ def _done(fut: concurrent.futures.Future) -> None:
         try:
             _module = _load(fut.result())
         except Exception as e:   # no compiler, headers that do not fit: the Python checks stay (as correct, slower)
-            log.debug("the C++ tensor checker could not be had; tensor guards stay Python: %s", e)
+            log.warning("ember: the C++ guard checks could not be built; guards run as Python (correct, slower "
+                        "per call; EMBER_NATIVE_GUARDS=0 skips the build): %s", e)
             _failed = True
 
 
