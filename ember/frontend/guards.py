@@ -40,6 +40,7 @@ class Guards:
         # constant guards (`type(S) is int and S == 1`, `S is None`) the checker proves: (source, value)
         self.const_batched: dict[str, tuple[str, object]] = {}
         self.falsy_batched: dict[str, str] = {}   # `not S` guards (a module's hook dicts are empty): S
+        self.tuples: dict[str, tuple[str, tuple]] = {}   # `type(S) is tuple and len(S) == n` guards: (S, value)
 
     def add(self, expr: str, cost: int = 1) -> None:
         if expr not in self._seen:
@@ -61,6 +62,15 @@ class Guards:
             return
         if self.checker is not None:
             self.const_batched[expr] = (source, value)
+
+    def sequence(self, source: str, value: tuple) -> None:
+        """The type and length of a tuple (or named tuple, struct sequence) whose items get guards of their own.
+        A plain tuple of constants (a conv's stride, padding, dilation) becomes one constant of the C++ check
+        in condition()."""
+        expr = f"type({source}) is {self.consts.ref(type(value))} and len({source}) == {len(value)}"
+        self.add(expr, 0)
+        if self.checker is not None and type(value) is tuple:
+            self.tuples[expr] = (source, value)
 
     def falsy(self, source: str) -> None:
         """`not S`: what a module's hook dicts (forward, forward pre, backward...) are on every cached call, ~200
@@ -108,10 +118,24 @@ class Guards:
         consts: list[tuple[str, object]] = []
         falsy: list[str] = []
         tensor_at = const_at = -1
+        # a tuple whose items are all constants is one constant: its type and length guard and its items' guards
+        # become one item of the constant check, which compares tuples item by item, exact types included
+        by_source = {src: e for e, (src, _) in self.const_batched.items()}
+        whole: dict[str, tuple[str, tuple]] = {}
+        folded: set[str] = set()
+        for e, (src, value) in self.tuples.items():
+            items = [by_source.get(f"{src}[{i}]") for i in range(len(value))]
+            if all(items):
+                whole[e] = (src, tuple(self.const_batched[i][1] for i in items))
+                folded.update(items)
         for cost, e in sorted(self.items, key=lambda item: item[0]):
             if cost >= 2 and const_at < 0:
                 const_at = len(out)
-            if e in self.const_batched:
+            if e in folded:
+                continue
+            if e in whole:
+                consts.append(whole[e])
+            elif e in self.const_batched:
                 consts.append(self.const_batched[e])
             elif e in self.falsy_batched:
                 falsy.append(self.falsy_batched[e])

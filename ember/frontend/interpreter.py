@@ -286,7 +286,7 @@ class Capture:
             return ConstV(value, source)
         if type(value) is tuple or is_namedtuple_cls(type(value)) or is_structseq_cls(type(value)):
             if source is not None:
-                g.add(f"type({source}) is {self.consts.ref(type(value))} and len({source}) == {len(value)}", 0)
+                g.sequence(source, value)
             items = [self.wrap(x, f"{source}[{i}]" if source else None) for i, x in enumerate(value)]
             return TupleV(items, source, type(value))
         if type(value) is list:

@@ -6,8 +6,8 @@
   of resnet50's 133 us cached-call frontend (267 tensors); batched as `list(map(attrgetter(...), tensors)) ==
   [...]` it measured no faster (84 us): the getters cost, not the bytecode. Read from each tensor's C++
   TensorImpl: ~2 us for 320 tensors.
-- `check_consts(values, expected)`: each value is its expected int, float, str, bytes, complex, bool or None,
-  of exactly its type (the Python guard `type(S) is int and S == 1`, ~40 ns of bytecode each; resnet50 has
+- `check_consts(values, expected)`: each value is its expected int, float, str, bytes, complex, bool or None
+  (or a tuple of such, item by item), of exactly its type (the Python guard `type(S) is int and S == 1`, ~40 ns of bytecode each; resnet50 has
   ~700, conv strides and paddings mostly).
 - `check_falsy(values)`: `not S` for each (a module's hook dicts are empty).
 - `dict_get(d, key)`: `d.get(key)`, an optimizer's `state[p]`, with a tensor key's hash computed here as
@@ -115,8 +115,24 @@ static PyObject* check(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 // check_consts(values: tuple, expected: tuple) -> bool: each value is its expected constant (an int, float,
-// str, bytes, complex, bool or None), of exactly its type: the Python guard `type(S) is int and S == 1` (or
-// `S is None`) for many S at once.
+// str, bytes, complex, bool or None, or a tuple of such), of exactly its type: the Python guard `type(S) is int
+// and S == 1` (or `S is None`; a tuple: `type(S) is tuple and len(S) == 2` and its items') for many S at once.
+// v is e: the same object, or of exactly its type and equal; a tuple item by item so.
+static bool same_const(PyObject* v, PyObject* e) {
+  if (v == e) return true;
+  if (Py_TYPE(v) != Py_TYPE(e)) return false;
+  if (PyTuple_CheckExact(e)) {
+    Py_ssize_t n = PyTuple_GET_SIZE(e);
+    if (PyTuple_GET_SIZE(v) != n) return false;
+    for (Py_ssize_t i = 0; i < n; i++)
+      if (!same_const(PyTuple_GET_ITEM(v, i), PyTuple_GET_ITEM(e, i))) return false;
+    return true;
+  }
+  int eq = PyObject_RichCompareBool(v, e, Py_EQ);
+  if (eq < 0) PyErr_Clear();
+  return eq == 1;
+}
+
 static PyObject* check_consts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1])) {
     PyErr_SetString(PyExc_TypeError, "check_consts(values: tuple, expected: tuple)");
@@ -124,14 +140,8 @@ static PyObject* check_consts(PyObject*, PyObject* const* args, Py_ssize_t nargs
   }
   Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
   if (PyTuple_GET_SIZE(args[1]) != n) Py_RETURN_FALSE;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *v = PyTuple_GET_ITEM(args[0], i), *e = PyTuple_GET_ITEM(args[1], i);
-    if (v == e) continue;
-    if (Py_TYPE(v) != Py_TYPE(e)) Py_RETURN_FALSE;
-    int eq = PyObject_RichCompareBool(v, e, Py_EQ);
-    if (eq < 0) PyErr_Clear();
-    if (eq != 1) Py_RETURN_FALSE;
-  }
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (!same_const(PyTuple_GET_ITEM(args[0], i), PyTuple_GET_ITEM(args[1], i))) Py_RETURN_FALSE;
   Py_RETURN_TRUE;
 }
 

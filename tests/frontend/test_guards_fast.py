@@ -71,6 +71,8 @@ CHANGES = {
     "tuple_item": (lambda m: setattr(m, "pad", (2, 2)), True),
     "tuple_item_bool_for_int": (lambda m: setattr(m, "coef", (True, 3)), True),
     "tuple_longer": (lambda m: setattr(m, "pad", (1, 2, 0, 0)), True),
+    "tuple_to_list": (lambda m: setattr(m, "coef", [1, 3]), True),
+    "tuple_item_float_for_int": (lambda m: setattr(m, "coef", (1, 3.0)), True),
     "none_to_number": (lambda m: setattr(m, "offset", 0.5), True),
     "string": (lambda m: setattr(m, "name", "exp"), True),
     "training_flag": (lambda m: m.bn.train(), True),
@@ -143,6 +145,11 @@ def test_const_and_falsy_checkers():
         assert tc.check_consts(tuple(values), expected) is False, (i, other)
     assert tc.check_consts((1, 2), (1,)) is False
     assert tc.check_consts((float("nan"),), (float("nan"),)) is False   # (NaN guards stay Python: `S != S`)
+    nested = ((1, 2), (1, ("a", None)), ())     # tuples of constants, compared item by item, exact types
+    assert tc.check_consts(((1, 2), (1, ("a", None)), ()), nested) is True
+    for other in [((1, True), (1, ("a", None)), ()), ([1, 2], (1, ("a", None)), ()), ((1, 2), (1, ("a",)), ()),
+                  ((1, 2), (1, ("a", None)), (0,)), ((1, 2), (1.0, ("a", None)), ())]:
+        assert tc.check_consts(other, nested) is False, other
     assert tc.check_falsy(({}, [], 0, None, "")) is True
     for truthy in ({1: 2}, [0], 1, "x", object()):
         assert tc.check_falsy(({}, truthy)) is False
