@@ -37,7 +37,7 @@ import torch
 import torch.fx
 
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
-from ember.frontend.guards import CHECK_CONSTS, CHECK_FALSY, CHECK_TENSORS, DICT_GET, share_paths
+from ember.frontend.guards import CHECK_CONSTS, CHECK_DICTS, CHECK_FALSY, CHECK_TENSORS, DICT_GET, share_paths
 from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
 )
@@ -642,6 +642,7 @@ class EntryCodegen:
             self.namespace[CHECK_TENSORS] = self.cap.guards.checker.check
             self.namespace[CHECK_CONSTS] = self.cap.guards.checker.check_consts
             self.namespace[CHECK_FALSY] = self.cap.guards.checker.check_falsy
+            self.namespace[CHECK_DICTS] = self.cap.guards.checker.check_dicts
             self.namespace[DICT_GET] = self.cap.guards.checker.dict_get   # dict.get without Tensor.__hash__ calls
         self.namespace.update(self.consts.objs)
         params = ", ".join(fc.params)

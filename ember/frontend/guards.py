@@ -24,7 +24,8 @@ DICT_GET = "___dict_get"
 
 
 # The names under which an entry calls the C++ checker's functions (ember.frontend.native_guards).
-CHECK_TENSORS, CHECK_CONSTS, CHECK_FALSY = "___check_tensors", "___check_consts", "___check_falsy"
+CHECK_TENSORS, CHECK_CONSTS, CHECK_FALSY, CHECK_DICTS = ("___check_tensors", "___check_consts", "___check_falsy",
+                                                         "___check_dicts")
 
 
 class Guards:
@@ -41,6 +42,7 @@ class Guards:
         self.const_batched: dict[str, tuple[str, object]] = {}
         self.falsy_batched: dict[str, str] = {}   # `not S` guards (a module's hook dicts are empty): S
         self.tuples: dict[str, tuple[str, tuple]] = {}   # `type(S) is tuple and len(S) == n` guards: (S, value)
+        self.dicts: dict[str, tuple[str, tuple]] = {}    # `type(S) is dict and tuple(S) == keys` guards: (S, keys)
 
     def add(self, expr: str, cost: int = 1) -> None:
         if expr not in self._seen:
@@ -71,6 +73,16 @@ class Guards:
         self.add(expr, 0)
         if self.checker is not None and type(value) is tuple:
             self.tuples[expr] = (source, value)
+
+    def dict_keys(self, source: str, value: dict) -> None:
+        """The type and keys (in order) of a dict whose items get guards of their own. A plain dict's (each
+        optimizer state `opt.state[p]`: `tuple(S)` builds a tuple per parameter and call) is checked by the C++
+        check_dicts in condition()."""
+        keys = tuple(value)
+        expr = f"type({source}) is {self.consts.ref(type(value))} and tuple({source}) == {self.consts.ref(keys)}"
+        self.add(expr, 0)
+        if self.checker is not None and type(value) is dict:
+            self.dicts[expr] = (source, keys)
 
     def falsy(self, source: str) -> None:
         """`not S`: what a module's hook dicts (forward, forward pre, backward...) are on every cached call, ~200
@@ -107,8 +119,9 @@ class Guards:
 
     def condition(self) -> list[str]:
         """The guards as the entry evaluates them, once the C++ checker is loaded: exprs() with the constant
-        guards replaced by one call `___check_consts((S1, S2, ...), <values>)` and the `not S` guards by one
-        `___check_falsy((S1, ...))`, both after the other guards of their cost (those that make reading S safe,
+        guards replaced by one call `___check_consts((S1, S2, ...), <values>)`, the `not S` guards by one
+        `___check_falsy((S1, ...))` and plain dicts' type-and-keys guards by one `___check_dicts((S1, ...),
+        <keys>)`, all after the other guards of their cost (those that make reading S safe,
         `type(S') is tuple and len(S') == 2`, run first), and the tensor guards by one call
         `___check_tensors((S1, S2, ...), <exact types>, <packed metadata>)` at the place of the first
         (share_paths binds each S, which the graph call then reads). Each constant guard costs ~40 ns as Python
@@ -117,6 +130,7 @@ class Guards:
         tensors: list[tuple[str, type, bytes]] = []
         consts: list[tuple[str, object]] = []
         falsy: list[str] = []
+        dicts: list[tuple[str, tuple]] = []
         tensor_at = const_at = -1
         # a tuple whose items are all constants is one constant: its type and length guard and its items' guards
         # become one item of the constant check, which compares tuples item by item, exact types included
@@ -139,6 +153,8 @@ class Guards:
                 consts.append(self.const_batched[e])
             elif e in self.falsy_batched:
                 falsy.append(self.falsy_batched[e])
+            elif e in self.dicts:
+                dicts.append(self.dicts[e])
             elif e in self.batched:
                 if not tensors:
                     tensor_at = len(out)
@@ -157,6 +173,9 @@ class Guards:
             out.insert(at, f"{CHECK_CONSTS}(({sources}), {c(tuple(v for _, v in consts))})")
         if falsy:
             out.insert(at, f"{CHECK_FALSY}(({''.join(f'{s}, ' for s in falsy)}))")
+        if dicts:
+            out.insert(at, f"{CHECK_DICTS}(({''.join(f'{s}, ' for s, _ in dicts)}), "
+                           f"{c(tuple(k for _, k in dicts))})")
         return out
 
 

@@ -302,7 +302,7 @@ class Capture:
                 return self.by_id[id(value)]
             keys = tuple(value)
             if source is not None:
-                g.add(f"type({source}) is {self.consts.ref(type(value))} and tuple({source}) == {self.consts.ref(keys)}", 0)
+                g.dict_keys(source, value)
             v = DictV({k: self.wrap(value[k], f"{source}[{self.consts.key(k)}]" if source else None) for k in keys},
                       source, cls=type(value))
             self._track(value, v)

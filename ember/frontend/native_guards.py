@@ -10,6 +10,8 @@
   (or a tuple of such, item by item), of exactly its type (the Python guard `type(S) is int and S == 1`, ~40 ns of bytecode each; resnet50 has
   ~700, conv strides and paddings mostly).
 - `check_falsy(values)`: `not S` for each (a module's hook dicts are empty).
+- `check_dicts(values, keys)`: each is exactly a dict with these keys in this order (an optimizer's state
+  dicts: `tuple(S) == keys` builds a tuple per parameter and call).
 - `dict_get(d, key)`: `d.get(key)`, an optimizer's `state[p]`, with a tensor key's hash computed here as
   torch's Tensor.__hash__ (a Python function returning id(self)) would.
 
@@ -181,6 +183,35 @@ static PyObject* dict_get(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return v;
 }
 
+// check_dicts(values: tuple, keys: tuple of tuples) -> bool: each value is exactly a dict whose keys, in order,
+// are its keys (`type(S) is dict and tuple(S) == keys`, without building the tuple).
+static PyObject* check_dicts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "check_dicts(values: tuple, keys: tuple)");
+    return nullptr;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
+  if (PyTuple_GET_SIZE(args[1]) != n) Py_RETURN_FALSE;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *d = PyTuple_GET_ITEM(args[0], i), *keys = PyTuple_GET_ITEM(args[1], i);
+    if (!PyDict_CheckExact(d) || !PyTuple_CheckExact(keys) || PyDict_GET_SIZE(d) != PyTuple_GET_SIZE(keys))
+      Py_RETURN_FALSE;
+    Py_ssize_t pos = 0, k = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(d, &pos, &key, &value)) {
+      PyObject* want = PyTuple_GET_ITEM(keys, k++);
+      if (key == want) continue;
+      Py_INCREF(key);   // (an __eq__ may change the dict)
+      int eq = PyObject_RichCompareBool(key, want, Py_EQ);
+      Py_DECREF(key);
+      if (eq < 0) PyErr_Clear();
+      if (eq != 1) Py_RETURN_FALSE;
+      if (PyDict_GET_SIZE(d) != PyTuple_GET_SIZE(keys)) Py_RETURN_FALSE;
+    }
+  }
+  Py_RETURN_TRUE;
+}
+
 // check_falsy(values: tuple) -> bool: `not S` for each S (a module's hook dicts: empty).
 static PyObject* check_falsy(PyObject*, PyObject* values) {
   if (!PyTuple_CheckExact(values)) {
@@ -202,6 +233,8 @@ static PyMethodDef methods[] = {
     {"init", init, METH_O, "init(torch.Tensor.__hash__)"},
     {"dict_get", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(dict_get)), METH_FASTCALL,
      "dict_get(d, key) -> d.get(key)"},
+    {"check_dicts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check_dicts)), METH_FASTCALL,
+     "check_dicts(values, keys) -> bool"},
     {"check_falsy", check_falsy, METH_O, "check_falsy(values) -> all(not v for v in values)"},
     {"check_consts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check_consts)), METH_FASTCALL,
      "check_consts(values, expected) -> bool"},

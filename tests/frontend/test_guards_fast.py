@@ -6,6 +6,7 @@ Python checks. Every change below is made in both modes, to a module and
 to an eager copy of it: the compiled result must equal eager's, and the graph count says whether the change was
 seen (a change of metadata recompiles; a change of values only, or a new parameter with the same metadata, does
 not need to)."""
+import collections
 import copy
 
 import pytest
@@ -252,3 +253,45 @@ def test_a_hook_registered_after_the_capture_runs(hook, checker, monkeypatch):
     finally:
         for h in handles:
             h.remove()
+
+
+DICT_CHANGES = {
+    "same": (lambda d: d, False),
+    "new_dict_same_keys": (lambda d: {"a": d["a"], "b": d["b"] * 3}, False),
+    "reordered": (lambda d: {"b": d["b"], "a": d["a"]}, True),
+    "extra_key": (lambda d: {**d, "c": 1}, True),
+    "ordered_dict": (lambda d: collections.OrderedDict(d), True),
+    "int_key_for_str": (lambda d: {"a": d["a"], 1: d["b"]}, True),
+}
+
+
+@pytest.mark.parametrize("checker", ["c++", "python"])
+@pytest.mark.parametrize("change", list(DICT_CHANGES))
+def test_a_dicts_keys_are_checked_in_order(change, checker, monkeypatch):
+    """A dict's type and keys in order (an optimizer's state[p]): `type(S) is dict and tuple(S) == keys`, or
+    the C++ check_dicts. The function iterates the dict, so a reordered or longer one is another program."""
+    if checker == "c++":
+        if native_checker() is None:
+            pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+    else:
+        monkeypatch.setenv("EMBER_NATIVE_GUARDS", "0")
+
+    def f(x, d):
+        out = x
+        for k, v in d.items():
+            out = out * 2 + (v if isinstance(v, torch.Tensor) else v * x)
+        return out
+    rec = Recorder()
+    cf = compile(f, rec, dynamic=False)
+    x, d = rand(3), {"a": 1.5, "b": rand(3)}
+    assert_same(f(x, d), cf(x, d))
+    fn, recompiles = DICT_CHANGES[change]
+    d = fn(d)
+    try:
+        expected = f(x, d)
+    except Exception as e:
+        with pytest.raises(type(e)):
+            cf(x, d)
+        return
+    assert_same(expected, cf(x, d))
+    assert rec.graphs == 1 + recompiles, rec
