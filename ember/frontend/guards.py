@@ -34,10 +34,12 @@ class Guards:
         self.items: list[tuple[int, str]] = []
         self._seen: set[str] = set()
         self._tensors: set[str] = set()   # sources with a tensor guard
-        # tensor guards the C++ checker proves, by their Python text: (source, type, packed metadata). The first
-        # capture starts the checker's build; until it is loaded, every tensor guard is Python.
+        # The guards the C++ checker can prove, by their Python text. The first capture starts the checker's
+        # build; whether it is loaded is asked when the entry is made (condition()), so a capture that outlasts
+        # the build (a GPU model's, with its kernels compiled in between) gets it too.
         self.checker = native_guards.checker()
-        self.batched: dict[str, tuple[str, type, bytes]] = {}
+        # plain tensors: (source, tensor, its metadata when guarded)
+        self.batched: dict[str, tuple[str, torch.Tensor, tuple]] = {}
         # constant guards (`type(S) is int and S == 1`, `S is None`) the checker proves: (source, value)
         self.const_batched: dict[str, tuple[str, object]] = {}
         self.falsy_batched: dict[str, str] = {}   # `not S` guards (a module's hook dicts are empty): S
@@ -62,8 +64,7 @@ class Guards:
         else:
             self.add(f"{source} == {self.consts.ref(value)}", 1)
             return
-        if self.checker is not None:
-            self.const_batched[expr] = (source, value)
+        self.const_batched[expr] = (source, value)
 
     def sequence(self, source: str, value: tuple) -> None:
         """The type and length of a tuple (or named tuple, struct sequence) whose items get guards of their own.
@@ -71,7 +72,7 @@ class Guards:
         in condition()."""
         expr = f"type({source}) is {self.consts.ref(type(value))} and len({source}) == {len(value)}"
         self.add(expr, 0)
-        if self.checker is not None and type(value) is tuple:
+        if type(value) is tuple:
             self.tuples[expr] = (source, value)
 
     def dict_keys(self, source: str, value: dict) -> None:
@@ -81,7 +82,7 @@ class Guards:
         keys = tuple(value)
         expr = f"type({source}) is {self.consts.ref(type(value))} and tuple({source}) == {self.consts.ref(keys)}"
         self.add(expr, 0)
-        if self.checker is not None and type(value) is dict:
+        if type(value) is dict:
             self.dicts[expr] = (source, keys)
 
     def falsy(self, source: str) -> None:
@@ -89,8 +90,7 @@ class Guards:
         of them in BertModel's."""
         expr = f"not {source}"
         self.add(expr, 1)
-        if self.checker is not None:
-            self.falsy_batched[expr] = source
+        self.falsy_batched[expr] = source
 
     def tensor(self, source: str, t: torch.Tensor) -> None:
         """type, dtype, requires_grad, shape, stride and device of the tensor at `source`, written out inline on a
@@ -108,17 +108,15 @@ class Guards:
                 f"{t.requires_grad} and {v}.shape == {tuple(t.shape)} and {v}.stride() == {tuple(t.stride())} "
                 f"and {device}")
         self.add(expr, 2)
-        if self.checker is not None and type(t) in native_guards.BATCH_TYPES:
-            spec = self.checker.spec(t)
-            if spec is not None:
-                self.batched[expr] = (source, type(t), spec)
+        if type(t) in native_guards.BATCH_TYPES:
+            self.batched[expr] = (source, t, _metadata(t))
 
     def exprs(self) -> list[str]:
         """Each guard on its own, cheapest first: what a failed call's reason is looked up in."""
         return [e for _, e in sorted(self.items, key=lambda item: item[0])]
 
     def condition(self) -> list[str]:
-        """The guards as the entry evaluates them, once the C++ checker is loaded: exprs() with the constant
+        """The guards as the entry evaluates them: exprs(), or once the C++ checker is loaded, with the constant
         guards replaced by one call `___check_consts((S1, S2, ...), <values>)`, the `not S` guards by one
         `___check_falsy((S1, ...))` and plain dicts' type-and-keys guards by one `___check_dicts((S1, ...),
         <keys>)`, all after the other guards of their cost (those that make reading S safe,
@@ -126,6 +124,14 @@ class Guards:
         `___check_tensors((S1, S2, ...), <exact types>, <packed metadata>)` at the place of the first
         (share_paths binds each S, which the graph call then reads). Each constant guard costs ~40 ns as Python
         bytecode (resnet50: ~700 of them, conv strides and paddings mostly), ~10 ns in the batch."""
+        self.checker = checker = native_guards.checker()
+        if checker is None:
+            return self.exprs()
+        specs = {}
+        for e, (source, t, meta) in self.batched.items():
+            spec = checker.spec(t) if _metadata(t) == meta else None   # (as guarded: the capture changed nothing)
+            if spec is not None:
+                specs[e] = (source, type(t), spec)
         out: list[str] = []
         tensors: list[tuple[str, type, bytes]] = []
         consts: list[tuple[str, object]] = []
@@ -155,11 +161,11 @@ class Guards:
                 falsy.append(self.falsy_batched[e])
             elif e in self.dicts:
                 dicts.append(self.dicts[e])
-            elif e in self.batched:
+            elif e in specs:
                 if not tensors:
                     tensor_at = len(out)
                     out.append("")
-                tensors.append(self.batched[e])
+                tensors.append(specs[e])
             else:
                 out.append(e)
         c = self.consts.ref
@@ -177,6 +183,10 @@ class Guards:
             out.insert(at, f"{CHECK_DICTS}(({''.join(f'{s}, ' for s, _ in dicts)}), "
                            f"{c(tuple(k for _, k in dicts))})")
         return out
+
+
+def _metadata(t: torch.Tensor) -> tuple:
+    return type(t), t.dtype, t.requires_grad, tuple(t.shape), t.stride(), t.device
 
 
 # A Python string literal (skipped: a path-like text inside one is not a path), or a path: an attribute/subscript

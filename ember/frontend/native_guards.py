@@ -23,9 +23,9 @@ not dense strided tensors with concrete sizes, keep the Python checks (spec retu
 
 The extension includes torch's headers and links against its libraries, so it is built for this torch and
 Python: ~11 s of g++ on the dev VM, in the background (ember.runtime.cache's pool), cached on disk under
-$EMBER_CACHE_DIR/guards by a hash of the source, flags, torch version and Python version. Captures made before
-it is loaded (and everything, if it cannot be built: no compiler, or set EMBER_NATIVE_GUARDS=0) use the Python
-checks, which prove the same.
+$EMBER_CACHE_DIR/guards by a hash of the source, flags, torch version and Python version. Entries made before
+it is loaded (Guards.condition asks, after the backend's compile), and all if it cannot be built (no compiler)
+or EMBER_NATIVE_GUARDS=0, use the Python checks, which prove the same.
 """
 from __future__ import annotations
 

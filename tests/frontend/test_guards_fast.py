@@ -295,3 +295,42 @@ def test_a_dicts_keys_are_checked_in_order(change, checker, monkeypatch):
         return
     assert_same(expected, cf(x, d))
     assert rec.graphs == 1 + recompiles, rec
+
+
+def test_checker_loaded_during_a_capture_is_used_by_its_entry(monkeypatch):
+    """Whether the checker is loaded is asked when the entry is made: a capture during which the build ends
+    (the backend's compile in between) gets batched checks, of the metadata the tensors had when guarded; a
+    tensor whose metadata changed meanwhile keeps its Python check (here: the backend replaces .data)."""
+    from ember.frontend import native_guards
+    from ember.frontend.convert import FrameCompiler
+    real = native_checker()
+    if real is None:
+        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+    state = {"loaded": False, "resize": False}
+    monkeypatch.setattr(native_guards, "checker", lambda wait=False: real if state["loaded"] else None)
+
+    def backend(gm, example_inputs):
+        state["loaded"] = True   # the build ended while the backend compiled
+        if state["resize"]:
+            example_inputs[1].data = torch.randn(5)
+        return gm.forward
+
+    def f(x, w): return x * 2 + w.sum()
+    cf = compile(f, backend=backend, dynamic=False)
+    x, w = rand(3), rand(3)
+    assert_same(f(x, w), cf(x, w))
+    src = next(e.source for fc in FrameCompiler._all if fc.fn is f for e in fc.entries)
+    assert "___check_tensors((x, w, )" in src, src
+
+    def g(x, w): return x * w.shape[0] + w.sum()   # (a graph for 3-long w multiplies by 3)
+    state["loaded"], state["resize"] = False, True
+    cg = compile(g, backend=backend, dynamic=False)
+    x, w = rand(3), rand(3)
+    actual = cg(x, w)                    # w is 5 long now: the entry misses its own guards, runs as Python
+    assert w.shape == (5,)
+    assert_same(g(x, w), actual)
+    src = next(e.source for fc in FrameCompiler._all if fc.fn is g for e in fc.entries)
+    assert "___check_tensors((x, )" in src and "w.shape == (3,)" in src, src
+    state["resize"] = False
+    w2 = rand(5)
+    assert_same(g(x, w2), cg(x, w2))   # recompiled for the new shape
