@@ -906,8 +906,56 @@ def replay_views(t: torch.Tensor, views: tuple) -> torch.Tensor:
     return t
 
 
+def _pick(positions: list[int]) -> Callable[[Any], tuple]:
+    """`lambda xs: tuple(xs[i] for i in positions)` as one C call (operator.itemgetter)."""
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda xs: (xs[i],)
+    return operator.itemgetter(*positions) if positions else lambda xs: ()
+
+
+def _copy_back_plan(meta: TraceMeta, dsts: tuple, srcs: tuple, same: tuple) -> tuple:
+    """For copy-backs that autograd need not see: which mutated inputs the graph wrote in place (`same`), and
+    the others grouped by kind of tensor, one foreach copy each. Made at the first call with this pattern of
+    in-place writes (the host program writes in place; its fallback for overlapping inputs does not)."""
+    kinds: dict = {}
+    for i, (d, s) in enumerate(zip(dsts, srcs)):
+        if not same[i]:
+            # (get_device: an int, cheaper than building torch.device objects)
+            kinds.setdefault((d.get_device(), d.dtype, s.get_device(), s.dtype), []).append(i)
+    written = [i for i, x in enumerate(same) if x]
+    return (_pick(written) if written else None), [_pick(idx) for idx in kinds.values()]
+
+
 def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     """Apply input mutations, rebuild aliased outputs and the output structure from the graph's flat outputs."""
+    fast = meta.__dict__.get("_copy_back")
+    if fast is None:
+        # mutations all written under no_grad (an optimizer step, batch norms' running statistics): where the
+        # graph wrote each, and the copies, follow a plan per pattern of in-place writes, each read in C calls
+        # (~13 -> ~6 us an Adam step over 10 weights, on the dev VM)
+        muts = meta.mutations
+        fast = meta.__dict__["_copy_back"] = (len(muts) > 1 and not any(m.grad_enabled for m in muts)) and (
+            _pick([m.input_index for m in muts]), _pick([m.output_index for m in muts]), {})
+    if fast:
+        dst_of, src_of, plans = fast
+        dsts, srcs = dst_of(inputs), src_of(outs)
+        same = tuple(map(operator.is_, dsts, srcs))
+        plan = plans.get(same)
+        if plan is None:
+            plan = plans[same] = _copy_back_plan(meta, dsts, srcs, same)
+        written, groups = plan
+        if written is not None:   # a compiled graph wrote these inputs in place: autograd must see the write
+            torch.autograd.graph.increment_version(list(written(dsts)))
+        if groups:
+            prev = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            try:
+                for group in groups:
+                    torch._foreach_copy_(list(group(dsts)), list(group(srcs)))
+            finally:
+                torch._C._set_grad_enabled(prev)
+        return _program_outputs(meta, inputs, outs)
     pairs = [(inputs[m.input_index], outs[m.output_index], m.grad_enabled) for m in meta.mutations]
     written = [d for d, s, _ in pairs if d is s]   # a compiled graph wrote these inputs in place:
     if written:                                     # autograd must see the write, as eager's in-place op's
@@ -939,6 +987,11 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
             else:
                 with torch.set_grad_enabled(grad_enabled):
                     dst.copy_(src)
+    return _program_outputs(meta, inputs, outs)
+
+
+def _program_outputs(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
+    """The program's outputs: graph outputs, views of inputs rebuilt, constants, in the program's structure."""
     flat = []
     for s in meta.outputs:
         if s.kind == "graph":

@@ -37,7 +37,7 @@ import torch
 import torch.fx
 
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
-from ember.frontend.guards import DICT_GET, share_paths
+from ember.frontend.guards import CHECK_CONSTS, CHECK_DICTS, CHECK_FALSY, CHECK_TENSORS, DICT_GET, share_paths
 from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
 )
@@ -165,7 +165,10 @@ class FrameCompiler:
                                   f"It runs uncompiled from now on.", stacklevel=4)
                 return self.fn(*args, **kwargs)
         entry = self.capture_without_gc(frame_args) if COMPILE_WITHOUT_GC else self.capture(frame_args)
-        self.entries.append(entry)
+        # newest first (as torch.compile's cache): the latest capture fits the state calls are in now. An
+        # optimizer's first step breaks (its state is created) and makes an entry that every later step would
+        # otherwise evaluate and miss before reaching the steady-state one.
+        self.entries.insert(0, entry)
         r = entry.fn(*frame_args)
         if r is MISS:  # the capture itself changed what the guards read: run as Python this time
             log_guards.debug("fresh entry of %s missed its own guards; running uncompiled", self.name)
@@ -173,7 +176,7 @@ class FrameCompiler:
         return r
 
     def failed_guard(self, frame_args) -> str:
-        entry = self.entries[-1]
+        entry = self.entries[0]   # the newest
         for g in entry.guards:
             try:
                 if not entry.check(g, frame_args):
@@ -634,11 +637,18 @@ class EntryCodegen:
     def finish(self, description: str) -> Entry:
         fc = self.fc
         guards = self.cap.guards.exprs()
+        condition = self.cap.guards.condition()
+        if self.cap.guards.checker is not None:
+            self.namespace[CHECK_TENSORS] = self.cap.guards.checker.check
+            self.namespace[CHECK_CONSTS] = self.cap.guards.checker.check_consts
+            self.namespace[CHECK_FALSY] = self.cap.guards.checker.check_falsy
+            self.namespace[CHECK_DICTS] = self.cap.guards.checker.check_dicts
+            self.namespace[DICT_GET] = self.cap.guards.checker.dict_get   # dict.get without Tensor.__hash__ calls
         self.namespace.update(self.consts.objs)
         params = ", ".join(fc.params)
         lines = list(self.lines)
         first = lines[:1] if lines and lines[0].startswith("___o = ___graph(") else []
-        cond, first = share_paths(guards, first)
+        cond, first = share_paths(condition, first)
         lines[:len(first)] = first
         src = [f"def ___entry({params}):",
                "    try:",

@@ -180,9 +180,13 @@ def structseq_fields(cls) -> list[str]:
 
 
 def attr_source(parent: str | None, name: str) -> str | None:
+    """`parent.name`, or `getattr(parent, 'name')` where the name is no identifier. A dunder or private name is
+    plain too: the entry is a module-level function, where no name mangling happens, and share_paths walks a
+    plain attribute once per call (BertModel's `self.__class__.__name__` reads, as getattr calls: 185 builtin
+    calls per cached call)."""
     if parent is None:
         return None
-    plain = name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("__")
+    plain = name.isidentifier() and not keyword.iskeyword(name)
     return f"{parent}.{name}" if plain else f"getattr({parent}, {name!r})"
 
 
@@ -282,7 +286,7 @@ class Capture:
             return ConstV(value, source)
         if type(value) is tuple or is_namedtuple_cls(type(value)) or is_structseq_cls(type(value)):
             if source is not None:
-                g.add(f"type({source}) is {self.consts.ref(type(value))} and len({source}) == {len(value)}", 0)
+                g.sequence(source, value)
             items = [self.wrap(x, f"{source}[{i}]" if source else None) for i, x in enumerate(value)]
             return TupleV(items, source, type(value))
         if type(value) is list:
@@ -298,7 +302,7 @@ class Capture:
                 return self.by_id[id(value)]
             keys = tuple(value)
             if source is not None:
-                g.add(f"type({source}) is {self.consts.ref(type(value))} and tuple({source}) == {self.consts.ref(keys)}", 0)
+                g.dict_keys(source, value)
             v = DictV({k: self.wrap(value[k], f"{source}[{self.consts.key(k)}]" if source else None) for k in keys},
                       source, cls=type(value))
             self._track(value, v)
@@ -2303,11 +2307,26 @@ class Frame:
             raise Unsupported("backward hooks or global module hooks", self.where())
         src = mod_v.source
         g = self.cap.guards
+        # hooks registered after the capture must be seen: the global ones and this module's backward ones are
+        # empty (checked above), its forward ones as many as the capture called. Backward hooks do nothing
+        # where grad mode is off (no output has a grad_fn to hook), so an inference call does not check them:
+        # two more checks per module were 10-15% of BertModel's cached call.
+        hooks = f"{self.cap.consts.ref(module_mod)}."
+        grad = torch.is_grad_enabled()
+        for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                     "_global_backward_pre_hooks"):
+            if hasattr(module_mod, name) and (grad or "forward" in name):
+                g.falsy(hooks + name)
         if src is not None:
-            g.add(f"not {src}._forward_hooks and not {src}._forward_pre_hooks" if not (
-                mod._forward_hooks or mod._forward_pre_hooks) else
-                f"len({src}._forward_hooks) == {len(mod._forward_hooks)} and "
-                f"len({src}._forward_pre_hooks) == {len(mod._forward_pre_hooks)}", 1)
+            for name in ("_backward_hooks", "_backward_pre_hooks"):
+                if grad and hasattr(mod, name):
+                    g.falsy(f"{src}.{name}")
+            if not (mod._forward_hooks or mod._forward_pre_hooks):
+                g.falsy(f"{src}._forward_hooks")
+                g.falsy(f"{src}._forward_pre_hooks")
+            else:
+                g.add(f"len({src}._forward_hooks) == {len(mod._forward_hooks)} and "
+                      f"len({src}._forward_pre_hooks) == {len(mod._forward_pre_hooks)}", 1)
         for hook_id, hook in list(mod._forward_pre_hooks.items()):
             if mod._forward_pre_hooks_with_kwargs.get(hook_id):
                 raise Unsupported("forward pre-hook with kwargs", self.where())

@@ -444,3 +444,28 @@ def test_dispatch_memo_keys():
     assert _memo_key(mode, (d,)) is None                                  # another mode's tensor
     assert _memo_key(mode, (a, float("nan"))) is None
     assert _memo_key(mode, (a, object())) is None
+
+
+def test_no_grad_copy_backs_follow_the_pattern_of_in_place_writes():
+    """finish() plans no-grad copy-backs (an optimizer step's) per pattern of which inputs the graph wrote in
+    place: a call whose graph wrote none in place (the host program's fallback for overlapping inputs) copies
+    every value back, one where it wrote all bumps their versions only, and the first pattern's plan is
+    reused when it comes back; mixed dtypes are copied as eager would."""
+    from ember.autograd.trace import InputMutation, OutputSpec, TraceMeta, finish
+    import torch.utils._pytree as pytree
+    muts = [InputMutation(i, i, grad_enabled=False, grad_written=False) for i in range(3)]
+    meta = TraceMeta(num_inputs=3, lifted=[], outputs=[OutputSpec("const", value=None)],
+                     out_spec=pytree.tree_flatten(None)[1], mutations=muts)
+    inputs = [torch.zeros(2), torch.zeros(3, dtype=torch.float64), torch.zeros(())]
+    for call in range(3):
+        if call == 1:       # all written in place
+            outs = list(inputs)
+            versions = [t._version for t in inputs]
+            assert finish(meta, inputs, outs) is None
+            assert [t._version for t in inputs] == [v + 1 for v in versions]
+        else:               # none in place: copied back (the float64 one from a float32 value)
+            outs = [torch.randn(2), torch.randn(3), torch.randn(())]
+            assert finish(meta, inputs, outs) is None
+            for dst, src in zip(inputs, outs):
+                torch.testing.assert_close(dst, src.to(dst.dtype))
+    assert len(meta._copy_back[2]) == 2   # two patterns, two plans
