@@ -363,8 +363,10 @@ def main() -> None:
     native_guards.checker(wait=True)
     def picked(name: str, part: str) -> bool:   # a substring of the row's name; "...$": the whole name
         return name == part[:-1] if part.endswith("$") else part in name
-    wanted = [w for w in WORKLOADS if not args.only or any(picked(w.name.lower(), s)
-                                                           for s in args.only.lower().split(","))]
+    parts = args.only.lower().split(",")
+    wanted = [w for w in WORKLOADS if not args.only or any(picked(w.name.lower(), s) for s in parts)]
+    if args.only:   # in the order asked for (a run cut by its time limit loses the last rows asked for)
+        wanted.sort(key=lambda w: min(i for i, s in enumerate(parts) if picked(w.name.lower(), s)))
     dev = torch.cuda.get_device_name()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# bench/gpu.py on {dev}, torch {torch.__version__}, Python {platform.python_version()}, {when}",
