@@ -88,13 +88,8 @@ def main() -> None:
                 continue
             try:
                 info = ""
-                if column == "eager":
-                    call = lambda: fn(*xs)  # noqa: E731
-                elif column == "inductor":
-                    torch._dynamo.reset()
-                    c = torch.compile(fn)
-                    call = lambda: c(*xs)  # noqa: E731
-                else:
+                call = timers.baseline_call(column, fn, xs)
+                if call is None:
                     c, prog = ember_compiled(fn, xs, new=column == "ember")
                     call = lambda: c(*xs)  # noqa: E731
                     info = f" k={len(prog.kernels)} loops={prog.kernel_source.count('for roff in range(')}"

@@ -113,6 +113,17 @@ def ember_compiled(fn, xs, split: bool):
         lower.SPLIT_REDUCTIONS = True
 
 
+def baseline_call(column: str, fn, xs):
+    """The call a baseline column times: eager, or torch.compile (Inductor) of fn; None for other columns."""
+    if column == "eager":
+        return lambda: fn(*xs)
+    if column == "inductor":
+        torch._dynamo.reset()
+        c = torch.compile(fn)
+        return lambda: c(*xs)
+    return None
+
+
 def check(out, ref) -> None:
     for o, w in zip(pytree.tree_leaves(out), pytree.tree_leaves(ref)):
         tol = {"atol": 1e-3, "rtol": 1e-4} if w.dtype == torch.float32 else {}
@@ -145,13 +156,8 @@ def main() -> None:
                 continue
             try:
                 kernels = ""
-                if column == "eager":
-                    call = lambda: fn(*xs)  # noqa: E731
-                elif column == "inductor":
-                    torch._dynamo.reset()
-                    c = torch.compile(fn)
-                    call = lambda: c(*xs)  # noqa: E731
-                else:
+                call = baseline_call(column, fn, xs)
+                if call is None:
                     c, k = ember_compiled(fn, xs, split=column == "ember split")
                     call, kernels = (lambda: c(*xs)), f" k={k}"
                 check(call(), ref)
