@@ -22,6 +22,7 @@ import itertools
 from typing import Callable
 
 import sympy
+import torch
 
 from ember.codegen import ir
 from ember.codegen.ir import Expr, ExternBuffer, Pointwise, Reduction, TensorArg
@@ -497,7 +498,47 @@ def write_in_place(sched: Schedule, mutations: list | None) -> None:
             for m in it.members:
                 where[m.buf.name], member_of[m.buf.name] = j, m
     for ii, oi in mutations or []:
+        _read_stored_scalar(sched, ii, oi, where, member_of)
         _write_in_place(sched, ii, oi, where, member_of)
+
+
+def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
+    """Later kernels that recompute a one-element update's new value from the input's old element read the
+    stored new value instead. A capturable optimizer's step counter: the first kernel stores `step + 1`, the
+    parameters' kernel recomputed `step + 1` inside each bias correction from the old counter, and that read of
+    the old value kept the counter from being written in place (a fresh tensor and a copy back, each call).
+    Only for a value with no index in it (the same Expr is then the same number in any kernel) of a dtype
+    computed as stored (float32/float64: no rounding at the store)."""
+    low = sched.lowered
+    if not (0 <= ii < len(low.inputs) and 0 <= oi < len(low.outputs)):
+        return
+    inp, out = low.inputs[ii], low.outputs[oi]
+    if inp is None or not isinstance(out, TensorArg) or out.buffer not in member_of:
+        return
+    m = member_of[out.buffer]
+    body = m.body
+    if not isinstance(m.buf, Pointwise) or m.local or body is None or body.dtype != m.buf.dtype or \
+            body.dtype not in (torch.float32, torch.float64) or getattr(m.store, "free_symbols", None) or \
+            any(e.op == "index" or (e.op == "load" and e.args[1].free_symbols) for e in body.walk()):
+        return
+    stored = Expr("load", (m.buf.name, m.store), m.buf.dtype)
+    for it in sched.items[where[m.buf.name] + 1:]:
+        if isinstance(it, FusedGroup):
+            for x in it.members:
+                if inp.name in x.reads and x.body is not None and any(e is body for e in x.body.walk()):
+                    x.body = _replace(x.body, body, stored)
+                    x.reads = reads_of(x.body)
+
+
+def _replace(e: Expr, old: Expr, new: Expr, memo: dict | None = None) -> Expr:
+    """e with every occurrence of the (hash-consed) Expr `old` replaced by `new`."""
+    memo = {} if memo is None else memo
+    if e is old:
+        return new
+    if id(e) not in memo:
+        args = tuple(_replace(a, old, new, memo) if isinstance(a, Expr) else a for a in e.args)
+        memo[id(e)] = e if all(a is b for a, b in zip(args, e.args)) else Expr(e.op, args, e.dtype)
+    return memo[id(e)]
 
 
 def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:

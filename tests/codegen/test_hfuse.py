@@ -336,6 +336,53 @@ def test_triton_adam_is_one_launch_in_place(path, monkeypatch, tmp_path):
 
 
 @pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+def test_triton_capturable_adam_writes_step_counters_in_place(monkeypatch, tmp_path):
+    """torch.optim.Adam(capturable=True) through ember.compile: the first kernel stores each step + 1, and the
+    parameters' kernel reads that stored value. It recomputed step + 1 from the old counter inside the bias
+    correction, which kept the counters from being written in place: a fresh tensor per counter and a copy
+    back, each call. Three steps, every parameter and state tensor checked against eager after each."""
+    import ember
+    import torch.optim.adam as adam_module
+    from ember.codegen import triton as tr
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    if not CUDA:   # torch allows capturable=True on accelerators only; the Triton interpreter runs on the CPU
+        supported = adam_module._get_capturable_supported_devices
+        monkeypatch.setattr(adam_module, "_get_capturable_supported_devices",
+                            lambda supports_xla=True: [*supported(supports_xla), "cpu"])
+    dev = "cuda" if CUDA else "cpu"
+    shapes = [(40, 24), (24,), (9, 40)]
+    programs = []
+
+    def graph(gm, ex):
+        run = tr.compile_aten(gm, ex)
+        programs.append(run)
+        return run
+
+    def optimizer():
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s, device=dev)) for s in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        return params, torch.optim.Adam(params, lr=0.01, capturable=True)
+
+    (mine, opt), (ref, ref_opt) = optimizer(), optimizer()
+    ember.reset()
+    step = ember.compile(lambda: opt.step(), backend=lambda gm, ex: aot_module(gm, ex, graph, graph))
+    for _ in range(3):
+        step()
+        ref_opt.step()
+        for p, q in zip(mine, ref):
+            torch.testing.assert_close(p, q)
+            for k in ("exp_avg", "exp_avg_sq", "step"):
+                torch.testing.assert_close(opt.state[p][k], ref_opt.state[q][k])
+    steady = programs[-1].compiled
+    assert len(steady.kernels) == 2
+    # one zero-dim tensor a parameter (its step size, from the first kernel to the second); the counters are
+    # written in place (before: one more each, and a copy back)
+    assert steady.source.count("_empty((), ()") == len(shapes), steady.source
+
+
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
 def test_triton_adam_per_parameter_forwards_values(monkeypatch, tmp_path):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     dev = "cuda" if CUDA else "cpu"
