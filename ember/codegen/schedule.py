@@ -502,6 +502,17 @@ def write_in_place(sched: Schedule, mutations: list | None) -> None:
         _write_in_place(sched, ii, oi, where, member_of)
 
 
+def _updating_member(sched: Schedule, ii: int, oi: int, member_of: dict) -> tuple | None:
+    """(graph input ii, the member computing graph output oi: the input's new value) where a group computes it."""
+    low = sched.lowered
+    if not (0 <= ii < len(low.inputs) and 0 <= oi < len(low.outputs)):
+        return None
+    inp, out = low.inputs[ii], low.outputs[oi]
+    if inp is None or not isinstance(out, TensorArg) or out.buffer not in member_of:
+        return None
+    return inp, member_of[out.buffer]
+
+
 def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
     """Later kernels that recompute a one-element update's new value from the input's old element read the
     stored new value instead. A capturable optimizer's step counter: the first kernel stores `step + 1`, the
@@ -509,13 +520,10 @@ def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_o
     the old value kept the counter from being written in place (a fresh tensor and a copy back, each call).
     Only for a value with no index in it (the same Expr is then the same number in any kernel) of a dtype
     computed as stored (float32/float64: no rounding at the store)."""
-    low = sched.lowered
-    if not (0 <= ii < len(low.inputs) and 0 <= oi < len(low.outputs)):
+    found = _updating_member(sched, ii, oi, member_of)
+    if found is None:
         return
-    inp, out = low.inputs[ii], low.outputs[oi]
-    if inp is None or not isinstance(out, TensorArg) or out.buffer not in member_of:
-        return
-    m = member_of[out.buffer]
+    inp, m = found
     body = m.body
     if not isinstance(m.buf, Pointwise) or m.local or body is None or body.dtype != m.buf.dtype or \
             body.dtype not in (torch.float32, torch.float64) or getattr(m.store, "free_symbols", None) or \
@@ -550,13 +558,12 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
       same loops, and runs no later than the writer or shares its block in an `elementwise` group (so each
       element is read before it is overwritten, by the same thread / program); a member reading the new
       value shares the writer's block there (it takes the value from a register)."""
+    found = _updating_member(sched, ii, oi, member_of)
+    if found is None:
+        return
+    inp, m = found
     low = sched.lowered
-    if not (0 <= ii < len(low.inputs) and 0 <= oi < len(low.outputs)):
-        return
-    inp, out = low.inputs[ii], low.outputs[oi]
-    if inp is None or not isinstance(out, TensorArg) or out.buffer not in member_of:
-        return
-    m = member_of[out.buffer]
+    out = low.outputs[oi]
     b = m.buf
     layout = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), int(b.offset))
     if not isinstance(b, Pointwise) or m.local or m.dest or b.dtype != inp.dtype or m.body is None \
