@@ -20,8 +20,20 @@ pytestmark = pytest.mark.skipif(BASELINE, reason="ember's guard implementation")
 
 
 def native_checker():
+    """The C++ checker, built if need be; the test is skipped where it cannot be built (no C++ compiler)."""
     from ember.frontend import native_guards
-    return native_guards.checker(wait=True)
+    checker = native_guards.checker(wait=True)
+    if checker is None:
+        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+    return checker
+
+
+def use_guards(checker: str, monkeypatch) -> None:
+    """"c++": entries use the C++ checker; "python": the Python guards only (EMBER_NATIVE_GUARDS=0)."""
+    if checker == "c++":
+        native_checker()
+    else:
+        monkeypatch.setenv("EMBER_NATIVE_GUARDS", "0")
 
 
 class Net(nn.Module):
@@ -84,11 +96,7 @@ CHANGES = {
 @pytest.mark.parametrize("checker", ["c++", "python"])
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_change_is_seen_or_harmless(change, checker, monkeypatch):
-    if checker == "c++":
-        if native_checker() is None:
-            pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
-    else:
-        monkeypatch.setenv("EMBER_NATIVE_GUARDS", "0")
+    use_guards(checker, monkeypatch)
     from ember.frontend.convert import FrameCompiler
     torch.manual_seed(0)
     m = Net().eval()
@@ -114,8 +122,6 @@ def test_checker_rejects_each_property():
     """check() is false when any one of type, dtype, requires_grad, shape, stride, device differs, or when the
     tensors are fewer or more than the specs."""
     tc = native_checker()
-    if tc is None:
-        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
     a, p = torch.randn(3, 4), nn.Parameter(torch.randn(2, 2))
     types, spec = (torch.Tensor, nn.Parameter), tc.spec(a) + tc.spec(p)
     assert tc.check((a, p), types, spec) is True
@@ -136,8 +142,6 @@ def test_checker_rejects_each_property():
 
 def test_const_and_falsy_checkers():
     tc = native_checker()
-    if tc is None:
-        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
     expected = (1, 2.5, "a", b"b", 1j, None, True, False)
     assert tc.check_consts(tuple(expected), expected) is True
     for i, other in enumerate([True, 2, "b", "b", 1, False, 1, 0]):
@@ -161,8 +165,6 @@ def test_dict_get_is_dict_get():
     dict.get finds, for tensor keys and others, and like dict.get never calls a defaultdict's factory."""
     import collections
     tc = native_checker()
-    if tc is None:
-        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
 
     class Hashed(torch.Tensor):
         def __hash__(self):
@@ -181,8 +183,7 @@ def test_dict_get_is_dict_get():
 
 def test_a_tensor_subclass_keeps_the_python_check():
     """A subclass may define its metadata in Python: its guard stays Python, next to the batched ones."""
-    if native_checker() is None:
-        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
+    native_checker()
     from ember.frontend.convert import FrameCompiler
 
     class Sub(torch.Tensor):
@@ -225,11 +226,7 @@ HOOKS = {
 def test_a_hook_registered_after_the_capture_runs(hook, checker, monkeypatch):
     """Hooks registered after a capture change what a call does (a backward hook: the gradients, so it is
     checked where grad mode is on): the cached entry must not be used."""
-    if checker == "c++":
-        if native_checker() is None:
-            pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
-    else:
-        monkeypatch.setenv("EMBER_NATIVE_GUARDS", "0")
+    use_guards(checker, monkeypatch)
     register, grads = HOOKS[hook]
     torch.manual_seed(0)
     m = Net().eval()
@@ -270,11 +267,7 @@ DICT_CHANGES = {
 def test_a_dicts_keys_are_checked_in_order(change, checker, monkeypatch):
     """A dict's type and keys in order (an optimizer's state[p]): `type(S) is dict and tuple(S) == keys`, or
     the C++ check_dicts. The function iterates the dict, so a reordered or longer one is another program."""
-    if checker == "c++":
-        if native_checker() is None:
-            pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
-    else:
-        monkeypatch.setenv("EMBER_NATIVE_GUARDS", "0")
+    use_guards(checker, monkeypatch)
 
     def f(x, d):
         out = x
@@ -304,8 +297,6 @@ def test_checker_loaded_during_a_capture_is_used_by_its_entry(monkeypatch):
     from ember.frontend import native_guards
     from ember.frontend.convert import FrameCompiler
     real = native_checker()
-    if real is None:
-        pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
     state = {"loaded": False, "resize": False}
     monkeypatch.setattr(native_guards, "checker", lambda wait=False: real if state["loaded"] else None)
 
