@@ -316,7 +316,6 @@ def reset_interning() -> None:
 def substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
     """e with index symbols replaced (subst: symbol -> index expression) in every load offset and index value,
     simplified given `ranges` ({symbol: size})."""
-    memo = {}
     key = (frozenset(subst.items()), frozenset(ranges.items()))
 
     def index(off):
@@ -330,21 +329,32 @@ def substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
             got = _SUBSTITUTED[k] = simplify_index(off.xreplace(subst), ranges)
         return got
 
-    def go(x):
-        if not isinstance(x, Expr):
-            return x
-        if id(x) in memo:
-            return memo[id(x)]
+    def rule(x, go):
         if x.op == "load":
             # indirect indices carry their own Exprs: substitute inside them too, as new symbols
             ind = {s: IndirectSymbol(go(s.value)) for s in indirect_symbols(x.args[1])}
             off = x.args[1].xreplace({**subst, **ind}) if ind else index(x.args[1])
-            y = Expr("load", (x.args[0], off), x.dtype)
-        elif x.op == "index":
-            y = Expr("index", (index(x.args[0]),), x.dtype)
-        else:
-            y = Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
-        memo[id(x)] = y
+            return Expr("load", (x.args[0], off), x.dtype)
+        if x.op == "index":
+            return Expr("index", (index(x.args[0]),), x.dtype)
+        return None
+    return rewrite(e, rule)
+
+
+def rewrite(e: Expr, rule: Callable) -> Expr:
+    """e rebuilt bottom-up, each distinct node once: `rule(x, go)` is x's replacement (go rewrites a sub-Expr
+    the same way), or None for x rebuilt from its rewritten args (a load, constant or index value: x itself)."""
+    memo = {}
+
+    def go(x):
+        if not isinstance(x, Expr):
+            return x
+        y = memo.get(id(x))
+        if y is None:
+            y = rule(x, go)
+            if y is None:
+                y = x if x.op in ("load", "const", "index") else Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
+            memo[id(x)] = y
         return y
     return go(e)
 

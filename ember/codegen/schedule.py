@@ -237,22 +237,13 @@ def merged_dims(buf: Pointwise) -> list[list[int]]:
 
 
 def _simplify_loads(e: Expr, ranges) -> Expr:
-    memo = {}
-
-    def go(x):
-        if not isinstance(x, Expr):
-            return x
-        if id(x) in memo:
-            return memo[id(x)]
+    def rule(x, go):
         if x.op == "load":
-            y = Expr("load", (x.args[0], ir.simplify_index(x.args[1], ranges)), x.dtype)
-        elif x.op == "index":
-            y = Expr("index", (ir.simplify_index(x.args[0], ranges),), x.dtype)
-        else:
-            y = Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
-        memo[id(x)] = y
-        return y
-    return go(e)
+            return Expr("load", (x.args[0], ir.simplify_index(x.args[1], ranges)), x.dtype)
+        if x.op == "index":
+            return Expr("index", (ir.simplify_index(x.args[0], ranges),), x.dtype)
+        return None
+    return ir.rewrite(e, rule)
 
 
 def _row_local(m: Member, producer: Member, numel: int) -> bool:
@@ -534,19 +525,10 @@ def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_o
         if isinstance(it, FusedGroup):
             for x in it.members:
                 if inp.name in x.reads and x.body is not None and any(e is body for e in x.body.walk()):
-                    x.body = _replace(x.body, body, stored)
+                    x.body = ir.rewrite(x.body, lambda y, go: stored if y is body else None)
                     x.reads = reads_of(x.body)
 
 
-def _replace(e: Expr, old: Expr, new: Expr, memo: dict | None = None) -> Expr:
-    """e with every occurrence of the (hash-consed) Expr `old` replaced by `new`."""
-    memo = {} if memo is None else memo
-    if e is old:
-        return new
-    if id(e) not in memo:
-        args = tuple(_replace(a, old, new, memo) if isinstance(a, Expr) else a for a in e.args)
-        memo[id(e)] = e if all(a is b for a, b in zip(args, e.args)) else Expr(e.op, args, e.dtype)
-    return memo[id(e)]
 
 
 def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:

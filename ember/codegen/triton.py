@@ -552,16 +552,7 @@ def inline_locals(group: FusedGroup) -> tuple[FusedGroup, list[str]]:
 
 
 def _replace_loads(e: Expr, name: str, value: Expr) -> Expr:
-    memo = {}
-
-    def go(x):
-        if not isinstance(x, Expr):
-            return x
-        if id(x) not in memo:
-            memo[id(x)] = value if x.op == "load" and x.args[0] == name else \
-                x if x.op in ("load", "const", "index") else Expr(x.op, tuple(go(a) for a in x.args), x.dtype)
-        return memo[id(x)]
-    return go(e)
+    return ir.rewrite(e, lambda x, go: value if x.op == "load" and x.args[0] == name else None)
 
 
 def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, list[str], dict, int]:
