@@ -921,10 +921,27 @@ def _copy_back_plan(meta: TraceMeta, dsts: tuple, srcs: tuple, same: tuple) -> t
     kinds: dict = {}
     for i, (d, s) in enumerate(zip(dsts, srcs)):
         if not same[i]:
-            # (get_device: an int, cheaper than building torch.device objects)
-            kinds.setdefault((d.get_device(), d.dtype, s.get_device(), s.dtype), []).append(i)
+            kinds.setdefault(_copy_kind(d, s), []).append(i)
     written = [i for i, x in enumerate(same) if x]
     return (_pick(written) if written else None), [_pick(idx) for idx in kinds.values()]
+
+
+def _copy_kind(d: torch.Tensor, s: torch.Tensor) -> tuple:
+    """What one foreach copy may group: both sides' device and dtype (get_device: an int, cheaper than
+    building torch.device objects for every pair)."""
+    return d.get_device(), d.dtype, s.get_device(), s.dtype
+
+
+def _copy_without_grad(groups) -> None:
+    """One torch._foreach_copy_(dsts, srcs) per (dsts, srcs) group, grad mode off (switched directly:
+    torch.no_grad() as a context manager cost more than the copy on a CPU)."""
+    prev = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
+        for dsts, srcs in groups:
+            torch._foreach_copy_(dsts, srcs)
+    finally:
+        torch._C._set_grad_enabled(prev)
 
 
 def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
@@ -948,13 +965,7 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
         if written is not None:   # a compiled graph wrote these inputs in place: autograd must see the write
             torch.autograd.graph.increment_version(list(written(dsts)))
         if groups:
-            prev = torch.is_grad_enabled()
-            torch._C._set_grad_enabled(False)
-            try:
-                for group in groups:
-                    torch._foreach_copy_(list(group(dsts)), list(group(srcs)))
-            finally:
-                torch._C._set_grad_enabled(prev)
+            _copy_without_grad((list(group(dsts)), list(group(srcs))) for group in groups)
         return _program_outputs(meta, inputs, outs)
     pairs = [(inputs[m.input_index], outs[m.output_index], m.grad_enabled) for m in meta.mutations]
     written = [d for d, s, _ in pairs if d is s]   # a compiled graph wrote these inputs in place:
@@ -963,19 +974,11 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     pairs = [(d, s, g) for d, s, g in pairs if d is not s]
     if len(pairs) > 1 and not any(g and (d.requires_grad or s.requires_grad) for d, s, g in pairs):
         # many copies back that autograd need not see (an optimizer's step counters, batch norms' running
-        # statistics): one foreach copy, one launch, per kind of tensor (grad mode switched directly:
-        # torch.no_grad() as a context manager cost more than the copy on a CPU)
+        # statistics): one foreach copy, one launch, per kind of tensor
         kinds: dict = {}
         for d, s, _ in pairs:
-            # (get_device: an int, cheaper than building torch.device objects for every pair)
-            kinds.setdefault((d.get_device(), d.dtype, s.get_device(), s.dtype), []).append((d, s))
-        prev = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
-        try:
-            for group in kinds.values():
-                torch._foreach_copy_([d for d, _ in group], [s for _, s in group])
-        finally:
-            torch._C._set_grad_enabled(prev)
+            kinds.setdefault(_copy_kind(d, s), []).append((d, s))
+        _copy_without_grad(([d for d, _ in group], [s for _, s in group]) for group in kinds.values())
     else:
         mode = torch.is_grad_enabled()
         for dst, src, grad_enabled in pairs:
