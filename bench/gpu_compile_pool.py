@@ -53,9 +53,8 @@ def main() -> None:
           f"{os.cpu_count()} CPUs")
     for row in rows:
         for threads in (1, 8, 16):
-            env = dict(os.environ, POOL_THREADS=str(threads),
-                       TRITON_CACHE_DIR=tempfile.mkdtemp(),
-                       EMBER_CACHE_DIR=tempfile.mkdtemp())
+            # (ember's cache: bench/gpu.py, imported by the child, points it at a fresh directory)
+            env = dict(os.environ, POOL_THREADS=str(threads), TRITON_CACHE_DIR=tempfile.mkdtemp())
             r = subprocess.run([sys.executable, "-c", CHILD, row], env=env, capture_output=True, text=True, timeout=300)
             print(r.stdout.strip() or r.stderr.strip()[-800:], flush=True)
 

@@ -37,7 +37,8 @@ class Guards:
         # The guards the C++ checker can prove, by their Python text. The first capture starts the checker's
         # build; whether it is loaded is asked when the entry is made (condition()), so a capture that outlasts
         # the build (a GPU model's, with its kernels compiled in between) gets it too.
-        self.checker = native_guards.checker()
+        native_guards.checker()   # (starts the build)
+        self.checker = None       # the checker the entry uses: set by condition()
         # plain tensors: (source, tensor, its metadata when guarded)
         self.batched: dict[str, tuple[str, torch.Tensor, tuple]] = {}
         # constant guards (`type(S) is int and S == 1`, `S is None`) the checker proves: (source, value)
