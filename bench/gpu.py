@@ -358,9 +358,13 @@ def main() -> None:
     COMPILE_PROFILE.extend(k.rstrip("$") for k in args.compile_profile.lower().split(",") if k)
     cols = [c for c in args.columns.split(",") if c]
     # ember's C++ guards build in the background at the first capture (~11 s on a fresh machine); a row captured
-    # before they are loaded keeps Python guards: wait, to measure what an installation with its cache runs
+    # before they are loaded keeps Python guards: wait, to measure what an installation with its cache runs. So
+    # for its kernel launcher (~0.5 s, once per machine as Triton's own C utilities are)
     from ember.frontend import native_guards
+    from ember.runtime import cuda_launch
     native_guards.checker(wait=True)
+    if torch.cuda.is_available():
+        cuda_launch.EXTENSION.get(wait=True)
     def picked(name: str, part: str) -> bool:   # a substring of the row's name; "...$": the whole name
         return name == part[:-1] if part.endswith("$") else part in name
     parts = args.only.lower().split(",")

@@ -45,6 +45,7 @@ from ember.codegen import ir
 from ember.codegen.ir import Expr, FloorDiv, ModIndex, TensorArg
 from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars, split_elementwise
+from ember.runtime import cuda_launch
 from ember.tools import collector
 from ember.tools.logs import get_logger
 
@@ -116,6 +117,15 @@ def _remainder_f(a, b):
 
 
 @triton.jit
+def _rsqrt(x):  # float32: the one instruction libdevice's __nv_rsqrtf is, without linking libdevice (~35 ms each)
+    if x.dtype == tl.float32:
+        return tl.inline_asm_elementwise("rsqrt.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return libdevice.rsqrt(x)
+
+
+@triton.jit
 def _floordiv_i(a, b):
     q = a // b
     return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
@@ -128,7 +138,7 @@ def _remainder_i(a, b):
 '''
 
 UNARY_FLOAT = {"exp": "tl.exp({})", "exp2": "tl.exp2({})", "log": "tl.log({})", "log2": "tl.log2({})",
-               "log10": "libdevice.log10({})", "sqrt": "tl.sqrt({})", "rsqrt": "libdevice.rsqrt({})",
+               "log10": "libdevice.log10({})", "sqrt": "tl.sqrt({})", "rsqrt": "_rsqrt({})",
                "sin": "tl.sin({})", "cos": "tl.cos({})", "tan": "libdevice.tan({})", "asin": "libdevice.asin({})",
                "acos": "libdevice.acos({})", "atan": "libdevice.atan({})", "sinh": "libdevice.sinh({})",
                "cosh": "libdevice.cosh({})", "tanh": "libdevice.tanh({})", "asinh": "libdevice.asinh({})",
@@ -1045,6 +1055,7 @@ def load_module(source: str):
     spec.loader.exec_module(mod)
     if os.environ.get("TRITON_INTERPRET") == "1":
         mod.libdevice = _InterpretedLibdevice()
+        mod._rsqrt = mod.libdevice.rsqrt    # (the interpreter runs no inline PTX)
     sys.modules[name] = mod
     return mod
 
@@ -1061,6 +1072,8 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> di
     if os.environ.get("TRITON_INTERPRET") == "1":
         return {}
     t0 = time.perf_counter()
+    if device.type == "cuda":
+        cuda_launch.EXTENSION.get()   # (starts its build, once per machine, while Triton compiles)
     jobs = {}
     for _, name, args, cfg, _grid in kernels:
         if name not in jobs:
@@ -1078,9 +1091,13 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> di
 
 
 def _compile_and_load(fn, dtypes: list, meta: dict, device: torch.device):
+    """Triton's compiled kernel, loaded: for ember's launcher (cuda_launch.Loaded) where it fits, else Triton's."""
     kernel = fn.warmup(*dtypes, grid=(1,), **meta)
     if device.type == "cuda" and hasattr(kernel, "_init_handles"):
         with torch.cuda.device(device):   # the module loads into this device's context, from this thread
+            loaded = cuda_launch.load(kernel, len(dtypes), device) if FAST_LAUNCH else None
+            if loaded is not None:
+                return loaded
             kernel._init_handles()
     return kernel
 
@@ -1107,17 +1124,27 @@ class Launcher:
         self.kernel = None
         self.aligned_only = True
         self.raw: bool | None = None    # whether the launcher takes integer pointers (None: not tried yet)
+        self.native = None   # ember's launcher and its first arguments (cuda_launch), when it loaded the kernel
 
     def preloaded(self, kernel) -> None:
         """Launch `kernel` (compiled by warmup with every pointer 16-byte aligned) from the first call on."""
-        if FAST_LAUNCH and hasattr(kernel, "packed_metadata"):
+        if isinstance(kernel, cuda_launch.Loaded):
+            self.native = (kernel.launch, (kernel.function, self.grid, kernel.threads, kernel.shared, kernel.nulls,
+                                           kernel.device))
+            self.kernel, self.aligned_only = kernel, True
+        elif FAST_LAUNCH and hasattr(kernel, "packed_metadata"):
             self.kernel, self.aligned_only = kernel, True
 
     def __call__(self, *args):
         k = self.kernel
         if k is not None:
             ptrs = list(map(_data_ptr, args))
-            if not self.aligned_only or not any(p % 16 for p in ptrs):
+            if self.native is not None:
+                if not any(p % 16 for p in ptrs):
+                    launch, head = self.native
+                    launch(*head, _raw_stream(self.device_index), *ptrs)
+                    return
+            elif not self.aligned_only or not any(p % 16 for p in ptrs):
                 try:
                     k.run(self.grid, 1, 1, _raw_stream(self.device_index), k.function, k.packed_metadata, None,
                           None, None, *(ptrs if self.raw is not False else args), *self.constexprs)
@@ -1129,7 +1156,7 @@ class Launcher:
                 if self.raw is None:
                     self.raw = True
                 return
-        kernel = self.fn[(self.grid,)](*args, **self.meta)
+        kernel = self.fn[(self.grid,)](*args, **self.meta)   # (Triton's binder: a pointer not 16-byte aligned)
         if FAST_LAUNCH and self.kernel is None and hasattr(kernel, "packed_metadata"):
             self.kernel = kernel
             self.aligned_only = not any(a.data_ptr() % 16 for a in args)

@@ -29,24 +29,14 @@ or EMBER_NATIVE_GUARDS=0, use the Python checks, which prove the same.
 """
 from __future__ import annotations
 
-import concurrent.futures
-import hashlib
-import importlib.machinery
-import importlib.util
-import os
 import pathlib
-import subprocess
-import sys
 import sysconfig
-import tempfile
-import threading
 import types
 
 import torch
 
-from ember.tools.logs import get_logger
+from ember.runtime.cache import Extension
 
-log = get_logger("guards")
 NAME = "ember_native_guards"
 # the types whose metadata the C++ side may read: a Python subclass can override `shape` & co. in Python
 BATCH_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -243,13 +233,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ember_native_guards"
 PyMODINIT_FUNC PyInit_ember_native_guards(void) { return PyModule_Create(&module); }
 """
 
-_lock = threading.Lock()
-_load_lock = threading.Lock()
-_module: types.ModuleType | None = None
-_future: concurrent.futures.Future | None = None
-_failed = False
-
-
 def _flags() -> list[str]:
     root = pathlib.Path(torch.__file__).parent
     lib = root / "lib"
@@ -259,77 +242,12 @@ def _flags() -> list[str]:
             "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"]
 
 
-def _path() -> pathlib.Path:
-    from ember.runtime.cache import cache_dir
-    key = hashlib.sha256("\n".join([SOURCE, *_flags(), torch.__version__, str(torch.version.git_version),
-                                    sys.version]).encode()).hexdigest()[:24]
-    return cache_dir("guards") / f"{key}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-
-
-def _build(so: pathlib.Path) -> pathlib.Path:
-    # private file names, renamed into place: processes building at once (pytest -n 2 on a fresh cache) neither
-    # compile a half-written source nor load a half-written library
-    fd, cpp = tempfile.mkstemp(suffix=".cpp", dir=so.parent)
-    os.write(fd, SOURCE.encode())
-    os.close(fd)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=so.parent)
-    os.close(fd)
-    try:
-        r = subprocess.run([os.environ.get("CXX", "g++"), cpp, "-o", tmp, *_flags()], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"g++ failed on {cpp}:\n{r.stderr[-2000:]}")
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    os.replace(cpp, so.with_suffix(".cpp"))
-    os.replace(tmp, so)
-    return so
-
-
-def _load(so: pathlib.Path) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(NAME, so)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.init(torch.Tensor.__dict__["__hash__"])
-    return mod
-
-
-def _done(fut: concurrent.futures.Future) -> None:
-    """Load the built library (once; called by the build's thread when it ends, or by a waiting caller)."""
-    global _module, _failed
-    with _load_lock:
-        if _module is not None or _failed:
-            return
-        try:
-            _module = _load(fut.result())
-        except Exception as e:   # no compiler, headers that do not fit: the Python checks stay (as correct, slower)
-            log.warning("ember: the C++ guard checks could not be built; guards run as Python (correct, slower "
-                        "per call; EMBER_NATIVE_GUARDS=0 skips the build): %s", e)
-            _failed = True
+EXTENSION = Extension("guards", NAME, SOURCE, _flags, "EMBER_NATIVE_GUARDS",
+                      "the C++ guard checks (guards run as Python: correct, slower per call)", "guards",
+                      init=lambda mod: mod.init(torch.Tensor.__dict__["__hash__"]))
 
 
 def checker(wait: bool = False) -> types.ModuleType | None:
     """The loaded extension, or None while it builds (the first call starts the build, in the background) or
     when it cannot be had (EMBER_NATIVE_GUARDS=0: never). `wait`: block until the build has ended."""
-    global _future
-    if os.environ.get("EMBER_NATIVE_GUARDS", "1") == "0":
-        return None
-    if _module is not None or _failed:
-        return _module
-    with _lock:
-        if _future is None:
-            try:
-                so = _path()
-                if so.exists():
-                    _future = concurrent.futures.Future()
-                    _future.set_result(so)
-                else:
-                    from ember.runtime.cache import _POOL
-                    _future = _POOL.submit(_build, so)
-            except Exception as e:
-                _future = concurrent.futures.Future()
-                _future.set_exception(e)
-            _future.add_done_callback(_done)
-    if wait or _future.done():
-        _done(_future)
-    return _module
+    return EXTENSION.get(wait)

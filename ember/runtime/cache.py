@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import pathlib
 import subprocess
+import sys
 import tempfile
+import threading
+import types
+from typing import Callable
 
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
                                               thread_name_prefix="ember-build")
@@ -98,3 +104,87 @@ def _check(cmd: list, returncode: int, stderr: str, cpp: pathlib.Path) -> None:
                          f"command: {' '.join(map(str, cmd))}\n{stderr[-4000:]}\n"
                          f"(this is an ember bug; ember.compile(..., options={{'fallback': 'eager'}}) runs "
                          f"such graphs eagerly instead)")
+
+
+class Extension:
+    """A CPython extension module of ember's own (C/C++ source in ember, not generated per graph), built once per
+    source, flags and Python in the background (this module's pool), cached on disk under $EMBER_CACHE_DIR/<kind>,
+    loaded once. `get()` is None while it builds, and for good if it cannot be built (no compiler, headers that
+    do not fit) or the environment variable `off` is "0": its callers then keep their Python path, as correct."""
+
+    def __init__(self, kind: str, name: str, source: str, flags: Callable[[], list], off: str, what: str,
+                 topic: str, init: Callable[[types.ModuleType], None] = lambda mod: None):
+        self.kind, self.name, self.source, self.flags, self.off, self.what = kind, name, source, flags, off, what
+        self.topic = topic   # the ember log topic of the warning when it cannot be had
+        self.init = init
+        self.module: types.ModuleType | None = None
+        self.failed = False
+        self.future: concurrent.futures.Future | None = None
+        self._lock, self._load_lock = threading.Lock(), threading.Lock()
+
+    def path(self) -> pathlib.Path:
+        import torch
+        key = hashlib.sha256("\n".join([self.source, *self.flags(), torch.__version__, str(torch.version.git_version),
+                                        sys.version]).encode()).hexdigest()[:24]
+        return cache_dir(self.kind) / f"{key}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+    def _build(self, so: pathlib.Path) -> pathlib.Path:
+        # private file names, renamed into place: processes building at once (pytest -n 2 on a fresh cache)
+        # neither compile a half-written source nor load a half-written library
+        fd, src = tempfile.mkstemp(suffix=".cpp", dir=so.parent)
+        os.write(fd, self.source.encode())
+        os.close(fd)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=so.parent)
+        os.close(fd)
+        try:
+            r = subprocess.run([os.environ.get("CXX", "g++"), src, "-o", tmp, *self.flags()], capture_output=True,
+                               text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"g++ failed on {src}:\n{r.stderr[-2000:]}")
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        os.replace(src, so.with_suffix(".cpp"))
+        os.replace(tmp, so)
+        return so
+
+    def _done(self, fut: concurrent.futures.Future) -> None:
+        """Load the built library (once; called by the build's thread when it ends, or by a waiting caller)."""
+        with self._load_lock:
+            if self.module is not None or self.failed:
+                return
+            try:
+                spec = importlib.util.spec_from_file_location(self.name, fut.result())
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                self.init(mod)
+                self.module = mod
+            except Exception as e:
+                from ember.tools.logs import get_logger
+                get_logger(self.topic).warning("ember: %s could not be built or loaded; %s=0 skips the build: %s",
+                                              self.what, self.off, e)
+                self.failed = True
+
+    def get(self, wait: bool = False) -> types.ModuleType | None:
+        """The loaded module, or None while it builds (the first call starts the build) or when it cannot be
+        had. `wait`: block until the build has ended."""
+        if os.environ.get(self.off, "1") == "0":
+            return None
+        if self.module is not None or self.failed:
+            return self.module
+        with self._lock:
+            if self.future is None:
+                try:
+                    so = self.path()
+                    if so.exists():
+                        self.future = concurrent.futures.Future()
+                        self.future.set_result(so)
+                    else:
+                        self.future = _POOL.submit(self._build, so)
+                except Exception as e:
+                    self.future = concurrent.futures.Future()
+                    self.future.set_exception(e)
+                self.future.add_done_callback(self._done)
+        if wait or self.future.done():
+            self._done(self.future)
+        return self.module

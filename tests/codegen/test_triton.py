@@ -501,7 +501,7 @@ def test_launcher_passes_integer_pointers_or_falls_back_to_tensors(takes_integer
     monkeypatch.setattr(tb, "_raw_stream", lambda index: 0)
     launcher = tb.Launcher.__new__(tb.Launcher)
     launcher.grid, launcher.device_index, launcher.constexprs = 4, 0, (128,)
-    launcher.kernel, launcher.aligned_only, launcher.raw = Kernel(), True, None
+    launcher.kernel, launcher.aligned_only, launcher.raw, launcher.native = Kernel(), True, None, None
     through_triton = []
     launcher.fn = type("Fn", (), {"__getitem__": lambda self, grid: lambda *a, **k: through_triton.append(a)})()
     launcher.meta = {}
@@ -512,6 +512,27 @@ def test_launcher_passes_integer_pointers_or_falls_back_to_tensors(takes_integer
     assert len(calls) == 2 and all(c == want for c in calls) and launcher.raw is takes_integers
     launcher(x[1:], y)                       # 4 bytes past an aligned address
     assert len(calls) == 2 and len(through_triton) == 1
+
+
+def test_launcher_through_embers_launcher(monkeypatch):
+    """A kernel loaded for ember's launcher (runtime/cuda_launch.py; a stand-in launch function here): each call
+    passes the loaded kernel's function, grid, threads, shared memory, null parameters, device, stream and the
+    integer pointers; an unaligned pointer goes through Triton."""
+    from ember.codegen import triton as tb
+    from ember.runtime.cuda_launch import Loaded
+    calls, through_triton = [], []
+    monkeypatch.setattr(tb, "_raw_stream", lambda index: 77)
+    launcher = tb.Launcher.__new__(tb.Launcher)
+    launcher.grid, launcher.device_index, launcher.constexprs, launcher.meta = 4, 0, (128,), {}
+    launcher.kernel, launcher.aligned_only, launcher.raw, launcher.native = None, True, None, None
+    launcher.fn = type("Fn", (), {"__getitem__": lambda self, grid: lambda *a, **k: through_triton.append(a)})()
+    launcher.preloaded(Loaded(function=1234, threads=128, shared=0, nulls=2, device=0,
+                              launch=lambda *a: calls.append(a)))
+    x, y = torch.randn(16), torch.randn(16)
+    launcher(x, y)
+    assert calls == [(1234, 4, 128, 0, 2, 0, 77, x.data_ptr(), y.data_ptr())] and not through_triton
+    launcher(x[1:], y)                       # 4 bytes past an aligned address
+    assert len(calls) == 1 and len(through_triton) == 1
 
 
 def test_cube_and_inverse_square_are_products_as_in_eager():
