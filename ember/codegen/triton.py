@@ -58,6 +58,7 @@ TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "
       torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 PERSISTENT_MAX_R = 4096     # longest row kept whole in registers
+FOREACH_SHARED_MAX = 32     # ranges (parameters) at most that share one printed body (a where-chain of pointers)
 ONLINE_SOFTMAX = True       # False: a looped sum of exp(x - max) waits for the max's loop (A/B timing, tests)
 FLAT = "flat"
 FOREACH = "foreach"
@@ -659,17 +660,49 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
     by_size: dict = {}
     for m in group.members:
         by_size.setdefault((_rsize(m), m.block), []).append(m)
-    L = _header(group, name, args, ["BLOCK"])
-    L.append("    pid = tl.program_id(0).to(tl.int64)" if i64 else "    pid = tl.program_id(0)")
-    start = 0
-    for k, ((rsize, _), members) in enumerate(by_size.items()):
+    # ranges whose code is the same but for the pointers (an optimizer's parameters of one shape) are printed
+    # once: the program picks its range's pointers (Triton compiles one body instead of one per parameter)
+    same_code: dict = {}
+    word = re.compile(r"\b(" + "|".join(sorted(map(re.escape, args), key=len, reverse=True)) + r")\b")
+    for rsize, _ in by_size:
         n = math.ceil(rows * rsize / block)
         if n == 0:
             continue
-        # one flat `if` per range, not an elif chain: hundreds of parameters would nest hundreds of scf.ifs
-        L.append(f"    if pid < {start + n}:" if start == 0 else f"    if (pid >= {start}) & (pid < {start + n}):")
-        L += _flat_range(members, f"(pid - {start})", rows, rsize, extents, "        ", prefix=f"s{k}_")
-        start += n
+        lines = _flat_range(by_size[rsize, _], "lpid", rows, rsize, extents, "        ", prefix="s_")
+        pointers: list = []
+
+        def numbered(m: re.Match) -> str:   # q<i>: the range's i-th pointer, in order of first use
+            if m[1] not in pointers:
+                pointers.append(m[1])
+            return f"q{pointers.index(m[1])}"
+        code = word.sub(numbered, "\n".join(lines))
+        same_code.setdefault((n, code), []).append(pointers)
+    L = _header(group, name, args, ["BLOCK"])
+    L.append("    pid = tl.program_id(0).to(tl.int64)" if i64 else "    pid = tl.program_id(0)")
+    start = 0
+    for k, ((n, code), ranges) in enumerate(same_code.items()):
+        for part in range(0, len(ranges), FOREACH_SHARED_MAX):
+            share = ranges[part:part + FOREACH_SHARED_MAX]
+            end = start + n * len(share)
+            # one flat `if` per range, not an elif chain: hundreds of parameters would nest hundreds of scf.ifs
+            L.append(f"    if pid < {end}:" if start == 0 else f"    if (pid >= {start}) & (pid < {end}):")
+            if len(share) == 1:   # its own pointers, by name
+                L.append(f"        lpid = pid - {start}" if start else "        lpid = pid")
+                L.append(re.sub(r"\bs_(?=\d)", f"s{k}_", re.sub(r"\bq(\d+)\b", lambda m: share[0][int(m[1])], code)))
+                start = end
+                continue
+            else:
+                rel = f"(pid - {start})" if start else "pid"
+                L.append(f"        seg = {rel} // {n}" if n > 1 else f"        seg = {rel}")
+                L.append(f"        lpid = {rel} - seg * {n}" if n > 1 else "        lpid = 0")
+            for i in range(len(share[0])):
+                chain = share[0][i]
+                if any(ptrs[i] != chain for ptrs in share):
+                    for j, ptrs in enumerate(share[1:], 1):
+                        chain = f"tl.where(seg == {j}, {ptrs[i]}, {chain})"
+                L.append(f"        q{i} = {chain}")
+            L.append(re.sub(r"\bs_(?=\d)", f"s{k}_", code))
+            start = end
     return L, start
 
 

@@ -383,6 +383,28 @@ def test_triton_capturable_adam_writes_step_counters_in_place(monkeypatch, tmp_p
 
 
 @pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+def test_triton_parameters_of_one_shape_share_one_printed_body(monkeypatch, tmp_path):
+    """Parameters of the same shape get one body in the horizontally fused kernel: each program picks its
+    parameter's pointers (Triton compiles 2 bodies here, not 5); values as eager's."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    dev = "cuda" if CUDA else "cpu"
+    shapes = [(24, 40), (40,), (24, 40), (24, 40), (40,)]
+    n = len(shapes)
+    state = adam_state(shapes, device=dev)[:4 * n]
+    run = triton_compile(flat_graph(adam_per_parameter, 4, n), clones(state))
+    for _ in range(2):
+        mine, ref = clones(state), clones(state)
+        run(*mine)
+        adam_per_parameter(*split(ref, 4))
+        assert_all_close(mine, ref)
+        state = [torch.randn_like(t).abs() for t in state]   # (fresh values; moments must stay >= 0)
+    call = forward_of(run)
+    src = call.kernel_source.split("def k_", 1)[1]
+    assert len(call.kernels) == 1 and src.count("if ") == 2 and "tl.where(seg == 2, " in src
+    assert src.count("tl.sqrt(") == 2
+
+
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
 def test_triton_adam_per_parameter_forwards_values(monkeypatch, tmp_path):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     dev = "cuda" if CUDA else "cpu"
