@@ -663,7 +663,10 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
     # ranges whose code is the same but for the pointers (an optimizer's parameters of one shape) are printed
     # once: the program picks its range's pointers (Triton compiles one body instead of one per parameter)
     same_code: dict = {}
-    word = re.compile(r"\b(" + "|".join(sorted(map(re.escape, args), key=len, reverse=True)) + r")\b")
+    # a pointer: an argument, or an argument plus a constant in a one-element load (the host-scalar pack's i-th
+    # value, `tl.load(p3 + 5)`)
+    names = "|".join(sorted(map(re.escape, args), key=len, reverse=True))
+    word = re.compile(rf"(?<=tl\.load\()(?:{names}) \+ \d+(?=\))|\b(?:{names})\b")
     for rsize, _ in by_size:
         n = math.ceil(rows * rsize / block)
         if n == 0:
@@ -672,9 +675,9 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
         pointers: list = []
 
         def numbered(m: re.Match) -> str:   # q<i>: the range's i-th pointer, in order of first use
-            if m[1] not in pointers:
-                pointers.append(m[1])
-            return f"q{pointers.index(m[1])}"
+            if m[0] not in pointers:
+                pointers.append(m[0])
+            return f"q{pointers.index(m[0])}"
         code = word.sub(numbered, "\n".join(lines))
         same_code.setdefault((n, code), []).append(pointers)
     L = _header(group, name, args, ["BLOCK"])

@@ -404,6 +404,32 @@ def test_triton_parameters_of_one_shape_share_one_printed_body(monkeypatch, tmp_
     assert src.count("tl.sqrt(") == 2
 
 
+def scaled_by_own_scalar(params, grads, scales):
+    """Each parameter scaled by its own element of one vector (the host-scalar pack's layout: `select(pack, 0,
+    i)` per parameter)."""
+    for i, (p, g) in enumerate(zip(params, grads)):
+        p.add_(g * scales[0][i] + 1.0)
+
+
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+def test_triton_ranges_reading_their_own_element_of_one_vector_share_a_body(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    dev = "cuda" if CUDA else "cpu"
+    n = 4
+    gm = flat_graph(scaled_by_own_scalar, 3, n)   # (the third list: the vector, then unused tensors)
+    make = lambda: [*(torch.randn(24, 40, device=dev) for _ in range(2 * n)),  # noqa: E731
+                    *(torch.randn(n, device=dev) for _ in range(n))]
+    run = triton_compile(gm, make())
+    for _ in range(2):
+        state = make()
+        mine, ref = clones(state), clones(state)
+        run(*mine)
+        scaled_by_own_scalar(*split(ref, 3))
+        assert_all_close(mine, ref)
+    src = forward_of(run).kernel_source.split("def k_", 1)[1]
+    assert src.count("if ") == 1 and "tl.where(seg == 3, " in src, src
+
+
 @pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
 def test_triton_adam_per_parameter_forwards_values(monkeypatch, tmp_path):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
