@@ -463,10 +463,13 @@ class TensorBox:
         """Number of compute nodes in this box's expression (what recomputing it at each use would cost)."""
         if getattr(self, "_cost", None) is None:  # (asked again for a box read by several nodes)
             idx = [sympy.Symbol(f"c{i}", integer=True, nonnegative=True) for i in range(self.ndim)]
-            e = self.loader(idx)
-            self._cost = sum(2 if x.op in EXPENSIVE else 1 for x in e.walk()
-                             if x.op not in ("load", "const", "index", "cast"))
+            self._cost = compute_cost(self.loader(idx))
         return self._cost
+
+
+def compute_cost(e: Expr) -> int:
+    """Compute nodes of e, the transcendental ones and divisions twice: what recomputing e where it is read costs."""
+    return sum(2 if x.op in EXPENSIVE else 1 for x in e.walk() if x.op not in ("load", "const", "index", "cast"))
 
 
 EXPENSIVE = {"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "log1p", "expm1", "tan", "atan",

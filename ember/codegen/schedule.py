@@ -504,23 +504,34 @@ def _updating_member(sched: Schedule, ii: int, oi: int, member_of: dict) -> tupl
     return inp, member_of[out.buffer]
 
 
-def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
-    """Later kernels that recompute a one-element update's new value from the input's old element read the
-    stored new value instead. A capturable optimizer's step counter: the first kernel stores `step + 1`, the
-    parameters' kernel recomputed `step + 1` inside each bias correction from the old counter, and that read of
-    the old value kept the counter from being written in place (a fresh tensor and a copy back, each call).
-    Only for a value with no index in it (the same Expr is then the same number in any kernel) of a dtype
-    computed as stored (float32/float64: no rounding at the store)."""
+def _stored_scalar(sched: Schedule, ii: int, oi: int, member_of: dict) -> tuple | None:
+    """(graph input ii, the member storing its new value, a load of that stored value) where the stored value is
+    the member's body recomputed anywhere, bit for bit: a one-element update whose value has no index in it
+    (the same Expr is then the same number in any kernel) of a dtype computed as stored (float32/float64: no
+    rounding at the store)."""
     found = _updating_member(sched, ii, oi, member_of)
     if found is None:
-        return
+        return None
     inp, m = found
     body = m.body
     if not isinstance(m.buf, Pointwise) or m.local or body is None or body.dtype != m.buf.dtype or \
             body.dtype not in (torch.float32, torch.float64) or getattr(m.store, "free_symbols", None) or \
             any(e.op == "index" or (e.op == "load" and e.args[1].free_symbols) for e in body.walk()):
+        return None
+    return inp, m, Expr("load", (m.buf.name, m.store), m.buf.dtype)
+
+
+def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
+    """Later kernels that recompute a one-element update's new value from the input's old element read the
+    stored new value instead (`_stored_scalar`). A capturable optimizer's step counter: the first kernel stores
+    `step + 1`, the parameters' kernel recomputed `step + 1` inside each bias correction from the old counter,
+    and that read of the old value kept the counter from being written in place (a fresh tensor and a copy
+    back, each call)."""
+    found = _stored_scalar(sched, ii, oi, member_of)
+    if found is None:
         return
-    stored = Expr("load", (m.buf.name, m.store), m.buf.dtype)
+    inp, m, stored = found
+    body = m.body
     for it in sched.items[where[m.buf.name] + 1:]:
         if isinstance(it, FusedGroup):
             for x in it.members:
@@ -529,6 +540,98 @@ def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_o
                     x.reads = reads_of(x.body)
 
 
+MAX_RECOMPUTED_COST = 32   # compute nodes (ir.compute_cost) of a one-element value its readers recompute
+
+
+def recompute_scalars(sched: Schedule, mutations: list | None) -> None:
+    """One-element values that later kernels can recompute exactly are computed there, not stored by one
+    kernel and loaded by the next: a capturable Adam's per-parameter step size `-(lr / (1 - beta1 ** step))`
+    was a zero-dim buffer per parameter (allocated each call, host time) that the counters' kernel stored
+    and the parameters' kernel loaded; that kernel now computes it from the stored counter.
+
+    A member is recomputed by its readers (their loads of it become its body, `ir.rewrite`) and dropped, with
+    its buffer, when:
+    - it is a one-element Pointwise member, not `local`, not written in place, not a graph output;
+    - every reader is a member of a later group (no extern call, nothing in its own group) and loads it at its
+      store offset;
+    - its body has no index in it and loads single elements only (the same Expr, the same number anywhere)
+      and is of a dtype computed as stored (float32/float64: no rounding at the store, as `_stored_scalar`);
+      it costs at most MAX_RECOMPUTED_COST (a scalar each reader's programs compute once, not per element);
+    - everything its body loads holds at each reader what it held when the member ran: after the stored-value
+      rewrite (a recomputed in-place update, `step + 1`, reads the stored counter, `_stored_scalar`), it loads
+      only graph inputs and constants that no kernel writes in place (mutations not written in place are
+      copied back after the graph; graphs are functional, so nothing else writes an input), and stored
+      buffers of groups up to its own (a buffer is written once: by its group, or in place into the one input
+      it updates, which only it writes).
+    Members are visited in schedule order, so one recomputed inside another is counted in that one's cost.
+    After the last in-place decision (`write_in_place`): an input it inlines a load of must stay unwritten.
+    Triton only: its kernels compute a scalar once per program; a C++ loop would recompute it per element."""
+    items = sched.items
+    where, member_of = {}, {}
+    for j, it in enumerate(items):
+        if isinstance(it, FusedGroup):
+            for m in it.members:
+                where[m.buf.name], member_of[m.buf.name] = j, m
+    stored: list = []   # (an update's value Expr, the load of its stored value, the group storing it)
+    for ii, oi in mutations or []:
+        found = _stored_scalar(sched, ii, oi, member_of)
+        if found is not None:
+            stored.append((found[1].body, found[2], where[found[1].buf.name]))
+    low = sched.lowered
+    unwritten = ({b.name for b in low.inputs if b is not None} | set(low.constants)) - set(sched.inplace.values())
+    outputs = {o.buffer for o in low.outputs if isinstance(o, TensorArg)}
+    by_extern = set().union(*(it.inputs for it in items if isinstance(it, ExternBuffer)))
+    readers: dict[str, dict] = {}   # buffer name -> {id(member): (group index, member)} of the members reading it
+    for j, it in enumerate(items):
+        if isinstance(it, FusedGroup):
+            for m in it.members:
+                for r in m.reads:
+                    readers.setdefault(r, {})[id(m)] = (j, m)
+    dropped: set = set()
+    for j, it in enumerate(items):
+        if not isinstance(it, FusedGroup):
+            continue
+        for c in it.members:
+            name = c.buf.name
+            if not isinstance(c.buf, Pointwise) or ir.prod(c.buf.size) != 1 or c.local or c.dest or \
+                    c.body is None or name in outputs or name in by_extern or name in sched.inplace or \
+                    c.body.dtype != c.buf.dtype or c.body.dtype not in (torch.float32, torch.float64) or \
+                    getattr(c.store, "free_symbols", None):
+                continue
+            users = list(readers.get(name, {}).values())
+            if not users or any(k <= j or x.body is None or any(
+                    e.op == "load" and e.args[0] == name and e.args[1] != c.store for e in x.body.walk())
+                    for k, x in users):
+                continue
+            reread = {value: load for value, load, k in stored if k <= j}   # (Exprs hash by identity)
+            body = ir.rewrite(c.body, lambda y, go: reread.get(y)) if reread else c.body
+            if any(e.op == "index" and e.args[0].free_symbols or e.op == "load" and (
+                    e.args[1].free_symbols or not (e.args[0] in unwritten or (
+                        e.args[0] in member_of and e.args[0] not in dropped and where[e.args[0]] <= j
+                        and not member_of[e.args[0]].local))) for e in body.walk()) \
+                    or ir.compute_cost(body) > MAX_RECOMPUTED_COST:
+                continue
+            bodies = [ir.rewrite(x.body, lambda y, go: body if y.op == "load" and y.args[0] == name else None)
+                      for _, x in users]
+            if any(name in reads_of(b) for b in bodies):   # a load inside an indirect index (rewrite keeps it)
+                continue
+            for (k, x), b in zip(users, bodies):
+                x.body, x.reads = b, reads_of(b)
+                for r in x.reads:
+                    readers.setdefault(r, {})[id(x)] = (k, x)
+            for r in c.reads:
+                readers.get(r, {}).pop(id(c), None)
+            readers.pop(name, None)
+            dropped.add(name)
+    if dropped:
+        kept = []
+        for it in items:
+            if isinstance(it, FusedGroup) and any(m.buf.name in dropped for m in it.members):
+                it.members = [m for m in it.members if m.buf.name not in dropped]
+                if not it.members:
+                    continue
+            kept.append(it)
+        sched.items = kept
 
 
 def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:

@@ -1307,6 +1307,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             mutations = gm.meta.get("ember_input_mutations")
             sched = split_few_row_groups(schedule.schedule(low, mutations=mutations))
             schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
+            schedule.recompute_scalars(sched, mutations)   # after it: what it inlines must not be written
             sched = chunk_wide_groups(sched)
             if not (options or {}).get("max_autotune"):   # (the matmul templates print their epilogues' stores)
                 registers_for_private_values(sched)

@@ -336,11 +336,15 @@ def test_triton_adam_is_one_launch_in_place(path, monkeypatch, tmp_path):
 
 
 @pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
-def test_triton_capturable_adam_writes_step_counters_in_place(monkeypatch, tmp_path):
+@pytest.mark.parametrize("variant", ["adam", "adamw_tensor_lr"])
+def test_triton_capturable_adam_writes_step_counters_in_place(variant, monkeypatch, tmp_path):
     """torch.optim.Adam(capturable=True) through ember.compile: the first kernel stores each step + 1, and the
     parameters' kernel reads that stored value. It recomputed step + 1 from the old counter inside the bias
     correction, which kept the counters from being written in place: a fresh tensor per counter and a copy
-    back, each call. Three steps, every parameter and state tensor checked against eager after each."""
+    back, each call. The step sizes `-(lr / (1 - beta1 ** step))` are computed by the parameters' kernel from
+    the stored counter (schedule.recompute_scalars), not stored by the first kernel into a zero-dim tensor a
+    parameter. Three steps with fresh gradients, every parameter and state tensor checked against eager after
+    each; AdamW with a tensor learning rate (a graph input the recomputed step size reads) too."""
     import ember
     import torch.optim.adam as adam_module
     from ember.codegen import triton as tr
@@ -361,14 +365,18 @@ def test_triton_capturable_adam_writes_step_counters_in_place(monkeypatch, tmp_p
     def optimizer():
         torch.manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(s, device=dev)) for s in shapes]
-        for p in params:
-            p.grad = torch.randn_like(p)
-        return params, torch.optim.Adam(params, lr=0.01, capturable=True)
+        if variant == "adam":
+            return params, torch.optim.Adam(params, lr=0.01, capturable=True)
+        return params, torch.optim.AdamW(params, lr=torch.tensor(0.01, device=dev), weight_decay=0.05,
+                                         capturable=True)
 
     (mine, opt), (ref, ref_opt) = optimizer(), optimizer()
     ember.reset()
     step = ember.compile(lambda: opt.step(), backend=lambda gm, ex: aot_module(gm, ex, graph, graph))
     for _ in range(3):
+        for p, q in zip(mine, ref):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
         step()
         ref_opt.step()
         for p, q in zip(mine, ref):
@@ -377,9 +385,51 @@ def test_triton_capturable_adam_writes_step_counters_in_place(monkeypatch, tmp_p
                 torch.testing.assert_close(opt.state[p][k], ref_opt.state[q][k])
     steady = programs[-1].compiled
     assert len(steady.kernels) == 2
-    # one zero-dim tensor a parameter (its step size, from the first kernel to the second); the counters are
-    # written in place (before: one more each, and a copy back)
-    assert steady.source.count("_empty((), ()") == len(shapes), steady.source
+    # nothing allocated: the counters are written in place, the step sizes never stored (before: a zero-dim
+    # tensor a parameter for its step size, and before that one more a counter, and a copy back)
+    assert "_empty(" not in steady.source, steady.source
+    assert "pow(0.9, " in steady.kernel_source.split("@triton.jit")[-1]   # beta1 ** step: the parameters' kernel
+
+
+def counter_scalars(c, p, g, q, h, dtype=torch.float32):
+    """A counter updated in place and two one-element values that the two updates below both read: `old`, of
+    the old counter (its kernel overwrites the counter: a later kernel recomputing it would read the new one),
+    and `new`, of the new counter (`c + 1`, which a later kernel can read back where it is stored)."""
+    old = torch.exp(c * 0.5) * 3 - c
+    c.add_(1)
+    new = (torch.exp(c * 0.25) * 2 + c.sqrt()).to(dtype)
+    p.add_(g * old * new * c)
+    q.add_(h / old - new)
+
+
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_triton_scalar_recomputed_only_from_unchanged_inputs(dtype, monkeypatch, tmp_path):
+    """schedule.recompute_scalars: `new` (float32/float64) is computed by the updates' kernel from the stored
+    counter, not stored in a zero-dim buffer; `old` reads the counter its own kernel overwrites in place, so it
+    stays stored (recomputed later it would see the new counter: wrong by exp(0.5)); a float16 `new` stays
+    stored too (the kernel computes it in float32 and rounds where it stores it). Three calls, the counter
+    carried over, fresh random tensors each time."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    dev = "cuda" if CUDA else "cpu"
+    c = torch.tensor(3.0, device=dev)
+    fresh = lambda: [torch.randn(s, device=dev) for s in [(40, 24), (40, 24), (9, 40), (9, 40)]]   # noqa: E731
+    gm = flat_graph(lambda cs, ps, gs, qs, hs: counter_scalars(*cs, *ps, *gs, *qs, *hs, dtype=dtype), 5, 1)
+    run = triton_compile(gm, [c.clone(), *fresh()])
+    mine, ref = c.clone(), c.clone()
+    for _ in range(3):
+        state = fresh()
+        got, want = clones(state), clones(state)
+        run(mine, *got)
+        counter_scalars(ref, *want, dtype=dtype)
+        assert_all_close([mine, *got], [ref, *want])
+    call = forward_of(run)
+    assert len(call.kernels) == 2
+    assert call.sched.inplace   # the counter: in place, so `old` must not be recomputed after its kernel
+    stored = 1 if dtype != torch.float16 else 2   # `old`, and a float16 `new`
+    assert call.source.count("_empty((), ()") == stored, call.source
+    second = call.kernel_source.split("@triton.jit")[-1]
+    assert ("0.25" in second) == (dtype != torch.float16), second   # exp(c * 0.25): `new` recomputed there
 
 
 @pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
