@@ -580,7 +580,7 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, l
     i64 = largest >= 2 ** 31 - 1
     extents = {a: _extent(sched.buffers[a]) for a in args}
     if shape == FLAT:
-        src = _flat_kernel(group, name, args, rows, rmax, i64, extents)
+        src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"])
         grid = math.ceil(rows * rmax / cfg["BLOCK"])
     elif shape == FOREACH:
         src, grid = _foreach_kernel(group, name, args, rows, cfg["BLOCK"], i64, extents)
@@ -621,16 +621,21 @@ def _store(m: Member, value: str, offset: str, mask: str, shape: str) -> str:
     return f"tl.store({m.target} + {offset}, ({value}).to({t}), {mask})"
 
 
-def _flat_kernel(group, name, args, rows, rsize, i64, extents) -> list[str]:
+def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int) -> list[str]:
     L = _header(group, name, args, ["BLOCK"])
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
-    return L + _flat_range(group.members, pid, rows, rsize, extents, "    ")
+    return L + _flat_range(group.members, pid, rows, rsize, extents, "    ", block=block)
 
 
-def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str = "t") -> list[str]:
-    """Members over rows x rsize as one flat range, program `pid` taking BLOCK elements of it."""
+def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str = "t",
+                block: int | None = None) -> list[str]:
+    """Members over rows x rsize as one flat range, program `pid` taking BLOCK elements of it. When `block`
+    (BLOCK's value) divides the range, every lane is in it: a mask of constants, which Triton folds away (no
+    compare, no predicated loads and stores: the pointwise chain is bound by its arithmetic)."""
     total = rows * rsize
-    L = [f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)", f"{ind}xmask = xindex < {total}"]
+    full = block is not None and total % block == 0
+    L = [f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)",
+         f"{ind}xmask = tl.full([BLOCK], True, tl.int1)" if full else f"{ind}xmask = xindex < {total}"]
     i = sympy.Symbol("xindex", integer=True, nonnegative=True)
     ranges = {i: total}
     b = Body({}, "xmask", ind, ranges, extents)  # one body: members share their loads (CSE)
@@ -671,7 +676,7 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
         n = math.ceil(rows * rsize / block)
         if n == 0:
             continue
-        lines = _flat_range(by_size[rsize, _], "lpid", rows, rsize, extents, "        ", prefix="s_")
+        lines = _flat_range(by_size[rsize, _], "lpid", rows, rsize, extents, "        ", prefix="s_", block=block)
         pointers: list = []
 
         def numbered(m: re.Match) -> str:   # q<i>: the range's i-th pointer, in order of first use
