@@ -467,11 +467,18 @@ def _sm_count() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
-def launch_config(shape: str, rows: int, rmax: int) -> dict:
-    """Block sizes and warps from the sizes (the heuristics; ember.runtime.autotune may refine flat ones)."""
+ARITHMETIC_BOUND = 3   # transcendental ops an element of a flat kernel (ir.EXPENSIVE) from which it gets smaller blocks
+
+
+def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0) -> dict:
+    """Block sizes and warps from the sizes (the heuristics). A large flat kernel doing at least
+    ARITHMETIC_BOUND transcendental ops an element is bound by its arithmetic, not memory: 512-element blocks
+    (one 16-byte vector a thread) ran the pointwise chain (sin, cos, sigmoid, tanh) 1.7% faster than 1024,
+    and resnet50's memory-bound batch-norm kernels 3% slower (bench/gpu_flat_blocks.py, H100, 2026-11-25)."""
     if shape in (FLAT, FOREACH):
         total = rows * rmax
-        block = 1024 if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
+        big = 512 if shape == FLAT and expensive >= ARITHMETIC_BOUND else 1024
+        block = big if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
         return {"BLOCK": block, "num_warps": warps}
     if rmax <= 1:
@@ -573,8 +580,10 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, l
     shape = group_shape(group)
     rows = max(int(group.numel), 1)
     rmax = max(_rsize(m) for m in group.members)
+    expensive = sum(e.op in ir.EXPENSIVE for m in group.members if m.body is not None for e in m.body.walk()) \
+        if shape == FLAT else 0
     cfg = column_config(rows, rmax) if shape == ROWS and rmax > 1 and is_columnwise(group) else \
-        launch_config(shape, rows, rmax)
+        launch_config(shape, rows, rmax, expensive)
     largest = max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
                                    for a in args if sched.buffers[a].size])
     i64 = largest >= 2 ** 31 - 1

@@ -535,6 +535,23 @@ def test_launcher_through_embers_launcher(monkeypatch):
     assert len(calls) == 1 and len(through_triton) == 1
 
 
+def test_large_flat_kernels_bound_by_arithmetic_get_smaller_blocks():
+    """A flat kernel of many transcendental ops an element (the pointwise chain) gets 512-element blocks, a
+    memory-bound one (an affine map) 1024; both give eager's values, and a range their block divides has no
+    bounds mask (all lanes are in it)."""
+    def chain(x):
+        y = torch.sin(x * 1.5 + 0.5) * torch.cos(x * 1.5 + 0.5)
+        return torch.tanh(torch.relu(y) + torch.sigmoid(x))
+
+    def affine(x):
+        return x * 1.5 + 0.5
+    x = rand(1 << 20)
+    heavy, light = compile_and_check(chain, x), compile_and_check(affine, x)
+    assert heavy.kernels[0][3]["BLOCK"] == 512 and light.kernels[0][3]["BLOCK"] == 1024
+    assert "xmask = tl.full([BLOCK], True, tl.int1)" in heavy.kernel_source
+    assert "xmask = xindex < " in compile_and_check(affine, rand(1000)).kernel_source
+
+
 def test_cube_and_inverse_square_are_products_as_in_eager():
     """pow(x, 3) and pow(x, -2) are x*x*x and 1/(x*x), as eager's kernels compute them (libdevice.pow took
     GPT-2's tanh-GELU twice as long on the H100)."""
