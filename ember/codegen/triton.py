@@ -681,11 +681,11 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
     # value, `tl.load(p3 + 5)`)
     names = "|".join(sorted(map(re.escape, args), key=len, reverse=True))
     word = re.compile(rf"(?<=tl\.load\()(?:{names}) \+ \d+(?=\))|\b(?:{names})\b")
-    for rsize, _ in by_size:
+    for (rsize, blk), members in by_size.items():
         n = math.ceil(rows * rsize / block)
         if n == 0:
             continue
-        lines = _flat_range(by_size[rsize, _], "lpid", rows, rsize, extents, "        ", prefix="s_", block=block)
+        lines = _flat_range(members, "lpid", rows, rsize, extents, "        ", prefix="s_", block=block)
         pointers: list = []
 
         def numbered(m: re.Match) -> str:   # q<i>: the range's i-th pointer, in order of first use
@@ -705,20 +705,19 @@ def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[
             L.append(f"    if pid < {end}:" if start == 0 else f"    if (pid >= {start}) & (pid < {end}):")
             if len(share) == 1:   # its own pointers, by name
                 L.append(f"        lpid = pid - {start}" if start else "        lpid = pid")
-                L.append(re.sub(r"\bs_(?=\d)", f"s{k}_", re.sub(r"\bq(\d+)\b", lambda m: share[0][int(m[1])], code)))
-                start = end
-                continue
+                body = re.sub(r"\bq(\d+)\b", lambda m: share[0][int(m[1])], code)
             else:
                 rel = f"(pid - {start})" if start else "pid"
                 L.append(f"        seg = {rel} // {n}" if n > 1 else f"        seg = {rel}")
                 L.append(f"        lpid = {rel} - seg * {n}" if n > 1 else "        lpid = 0")
-            for i in range(len(share[0])):
-                chain = share[0][i]
-                if any(ptrs[i] != chain for ptrs in share):
-                    for j, ptrs in enumerate(share[1:], 1):
-                        chain = f"tl.where(seg == {j}, {ptrs[i]}, {chain})"
-                L.append(f"        q{i} = {chain}")
-            L.append(re.sub(r"\bs_(?=\d)", f"s{k}_", code))
+                for i in range(len(share[0])):
+                    chain = share[0][i]
+                    if any(ptrs[i] != chain for ptrs in share):
+                        for j, ptrs in enumerate(share[1:], 1):
+                            chain = f"tl.where(seg == {j}, {ptrs[i]}, {chain})"
+                    L.append(f"        q{i} = {chain}")
+                body = code
+            L.append(re.sub(r"\bs_(?=\d)", f"s{k}_", body))
             start = end
     return L, start
 

@@ -454,6 +454,26 @@ def test_triton_parameters_of_one_shape_share_one_printed_body(monkeypatch, tmp_
     assert src.count("tl.sqrt(") == 2
 
 
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+def test_triton_shared_bodies_split_at_the_most_ranges_a_body_takes(monkeypatch, tmp_path):
+    """More parameters of one shape than FOREACH_SHARED_MAX: several bodies of the same code, one after the
+    other (here 5 parameters, at most 2 a body: 3 bodies); values as eager's."""
+    from ember.codegen import triton as tr
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tr, "FOREACH_SHARED_MAX", 2)
+    dev = "cuda" if CUDA else "cpu"
+    shapes = [(24, 40)] * 5
+    n = len(shapes)
+    state = adam_state(shapes, device=dev)[:4 * n]
+    run = triton_compile(flat_graph(adam_per_parameter, 4, n), clones(state))
+    mine, ref = clones(state), clones(state)
+    run(*mine)
+    adam_per_parameter(*split(ref, 4))
+    assert_all_close(mine, ref)
+    src = forward_of(run).kernel_source.split("def k_", 1)[1]
+    assert src.count("if ") == 3 and src.count("tl.sqrt(") == 3 and src.count("tl.where(seg == 1, ") >= 2
+
+
 def scaled_by_own_scalar(params, grads, scales):
     """Each parameter scaled by its own element of one vector (the host-scalar pack's layout: `select(pack, 0,
     i)` per parameter)."""
