@@ -1083,10 +1083,14 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
     ATen's addmm first copies the broadcast bias into its output (one more pass over it, and one more parallel
     region) and then accumulates the product on it; on CUDA, cuBLASLt's bias epilogue picks slower kernels for
     BERT's shapes (H100: 70 against 54 us a 1024x768x768 product); float32 only there, where the product is
-    rounded to the output's dtype either way."""
+    rounded to the output's dtype either way. On CUDA a result the graph returns (a training forward saves
+    GPT-2's pre-activations for the backward) is stored whole anyway: there ATen's addmm adds the bias in the
+    product's epilogue, and the lazy add would cost a pass (read the product, write the sum) where none fuses:
+    GPT-2's 2048x768x3072 product with its bias was faster than without (H100, bench/gpu_mm_layouts.py)."""
     v = out()
     if beta != 1 or alpha != 1 or not floaty(v.dtype) or not isinstance(bias, TensorBox) or bias.dtype != v.dtype \
-            or (v.device.type == "cuda" and v.dtype != torch.float32) or v.device.type not in ("cpu", "cuda"):
+            or (v.device.type == "cuda" and (v.dtype != torch.float32 or _returned(ir.GRAPH.node))) \
+            or v.device.type not in ("cpu", "cuda"):
         return NotImplemented
     from ember.codegen.lower import cpu_matmul
     row_bias = bias.ndim == 1 and int(bias.size[0]) == int(v.shape[-1])  # what oneDNN's bias is: one per column
@@ -1096,6 +1100,16 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
     if prod is None:
         prod = ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False)
     return P.add(prod, bias, dtype=v.dtype)
+
+
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default, aten.transpose.int,
+          aten.permute.default, aten.alias.default}
+
+
+def _returned(node) -> bool:
+    """Whether the graph returns node's value, itself or through views."""
+    return node is not None and any(u.op == "output" or (u.op == "call_function" and u.target in _VIEWS
+                                                          and _returned(u)) for u in node.users)
 
 
 @reg(aten.mm.default)

@@ -535,6 +535,43 @@ def test_launcher_through_embers_launcher(monkeypatch):
     assert len(calls) == 1 and len(through_triton) == 1
 
 
+def test_cuda_addmm_the_graph_returns_keeps_its_bias_in_the_library_call():
+    """On CUDA, an addmm whose result the graph returns (a training forward's saved pre-activation) stays ATen's
+    addmm (the bias in cuBLAS's epilogue; the result is stored whole anyway), one that is only read by
+    pointwise ops becomes mm + a bias add fused into them. Lowering only (CUDA fake tensors: no GPU needed);
+    the values are compared on the GPU by the test below."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from ember.codegen import lower
+    from ember.codegen.ir import ExternBuffer
+    aten = torch.ops.aten
+
+    def saved(b, x, w):
+        y = aten.addmm.default(b, x, w)
+        return aten.relu.default(y), aten.view.default(y, [2, 16, 64])
+
+    def fused(b, x, w):
+        return (aten.relu.default(aten.addmm.default(b, x, w)),)
+    calls = {}
+    for fn in (saved, fused):
+        gm = torch.fx.symbolic_trace(fn)
+        mode = FakeTensorMode()
+        with mode:
+            ex = [torch.empty(64, device="cuda"), torch.empty(32, 48, device="cuda"), torch.empty(48, 64, device="cuda")]
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*ex)
+        low, _, _ = lower.lower(gm, ex, target="gpu")
+        calls[fn.__name__] = [b.target for b in low.buffers if isinstance(b, ExternBuffer)]
+    assert calls == {"saved": [aten.addmm.default], "fused": [aten.mm.default]}
+
+
+def test_addmm_returned_and_read_by_pointwise_ops():
+    def linear_saved(b, x, w):
+        y = torch.addmm(b, x, w)
+        return torch.relu(y), y.view(2, 16, 64)
+    compile_and_check(linear_saved, rand(64), rand(32, 48), rand(48, 64))
+
+
 def test_large_flat_kernels_bound_by_arithmetic_get_smaller_blocks():
     """A flat kernel of many transcendental ops an element (the pointwise chain) gets 512-element blocks, a
     memory-bound one (an affine map) 1024; both give eager's values, and a range their block divides has no

@@ -1,0 +1,59 @@
+"""The slowest of ember's Triton kernels in one model step, with their source (device run): GPU time per kernel
+from torch.profiler, each matched to the printed kernel of the compiled programs.
+
+    python bench/gpu_top_kernels.py [gpt2|resnet50|bert] [TOP]
+"""
+import datetime
+import os
+import re
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import gpu  # noqa: E402
+
+from ember.codegen import triton as tr  # noqa: E402
+
+
+def main() -> None:
+    row = sys.argv[1] if len(sys.argv) > 1 else "gpt2"
+    top = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    build = {"gpt2": gpu.gpt2_train, "resnet50": gpu.resnet50, "bert": gpu.bert}[row]
+    sources = {}
+    orig = tr.compile_aten
+
+    def keep(gm, ex, options=None):
+        run = orig(gm, ex, options)
+        call = getattr(run, "compiled", None)
+        if call is not None:
+            for part in call.kernel_source.split("\n\n\n"):
+                m = re.search(r"^def (k_\w+)\(", part, re.M)
+                if m:
+                    sources[m[1]] = part
+        return run
+    tr.compile_aten = keep
+    step = build(gpu.ember_compile, None)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+    steps = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    evs = [e for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in evs) / steps / 1e3
+    triton = [e for e in evs if e.key in sources]
+    print(f"# bench/gpu_top_kernels.py {row}, {torch.cuda.get_device_name()}, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: {total:.3f} ms GPU time a step, "
+          f"ember's Triton kernels {sum(e.self_device_time_total for e in triton) / steps / 1e3:.3f} ms "
+          f"({len(triton)} kernels)")
+    for e in sorted(triton, key=lambda e: -e.self_device_time_total)[:top]:
+        print(f"\n## {e.self_device_time_total / steps / 1e3:.3f} ms {e.count // steps}x {e.key}")
+        print(sources[e.key][:3000])
+
+
+if __name__ == "__main__":
+    main()
