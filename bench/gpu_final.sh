@@ -28,10 +28,10 @@ train)
 final)   # one command for a session's last ~10 device minutes: the GPU tests of what changed, then every bench row
   # (the training row without Inductor's column: its compile alone takes ~3.5 minutes; `train` with
   # --columns eager,inductor-train,ember measures it)
-  timeout 80 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
+  timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
     | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
-  timeout 495 python3 bench/gpu.py --only pointwise,affine,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2,"train step" \
+  timeout 450 python3 bench/gpu.py --only pointwise,affine,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2,"train step" \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22 ;;
 profile)   # kernel profiles (GPU time per kernel) and ember's host profile on the model rows, no Inductor
   timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider ${TESTS:-tests/codegen/test_layout.py tests/frontend/test_meta.py} \

@@ -40,7 +40,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.codegen import ir
-from ember.codegen.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, TensorArg, TensorBox
+from ember.codegen.ir import Buffer, Expr, ExternBuffer, FloorDiv, InputBuffer, ModIndex, Pointwise, Reduction, \
+    TensorArg, TensorBox
 from ember.tools import collector
 from ember.tools.logs import get_logger
 
@@ -573,6 +574,29 @@ def _depends_on(e: ir.Expr, r) -> bool:
                for x in e.walk())
 
 
+_FLAT = sympy.Symbol("flat", integer=True, nonnegative=True)
+
+
+def value_key(x: TensorBox, stride: tuple) -> tuple | None:
+    """What a dense buffer of `stride` holding x would store at each storage offset (x's value Expr at the index
+    an offset `flat` stands for, each dimension's index `flat // stride % size`), its dtype and size in elements:
+    equal keys, equal storage, whatever the sizes and strides (a matrix, and its transpose stored transposed).
+    None for a layout with gaps or overlaps, and for an empty one."""
+    size = [int(n) for n in x.size]
+    stride = [int(n) for n in stride]
+    if 0 in size:
+        return None
+    want = 1
+    for d in sorted(range(len(size)), key=lambda d: stride[d]):
+        if size[d] != 1:
+            if stride[d] != want:
+                return None
+            want *= size[d]
+    idx = [sympy.Integer(0) if n == 1 else ir.simplify_index(ModIndex(FloorDiv(_FLAT, st), n))
+           for n, st in zip(size, stride)]
+    return x.loader(idx), x.dtype, want
+
+
 class Graph:
     """The lowering context: buffers made so far. ember.decomp.prims reaches it as ir.GRAPH."""
 
@@ -589,6 +613,7 @@ class Graph:
         self.cat_chains: dict = {}  # plan_cat_chains
         self.cat_views: dict = {}  # cat node of a chain -> its lowered box
         self.fallbacks: list[str] = []
+        self.extern_inputs: dict = {}  # value_key -> a buffer made for a library call's argument (realize(share))
 
     def new_name(self) -> str:
         return f"buf{len(self.by_name)}"
@@ -600,14 +625,26 @@ class Graph:
         return buf
 
     # called by prims ------------------------------------------------------------------------------
-    def realize(self, x: TensorBox, origin: str = "", stride=None) -> TensorBox:
+    def realize(self, x: TensorBox, origin: str = "", stride=None, share: bool = False) -> TensorBox:
+        """x stored in a buffer (of `stride`, else contiguous or channels-last). share: x is a library call's
+        argument, which only reads it: a buffer made for another call's argument holding the same values at
+        the same storage offsets is taken instead (GPT-2's backward stored a layer norm's gradient twice, for
+        the two products reading it and its transpose)."""
         if x.strided is not None and (stride is None or tuple(x.strided[1]) == tuple(stride)):
             return x
         if stride is None and self._reads_cl(x.size, lambda idx: x.loader(idx)):
             stride = channels_last_strides(x.size)
         stride = tuple(stride) if stride is not None else ir.contiguous_strides(x.size)
+        key = value_key(x, stride) if share else None
+        if key is not None and key in self.extern_inputs:
+            buf = self.extern_inputs[key]
+            size, st = tuple(sympy.Integer(int(n)) for n in x.size), tuple(sympy.Integer(int(n)) for n in stride)
+            return TensorBox(size, x.dtype, lambda idx: Expr("load", (buf.name, ir.strided_offset(tuple(idx), st)),
+                                                             x.dtype), (buf, st, 0), x.origin)
         buf = self.add(Pointwise(self.new_name(), x.size, stride, x.dtype, fn=x.loader, origins=self.origins))
         self._note_layout(buf)
+        if key is not None:
+            self.extern_inputs[key] = buf
         return TensorBox.of_buffer(buf)
 
     def reduction(self, size, dtype, fn, rsize, kind, origin="") -> TensorBox:
@@ -678,9 +715,9 @@ class Graph:
                 # a channels-last convolution's input and weight are channels-last (above)
                 want = None if (conv_cl and x.ndim == 4) or out_stride is not None else getattr(x, "eager_stride", None)
                 if want is not None and (x.strided is None or tuple(int(s) for s in x.strided[1]) != want):
-                    x = self.realize(x, stride=want) if x.strided is None else \
-                        self.realize(TensorBox(x.size, x.dtype, x.loader), stride=want)
-                x = self.realize(x)
+                    x = self.realize(x, stride=want, share=True) if x.strided is None else \
+                        self.realize(TensorBox(x.size, x.dtype, x.loader), stride=want, share=True)
+                x = self.realize(x, share=True)
                 buf, stride, offset = x.strided
                 reads.append(buf.name)
                 return TensorArg(buf.name, tuple(int(s) for s in x.size), tuple(int(s) for s in stride), int(offset))

@@ -565,6 +565,23 @@ def test_cuda_addmm_the_graph_returns_keeps_its_bias_in_the_library_call():
     assert calls == {"saved": [aten.addmm.default], "fused": [aten.mm.default]}
 
 
+def test_a_value_two_products_read_is_stored_once():
+    """g2 feeds one product as it is and another transposed: one buffer, the second call reads it transposed
+    (it was stored twice by one kernel); also on empty inputs (no layout to compare). Values as eager's."""
+    from ember.codegen import lower
+    from ember.codegen.ir import Pointwise
+
+    def two_products(g, w, x):
+        g2 = g * 2.0 + 1.0
+        return g2 @ w, g2.t() @ x
+    for m in (64, 0):
+        xs = rand(m, 32), rand(32, 16), rand(m, 8)
+        compile_and_check(two_products, *xs)
+        gm, _ = trace_aten(two_products, list(xs))
+        low, _, _ = lower.lower(gm, list(xs), target="gpu")
+        assert sum(isinstance(b, Pointwise) for b in low.buffers) == (1 if m else 2)
+
+
 def test_addmm_returned_and_read_by_pointwise_ops():
     def linear_saved(b, x, w):
         y = torch.addmm(b, x, w)
