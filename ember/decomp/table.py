@@ -747,18 +747,21 @@ def _bn_eval(x, w, b, rm, rv, momentum, eps):
     return (y,) + tuple(P.const(0, v.dtype, list(v.shape)) for v in out()[1:])
 
 
-# Train-mode batch norm on CPU is decomposed and fused (True keeps it an ATen call; on CUDA it stays one).
-# Its sums run in float64 (_bn_acc): with float32 sums, gradients through deep BatchNorm stacks (resnet18,
-# densenet121 at small batches) were 5-26% off where eager is 1e-5 off.
+# Train-mode batch norm is decomposed and fused (True keeps it an ATen call), on CUDA for float32 only (other
+# dtypes stay cuDNN's). Its sums run in float64 (_bn_acc): with float32 sums, gradients through deep BatchNorm
+# stacks (resnet18, densenet121 at small batches) were 5-26% off where eager's CPU kernels are 1e-5 off (eager's
+# CUDA kernels sum in float32; float64 sums are closer to exact than either).
 TRAIN_BATCH_NORM_AS_ATEN = False
 
 
-def _bn_on_cpu() -> bool:
-    return any(v.device.type == "cpu" for v in pytree.tree_leaves(out()) if isinstance(v, torch.Tensor))
+def _bn_decomposed(x) -> bool:
+    """Whether this train-mode batch norm is decomposed: on CPU, and on CUDA in float32."""
+    devices = {v.device.type for v in pytree.tree_leaves(out()) if isinstance(v, torch.Tensor)}
+    return not TRAIN_BATCH_NORM_AS_ATEN and ("cpu" in devices or (devices == {"cuda"} and x.dtype == torch.float32))
 
 
 def _bn_acc(x) -> torch.dtype | None:
-    """The dtype of train-mode batch-norm sums: float64 for float32 (on CPU), as eager's CPU kernels (acc_type).
+    """The dtype of train-mode batch-norm sums: float64 for float32, as eager's CPU kernels (acc_type).
     A float32 sum over N*H*W elements is off by ~1e-6 relative; where a channel's variance is small (ReLU
     outputs, small batches) the batch-norm backward amplifies that (resnet18 at batch 4, 96x96: gradients 20%
     off against float64 with float32 sums, 1e-5 with float64 sums, as eager)."""
@@ -767,7 +770,7 @@ def _bn_acc(x) -> torch.dtype | None:
 
 @reg(aten._native_batch_norm_legit_functional.default)
 def _bn_train(x, w, b, rm, rv, training, momentum, eps):
-    if not training or TRAIN_BATCH_NORM_AS_ATEN or not _bn_on_cpu():  # CUDA: not validated yet, an ATen call
+    if not training or not _bn_decomposed(x):
         return NotImplemented
     dims = [0] + list(range(2, x.ndim))
     n = ir.prod(x.size[d] for d in dims)
@@ -965,7 +968,7 @@ def _avg_pool2d(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_
 
 @reg(aten.native_batch_norm_backward.default)
 def _bn_backward(dy, x, w, rm, rv, save_mean, save_invstd, train, eps, mask):
-    if train and (TRAIN_BATCH_NORM_AS_ATEN or not _bn_on_cpu()):
+    if train and not _bn_decomposed(x):
         return NotImplemented
     dims = [0] + list(range(2, x.ndim))
     n = ir.prod(x.size[d] for d in dims)

@@ -565,6 +565,39 @@ def test_cuda_addmm_the_graph_returns_keeps_its_bias_in_the_library_call():
     assert calls == {"saved": [aten.addmm.default], "fused": [aten.mm.default]}
 
 
+def test_train_mode_batch_norm_is_decomposed_with_eagers_values():
+    """Train-mode BatchNorm compiled (forward, backward, running statistics): decomposed into ember's kernels,
+    on CUDA too in float32 (float64 sums) instead of cuDNN's; outputs, gradients and running stats as eager's
+    over three steps on fresh inputs."""
+    import copy
+
+    import ember
+    from ember.codegen import lower
+    torch.manual_seed(0)
+    # (no conv bias: a batch norm after it makes its gradient exactly 0 in theory, rounding noise in practice)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                                torch.nn.ReLU()).to(DEV)
+    ref = copy.deepcopy(model)
+    ember.reset()
+    compiled = ember.compile(model)
+    before = dict(lower.FALLBACK_COUNTS)
+    for _ in range(3):
+        x = torch.randn(4, 3, 16, 16, device=DEV)
+        got, want = compiled(x), ref(x)
+        g = torch.randn_like(want)
+        got.backward(g)
+        want.backward(g)
+        torch.testing.assert_close(got, want)
+        for p, q in zip(model.parameters(), ref.parameters()):   # (sums of products over the batch)
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        for b, c in zip(model.buffers(), ref.buffers()):
+            torch.testing.assert_close(b, c)
+        model.zero_grad()
+        ref.zero_grad()
+    kept = {k: v - before.get(k, 0) for k, v in lower.FALLBACK_COUNTS.items() if "batch_norm" in str(k)}
+    assert not any(kept.values()), kept
+
+
 def test_a_value_two_products_read_is_stored_once():
     """g2 feeds one product as it is and another transposed: one buffer, the second call reads it transposed
     (it was stored twice by one kernel); also on empty inputs (no layout to compare). Values as eager's."""
