@@ -747,17 +747,18 @@ def _bn_eval(x, w, b, rm, rv, momentum, eps):
     return (y,) + tuple(P.const(0, v.dtype, list(v.shape)) for v in out()[1:])
 
 
-# Train-mode batch norm is decomposed and fused (True keeps it an ATen call), on CUDA for float32 only (other
-# dtypes stay cuDNN's). Its sums run in float64 (_bn_acc): with float32 sums, gradients through deep BatchNorm
-# stacks (resnet18, densenet121 at small batches) were 5-26% off where eager's CPU kernels are 1e-5 off (eager's
-# CUDA kernels sum in float32; float64 sums are closer to exact than either).
+# Train-mode batch norm on CPU is decomposed and fused (True keeps it an ATen call). Its sums run in float64
+# (_bn_acc): with float32 sums, gradients through deep BatchNorm stacks (resnet18, densenet121 at small batches)
+# were 5-26% off where eager is 1e-5 off. On CUDA it stays cuDNN's: decomposed there (float32, float64 sums),
+# densenet121's training step measured 13.3 ms and 45.8 s cold against 10.5-12.2 ms and 29-33 s with cuDNN's
+# (H100 machines, 2026-11-25, bench/results/gpu_2026-11-25_s9_h100_train_bn_decomposed.log).
 TRAIN_BATCH_NORM_AS_ATEN = False
 
 
 def _bn_decomposed(x) -> bool:
-    """Whether this train-mode batch norm is decomposed: on CPU, and on CUDA in float32."""
-    devices = {v.device.type for v in pytree.tree_leaves(out()) if isinstance(v, torch.Tensor)}
-    return not TRAIN_BATCH_NORM_AS_ATEN and ("cpu" in devices or (devices == {"cuda"} and x.dtype == torch.float32))
+    """Whether this train-mode batch norm is decomposed: on CPU."""
+    return not TRAIN_BATCH_NORM_AS_ATEN and any(
+        v.device.type == "cpu" for v in pytree.tree_leaves(out()) if isinstance(v, torch.Tensor))
 
 
 def _bn_acc(x) -> torch.dtype | None:
