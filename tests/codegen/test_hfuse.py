@@ -432,23 +432,28 @@ def test_triton_scalar_recomputed_only_from_unchanged_inputs(dtype, monkeypatch,
     assert ("0.25" in second) == (dtype != torch.float16), second   # exp(c * 0.25): `new` recomputed there
 
 
-@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
-def test_triton_parameters_of_one_shape_share_one_printed_body(monkeypatch, tmp_path):
-    """Parameters of the same shape get one body in the horizontally fused kernel: each program picks its
-    parameter's pointers (Triton compiles 2 bodies here, not 5); values as eager's."""
-    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+def triton_adam_against_eager(shapes, steps: int = 1):
+    """adam_per_parameter over `shapes` through the Triton backend: `steps` calls, each on fresh state and
+    compared with eager's; returns the compiled host program."""
     dev = "cuda" if CUDA else "cpu"
-    shapes = [(24, 40), (40,), (24, 40), (24, 40), (40,)]
     n = len(shapes)
     state = adam_state(shapes, device=dev)[:4 * n]
     run = triton_compile(flat_graph(adam_per_parameter, 4, n), clones(state))
-    for _ in range(2):
+    for _ in range(steps):
         mine, ref = clones(state), clones(state)
         run(*mine)
         adam_per_parameter(*split(ref, 4))
         assert_all_close(mine, ref)
         state = [torch.randn_like(t).abs() for t in state]   # (fresh values; moments must stay >= 0)
-    call = forward_of(run)
+    return forward_of(run)
+
+
+@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+def test_triton_parameters_of_one_shape_share_one_printed_body(monkeypatch, tmp_path):
+    """Parameters of the same shape get one body in the horizontally fused kernel: each program picks its
+    parameter's pointers (Triton compiles 2 bodies here, not 5); values as eager's."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    call = triton_adam_against_eager([(24, 40), (40,), (24, 40), (24, 40), (40,)], steps=2)
     src = call.kernel_source.split("def k_", 1)[1]
     assert len(call.kernels) == 1 and src.count("if ") == 2 and "tl.where(seg == 2, " in src
     assert src.count("tl.sqrt(") == 2
@@ -461,16 +466,7 @@ def test_triton_shared_bodies_split_at_the_most_ranges_a_body_takes(monkeypatch,
     from ember.codegen import triton as tr
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tr, "FOREACH_SHARED_MAX", 2)
-    dev = "cuda" if CUDA else "cpu"
-    shapes = [(24, 40)] * 5
-    n = len(shapes)
-    state = adam_state(shapes, device=dev)[:4 * n]
-    run = triton_compile(flat_graph(adam_per_parameter, 4, n), clones(state))
-    mine, ref = clones(state), clones(state)
-    run(*mine)
-    adam_per_parameter(*split(ref, 4))
-    assert_all_close(mine, ref)
-    src = forward_of(run).kernel_source.split("def k_", 1)[1]
+    src = triton_adam_against_eager([(24, 40)] * 5).kernel_source.split("def k_", 1)[1]
     assert src.count("if ") == 3 and src.count("tl.sqrt(") == 3 and src.count("tl.where(seg == 1, ") >= 2
 
 
@@ -503,18 +499,9 @@ def test_triton_ranges_reading_their_own_element_of_one_vector_share_a_body(monk
 @pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
 def test_triton_adam_per_parameter_forwards_values(monkeypatch, tmp_path):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
-    dev = "cuda" if CUDA else "cpu"
-    shapes = [(24, 40), (40,), (24, 40)]
-    n = len(shapes)
-    state = adam_state(shapes, device=dev)[:4 * n]
-    run = triton_compile(flat_graph(adam_per_parameter, 4, n), clones(state))
-    mine, ref = clones(state), clones(state)
-    run(*mine)
-    adam_per_parameter(*split(ref, 4))
-    assert_all_close(mine, ref)
-    call = forward_of(run)
+    call = triton_adam_against_eager([(24, 40), (40,), (24, 40)])
     assert len(call.kernels) == 1 and "if (pid >= " in call.kernel_source
-    assert len(call.sched.inplace) == 3 * n
+    assert len(call.sched.inplace) == 3 * 3
 
 
 @pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
