@@ -28,7 +28,6 @@ import torch  # noqa: E402
 
 from ember.codegen import lower  # noqa: E402
 from ember.codegen import triton as ember_triton  # noqa: E402
-from tests.codegen.aten_trace import trace_aten  # noqa: E402
 
 
 def loss_stats(x):
@@ -51,19 +50,6 @@ def cases(rows: int, cols: int, dev: str):
     total = (labels != -100).sum().float()
     g = torch.ones((), device=dev)
     return [("stats", loss_stats, [x]), ("grad", loss_grad, [x, labels, m, logs, g, total])]
-
-
-def ember_compiled(fn, xs, new: bool):
-    ember_triton.ONLINE_SOFTMAX = lower.ONE_HOT_SUMS = new
-    try:
-        gm, _ = trace_aten(fn, xs)
-        compiled = ember_triton.compile_aten(gm, xs)
-        if not hasattr(compiled, "compiled"):
-            raise RuntimeError("ember ran the graph eagerly")
-        compiled(*xs)
-        return compiled, compiled.compiled
-    finally:
-        ember_triton.ONLINE_SOFTMAX = lower.ONE_HOT_SUMS = True
 
 
 def main() -> None:
@@ -90,7 +76,9 @@ def main() -> None:
                 info = ""
                 call = timers.baseline_call(column, fn, xs)
                 if call is None:
-                    c, prog = ember_compiled(fn, xs, new=column == "ember")
+                    new = column == "ember"
+                    c, prog = timers.ember_compiled(fn, xs, {(ember_triton, "ONLINE_SOFTMAX"): new,
+                                                              (lower, "ONE_HOT_SUMS"): new})
                     call = lambda: c(*xs)  # noqa: E731
                     info = f" k={len(prog.kernels)} loops={prog.kernel_source.count('for roff in range(')}"
                     if args.source:

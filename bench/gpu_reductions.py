@@ -100,17 +100,22 @@ def wall_us(fn, iters: int) -> float:
     return statistics.median(rounds)
 
 
-def ember_compiled(fn, xs, split: bool):
-    lower.SPLIT_REDUCTIONS = split
+def ember_compiled(fn, xs, switches: dict):
+    """fn through ember's Triton backend, compiled and loaded, with module switches set while it compiles
+    ({(module, name): value}, e.g. lower.SPLIT_REDUCTIONS off); (the callable, its host program)."""
+    before = {k: getattr(*k) for k in switches}
+    for (mod, name), value in switches.items():
+        setattr(mod, name, value)
     try:
         gm, _ = trace_aten(fn, xs)
         compiled = ember_triton.compile_aten(gm, xs)
         if not hasattr(compiled, "compiled"):
             raise RuntimeError("ember ran the graph eagerly")
         compiled(*xs)   # compile and load every kernel now
-        return compiled, len(compiled.compiled.kernels)
+        return compiled, compiled.compiled
     finally:
-        lower.SPLIT_REDUCTIONS = True
+        for (mod, name), value in before.items():
+            setattr(mod, name, value)
 
 
 def baseline_call(column: str, fn, xs):
@@ -158,8 +163,8 @@ def main() -> None:
                 kernels = ""
                 call = baseline_call(column, fn, xs)
                 if call is None:
-                    c, k = ember_compiled(fn, xs, split=column == "ember split")
-                    call, kernels = (lambda: c(*xs)), f" k={k}"
+                    c, prog = ember_compiled(fn, xs, {(lower, "SPLIT_REDUCTIONS"): column == "ember split"})
+                    call, kernels = (lambda: c(*xs)), f" k={len(prog.kernels)}"
                 check(call(), ref)
                 if args.check_only:
                     cells.append(f"ok{kernels}")

@@ -914,7 +914,7 @@ def _pick(positions: list[int]) -> Callable[[Any], tuple]:
     return operator.itemgetter(*positions) if positions else lambda xs: ()
 
 
-def _copy_back_plan(meta: TraceMeta, dsts: tuple, srcs: tuple, same: tuple) -> tuple:
+def _copy_back_plan(dsts: tuple, srcs: tuple, same: tuple) -> tuple:
     """For copy-backs that autograd need not see: which mutated inputs the graph wrote in place (`same`), and
     the others grouped by kind of tensor, one foreach copy each. Made at the first call with this pattern of
     in-place writes (the host program writes in place; its fallback for overlapping inputs does not)."""
@@ -960,7 +960,7 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
         same = tuple(map(operator.is_, dsts, srcs))
         plan = plans.get(same)
         if plan is None:
-            plan = plans[same] = _copy_back_plan(meta, dsts, srcs, same)
+            plan = plans[same] = _copy_back_plan(dsts, srcs, same)
         written, groups = plan
         if written is not None:   # a compiled graph wrote these inputs in place: autograd must see the write
             torch.autograd.graph.increment_version(list(written(dsts)))

@@ -40,8 +40,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.codegen import ir
-from ember.codegen.ir import Buffer, Expr, ExternBuffer, FloorDiv, InputBuffer, ModIndex, Pointwise, Reduction, \
-    TensorArg, TensorBox
+from ember.codegen.ir import Buffer, ExternBuffer, FloorDiv, InputBuffer, ModIndex, Pointwise, Reduction, TensorArg, \
+    TensorBox
 from ember.tools import collector
 from ember.tools.logs import get_logger
 
@@ -637,10 +637,8 @@ class Graph:
         stride = tuple(stride) if stride is not None else ir.contiguous_strides(x.size)
         key = value_key(x, stride) if share else None
         if key is not None and key in self.extern_inputs:
-            buf = self.extern_inputs[key]
-            size, st = tuple(sympy.Integer(int(n)) for n in x.size), tuple(sympy.Integer(int(n)) for n in stride)
-            return TensorBox(size, x.dtype, lambda idx: Expr("load", (buf.name, ir.strided_offset(tuple(idx), st)),
-                                                             x.dtype), (buf, st, 0), x.origin)
+            from ember.decomp import prims as P
+            return P.as_strided(TensorBox.of_buffer(self.extern_inputs[key]), x.size, stride)
         buf = self.add(Pointwise(self.new_name(), x.size, stride, x.dtype, fn=x.loader, origins=self.origins))
         self._note_layout(buf)
         if key is not None:

@@ -479,15 +479,21 @@ def split_elementwise(sched: Schedule, too_big: Callable[[FusedGroup], bool]) ->
     return dataclasses.replace(sched, items=items)
 
 
+def _members_by_buffer(items: list) -> tuple[dict, dict]:
+    """({buffer name: index of the group computing it}, {buffer name: its member}) over the groups of items."""
+    where, member_of = {}, {}
+    for j, it in enumerate(items):
+        if isinstance(it, FusedGroup):
+            for m in it.members:
+                where[m.buf.name], member_of[m.buf.name] = j, m
+    return where, member_of
+
+
 def write_in_place(sched: Schedule, mutations: list | None) -> None:
     """`_write_in_place` again, over a schedule whose groups a backend has split: a group that held an
     optimizer's step counters (one element each, read by every update) was not `elementwise`, and its
     parameters and moments were written to fresh buffers and copied back; without them it is."""
-    where, member_of = {}, {}
-    for j, it in enumerate(sched.items):
-        if isinstance(it, FusedGroup):
-            for m in it.members:
-                where[m.buf.name], member_of[m.buf.name] = j, m
+    where, member_of = _members_by_buffer(sched.items)
     for ii, oi in mutations or []:
         _read_stored_scalar(sched, ii, oi, where, member_of)
         _write_in_place(sched, ii, oi, where, member_of)
@@ -567,11 +573,7 @@ def recompute_scalars(sched: Schedule, mutations: list | None) -> None:
     After the last in-place decision (`write_in_place`): an input it inlines a load of must stay unwritten.
     Triton only: its kernels compute a scalar once per program; a C++ loop would recompute it per element."""
     items = sched.items
-    where, member_of = {}, {}
-    for j, it in enumerate(items):
-        if isinstance(it, FusedGroup):
-            for m in it.members:
-                where[m.buf.name], member_of[m.buf.name] = j, m
+    where, member_of = _members_by_buffer(items)
     stored: list = []   # (an update's value Expr, the load of its stored value, the group storing it)
     for ii, oi in mutations or []:
         found = _stored_scalar(sched, ii, oi, member_of)

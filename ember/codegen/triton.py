@@ -1114,10 +1114,11 @@ _COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name
 
 def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> dict:
     """Compile and load every kernel now, concurrently, instead of one by one at first launch: Triton's passes
-    and PTX assembly run outside the GIL, and so does the C build of the launcher stub that Triton 3.6 makes for
-    each new argument signature (~0.3 s of gcc each; resnet50 has 8, built serially at first launch they were
-    a third of its cold compile). Argument dtypes stand in for tensors (Triton's warmup takes them).
-    Returns {kernel name: Triton's compiled kernel, loaded} for those that loaded."""
+    and PTX assembly run outside the GIL. Loaded for ember's launcher (cuda_launch) where it fits: Triton 3.6's
+    own launcher is a C stub built for each new argument signature (~0.3 s of gcc each; resnet50 has 8, a third
+    of its cold compile when built serially at first launch). Argument dtypes stand in for tensors (Triton's
+    warmup takes them). Returns {kernel name: the loaded kernel (cuda_launch.Loaded, or Triton's compiled
+    kernel)} for those that loaded."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return {}
     t0 = time.perf_counter()
@@ -1180,9 +1181,9 @@ class Launcher:
         if isinstance(kernel, cuda_launch.Loaded):
             self.native = (kernel.launch, (kernel.function, self.grid, kernel.threads, kernel.shared, kernel.nulls,
                                            kernel.device))
-            self.kernel, self.aligned_only = kernel, True
-        elif FAST_LAUNCH and hasattr(kernel, "packed_metadata"):
-            self.kernel, self.aligned_only = kernel, True
+        elif not (FAST_LAUNCH and hasattr(kernel, "packed_metadata")):
+            return
+        self.kernel, self.aligned_only = kernel, True
 
     def __call__(self, *args):
         k = self.kernel

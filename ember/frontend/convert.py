@@ -37,7 +37,7 @@ import torch
 import torch.fx
 
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
-from ember.frontend.guards import CHECK_CONSTS, CHECK_DICTS, CHECK_FALSY, CHECK_TENSORS, DICT_GET, share_paths
+from ember.frontend.guards import CHECKER_FUNCTIONS, DICT_GET, share_paths
 from ember.frontend.interpreter import (
     Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
 )
@@ -638,12 +638,9 @@ class EntryCodegen:
         fc = self.fc
         guards = self.cap.guards.exprs()
         condition = self.cap.guards.condition()
-        if self.cap.guards.checker is not None:
-            self.namespace[CHECK_TENSORS] = self.cap.guards.checker.check
-            self.namespace[CHECK_CONSTS] = self.cap.guards.checker.check_consts
-            self.namespace[CHECK_FALSY] = self.cap.guards.checker.check_falsy
-            self.namespace[CHECK_DICTS] = self.cap.guards.checker.check_dicts
-            self.namespace[DICT_GET] = self.cap.guards.checker.dict_get   # dict.get without Tensor.__hash__ calls
+        checker = self.cap.guards.checker
+        if checker is not None:   # (its dict_get: dict.get without Tensor.__hash__ calls)
+            self.namespace.update({name: getattr(checker, f) for name, f in CHECKER_FUNCTIONS.items()})
         self.namespace.update(self.consts.objs)
         params = ", ".join(fc.params)
         lines = list(self.lines)

@@ -23,9 +23,12 @@ from ember.frontend import native_guards
 DICT_GET = "___dict_get"
 
 
-# The names under which an entry calls the C++ checker's functions (ember.frontend.native_guards).
+# The names under which an entry calls the C++ checker's functions (ember.frontend.native_guards), and the
+# functions: CHECKER_FUNCTIONS maps each name to its function's name in the checker (DICT_GET: its dict_get).
 CHECK_TENSORS, CHECK_CONSTS, CHECK_FALSY, CHECK_DICTS = ("___check_tensors", "___check_consts", "___check_falsy",
                                                          "___check_dicts")
+CHECKER_FUNCTIONS = {CHECK_TENSORS: "check", CHECK_CONSTS: "check_consts", CHECK_FALSY: "check_falsy",
+                     CHECK_DICTS: "check_dicts", DICT_GET: "dict_get"}
 
 
 class Guards:
@@ -53,19 +56,18 @@ class Guards:
             self.items.append((cost, expr))
 
     def const(self, source: str, value) -> None:
+        batched = True   # a constant the C++ check_consts proves (same type, equal)
         if value is None or isinstance(value, bool):
-            expr = f"{source} is {value!r}"
-            self.add(expr, 0)
+            expr, cost = f"{source} is {value!r}", 0
         elif isinstance(value, float) and math.isnan(value):
-            self.add(f"type({source}) is float and {source} != {source}", 1)
-            return
+            expr, cost, batched = f"type({source}) is float and {source} != {source}", 1, False
         elif type(value) in (int, float, str, bytes, complex):  # not subclasses (str enums...): no literal
-            expr = f"type({source}) is {type(value).__name__} and {source} == {value!r}"
-            self.add(expr, 1)
+            expr, cost = f"type({source}) is {type(value).__name__} and {source} == {value!r}", 1
         else:
-            self.add(f"{source} == {self.consts.ref(value)}", 1)
-            return
-        self.const_batched[expr] = (source, value)
+            expr, cost, batched = f"{source} == {self.consts.ref(value)}", 1, False
+        self.add(expr, cost)
+        if batched:
+            self.const_batched[expr] = (source, value)
 
     def sequence(self, source: str, value: tuple) -> None:
         """The type and length of a tuple (or named tuple, struct sequence) whose items get guards of their own.

@@ -125,16 +125,22 @@ static bool same_const(PyObject* v, PyObject* e) {
   return eq == 1;
 }
 
-static PyObject* check_consts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+// f(values: tuple, expected: tuple) -> bool: ok(value, its expected) for every pair (the checks below)
+template <bool (*ok)(PyObject*, PyObject*)>
+static PyObject* each_pair(PyObject* const* args, Py_ssize_t nargs, const char* usage) {
   if (nargs != 2 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "check_consts(values: tuple, expected: tuple)");
+    PyErr_SetString(PyExc_TypeError, usage);
     return nullptr;
   }
   Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
   if (PyTuple_GET_SIZE(args[1]) != n) Py_RETURN_FALSE;
   for (Py_ssize_t i = 0; i < n; i++)
-    if (!same_const(PyTuple_GET_ITEM(args[0], i), PyTuple_GET_ITEM(args[1], i))) Py_RETURN_FALSE;
+    if (!ok(PyTuple_GET_ITEM(args[0], i), PyTuple_GET_ITEM(args[1], i))) Py_RETURN_FALSE;
   Py_RETURN_TRUE;
+}
+
+static PyObject* check_consts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return each_pair<same_const>(args, nargs, "check_consts(values: tuple, expected: tuple)");
 }
 
 // dict_get(d, key) -> d.get(key), the lookup of an optimizer's `state[p]` (guards.DICT_GET). Tensor.__hash__ is
@@ -175,31 +181,25 @@ static PyObject* dict_get(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 // check_dicts(values: tuple, keys: tuple of tuples) -> bool: each value is exactly a dict whose keys, in order,
 // are its keys (`type(S) is dict and tuple(S) == keys`, without building the tuple).
+static bool dict_with_keys(PyObject* d, PyObject* keys) {
+  if (!PyDict_CheckExact(d) || !PyTuple_CheckExact(keys) || PyDict_GET_SIZE(d) != PyTuple_GET_SIZE(keys))
+    return false;
+  Py_ssize_t pos = 0, k = 0;
+  PyObject *key, *value;
+  while (PyDict_Next(d, &pos, &key, &value)) {
+    PyObject* want = PyTuple_GET_ITEM(keys, k++);
+    if (key == want) continue;
+    Py_INCREF(key);   // (an __eq__ may change the dict)
+    int eq = PyObject_RichCompareBool(key, want, Py_EQ);
+    Py_DECREF(key);
+    if (eq < 0) PyErr_Clear();
+    if (eq != 1 || PyDict_GET_SIZE(d) != PyTuple_GET_SIZE(keys)) return false;
+  }
+  return true;
+}
+
 static PyObject* check_dicts(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "check_dicts(values: tuple, keys: tuple)");
-    return nullptr;
-  }
-  Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
-  if (PyTuple_GET_SIZE(args[1]) != n) Py_RETURN_FALSE;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *d = PyTuple_GET_ITEM(args[0], i), *keys = PyTuple_GET_ITEM(args[1], i);
-    if (!PyDict_CheckExact(d) || !PyTuple_CheckExact(keys) || PyDict_GET_SIZE(d) != PyTuple_GET_SIZE(keys))
-      Py_RETURN_FALSE;
-    Py_ssize_t pos = 0, k = 0;
-    PyObject *key, *value;
-    while (PyDict_Next(d, &pos, &key, &value)) {
-      PyObject* want = PyTuple_GET_ITEM(keys, k++);
-      if (key == want) continue;
-      Py_INCREF(key);   // (an __eq__ may change the dict)
-      int eq = PyObject_RichCompareBool(key, want, Py_EQ);
-      Py_DECREF(key);
-      if (eq < 0) PyErr_Clear();
-      if (eq != 1) Py_RETURN_FALSE;
-      if (PyDict_GET_SIZE(d) != PyTuple_GET_SIZE(keys)) Py_RETURN_FALSE;
-    }
-  }
-  Py_RETURN_TRUE;
+  return each_pair<dict_with_keys>(args, nargs, "check_dicts(values: tuple, keys: tuple)");
 }
 
 // check_falsy(values: tuple) -> bool: `not S` for each S (a module's hook dicts: empty).

@@ -19,6 +19,7 @@ import torch.fx
 
 import ember
 from ember.autograd import aot_eager
+from tests.optim_steps import step_both
 
 
 def _train(model, call, x, y, steps=3, loss_fn=torch.nn.CrossEntropyLoss()):
@@ -238,11 +239,7 @@ def test_optimizer_step_is_an_inference_graph_written_in_place():
     opt, ref_opt = torch.optim.Adam(params, lr=0.01), torch.optim.Adam(ref, lr=0.01)
     compiled = ember.compile(lambda: opt.step())
     for _ in range(3):
-        for p, r in zip(params, ref):
-            p.grad = torch.randn_like(p)
-            r.grad = p.grad.clone()
-        compiled()
-        ref_opt.step()
+        step_both(compiled, ref_opt.step, params, ref)
         state = [opt.state[p]["exp_avg"].data_ptr() for p in params]
     for p, r in zip(params, ref):
         torch.testing.assert_close(p, r)

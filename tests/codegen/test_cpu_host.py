@@ -8,6 +8,7 @@ import torch
 import ember
 from ember.backends import ember_backend
 from tests.codegen.recording import compiled_graphs as _compiled_graphs
+from tests.optim_steps import step_both
 
 
 def test_kept_buffers_do_not_leak_into_earlier_results():
@@ -270,11 +271,7 @@ def test_adam_over_many_parameters_splits_kernels_under_the_ctypes_argument_limi
 def _steps_against_eager(step, ref, ps, qs, n: int) -> None:
     """n compiled steps and n eager steps of `ref` on the same fresh gradients; parameters compared."""
     for _ in range(n):
-        for p, q in zip(ps, qs):
-            p.grad = torch.randn_like(p)
-            q.grad = p.grad.clone()
-        step()
-        ref.step()
+        step_both(step, ref.step, ps, qs)
     for p, q in zip(ps, qs):
         torch.testing.assert_close(p, q)
 

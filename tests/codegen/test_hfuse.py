@@ -17,11 +17,15 @@ from torch.optim.sgd import sgd as eager_sgd
 
 from ember.autograd import aot_module
 from ember.backends import ember_backend
+from tests.optim_steps import step_both
 
 CUDA = torch.cuda.is_available()
 if not CUDA and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"   # read by Triton when it is imported
 TRITON = importlib.util.find_spec("triton") is not None and (CUDA or os.environ.get("TRITON_INTERPRET") == "1")
+# the Triton tests print and run Triton kernels: on a GPU, or on the CPU through Triton's interpreter
+needs_triton = pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before "
+                                                     "triton's import")
 SHAPES = [(48, 32), (32,), (16, 48), (5, 7, 3), (7,)]
 
 
@@ -310,7 +314,7 @@ def triton_compile(gm, inputs):
     return aot_module(gm, inputs, fw_compiler=tr.compile_aten)
 
 
-@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@needs_triton
 @pytest.mark.parametrize("path", ["compiled_path", "scalar_path"])
 def test_triton_adam_is_one_launch_in_place(path, monkeypatch, tmp_path):
     if CUDA and path == "compiled_path":
@@ -335,7 +339,7 @@ def test_triton_adam_is_one_launch_in_place(path, monkeypatch, tmp_path):
     assert len(call.sched.inplace) >= 3 * n
 
 
-@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@needs_triton
 @pytest.mark.parametrize("variant", ["adam", "adamw_tensor_lr"])
 def test_triton_capturable_adam_writes_step_counters_in_place(variant, monkeypatch, tmp_path):
     """torch.optim.Adam(capturable=True) through ember.compile: the first kernel stores each step + 1, and the
@@ -374,11 +378,7 @@ def test_triton_capturable_adam_writes_step_counters_in_place(variant, monkeypat
     ember.reset()
     step = ember.compile(lambda: opt.step(), backend=lambda gm, ex: aot_module(gm, ex, graph, graph))
     for _ in range(3):
-        for p, q in zip(mine, ref):
-            p.grad = torch.randn_like(p)
-            q.grad = p.grad.clone()
-        step()
-        ref_opt.step()
+        step_both(step, ref_opt.step, mine, ref)
         for p, q in zip(mine, ref):
             torch.testing.assert_close(p, q)
             for k in ("exp_avg", "exp_avg_sq", "step"):
@@ -402,7 +402,7 @@ def counter_scalars(c, p, g, q, h, dtype=torch.float32):
     q.add_(h / old - new)
 
 
-@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_triton_scalar_recomputed_only_from_unchanged_inputs(dtype, monkeypatch, tmp_path):
     """schedule.recompute_scalars: `new` (float32/float64) is computed by the updates' kernel from the stored
@@ -448,7 +448,7 @@ def triton_adam_against_eager(shapes, steps: int = 1):
     return forward_of(run)
 
 
-@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@needs_triton
 def test_triton_parameters_of_one_shape_share_one_printed_body(monkeypatch, tmp_path):
     """Parameters of the same shape get one body in the horizontally fused kernel: each program picks its
     parameter's pointers (Triton compiles 2 bodies here, not 5); values as eager's."""
@@ -459,7 +459,7 @@ def test_triton_parameters_of_one_shape_share_one_printed_body(monkeypatch, tmp_
     assert src.count("tl.sqrt(") == 2
 
 
-@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@needs_triton
 def test_triton_shared_bodies_split_at_the_most_ranges_a_body_takes(monkeypatch, tmp_path):
     """More parameters of one shape than FOREACH_SHARED_MAX: several bodies of the same code, one after the
     other (here 5 parameters, at most 2 a body: 3 bodies); values as eager's."""
@@ -477,7 +477,7 @@ def scaled_by_own_scalar(params, grads, scales):
         p.add_(g * scales[0][i] + 1.0)
 
 
-@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@needs_triton
 def test_triton_ranges_reading_their_own_element_of_one_vector_share_a_body(monkeypatch, tmp_path):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     dev = "cuda" if CUDA else "cpu"
@@ -496,7 +496,7 @@ def test_triton_ranges_reading_their_own_element_of_one_vector_share_a_body(monk
     assert src.count("if ") == 1 and "tl.where(seg == 3, " in src, src
 
 
-@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@needs_triton
 def test_triton_adam_per_parameter_forwards_values(monkeypatch, tmp_path):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     call = triton_adam_against_eager([(24, 40), (40,), (24, 40)])
@@ -504,7 +504,7 @@ def test_triton_adam_per_parameter_forwards_values(monkeypatch, tmp_path):
     assert len(call.sched.inplace) == 3 * 3
 
 
-@pytest.mark.skipif(not TRITON, reason="needs triton, and a GPU or TRITON_INTERPRET=1 set before triton's import")
+@needs_triton
 def test_triton_sgd_momentum(monkeypatch, tmp_path):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     dev = "cuda" if CUDA else "cpu"

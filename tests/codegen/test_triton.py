@@ -10,6 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from tests.codegen.aten_trace import trace_aten
+from tests.optim_steps import step_both
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -299,11 +300,7 @@ def _steps_against_eager(step, opt, ref, ps, qs, n: int, state_key: str) -> None
     """n compiled steps of `opt` and eager steps of `ref` on the same fresh gradients; then the parameters and
     one state entry of each compared."""
     for _ in range(n):
-        for p, q in zip(ps, qs):
-            g = torch.randn_like(p)
-            p.grad, q.grad = g.clone(), g.clone()
-        step()
-        ref.step()
+        step_both(step, ref.step, ps, qs)
     for p, q in zip(ps, qs):
         torch.testing.assert_close(p, q)
         torch.testing.assert_close(opt.state[p][state_key], ref.state[q][state_key])
