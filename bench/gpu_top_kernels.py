@@ -1,11 +1,14 @@
 """The slowest of ember's Triton kernels in one model step, with their source (device run): GPU time per kernel
 from torch.profiler, each matched to the printed kernel of the compiled programs.
 
-    python bench/gpu_top_kernels.py [gpt2|resnet50|bert] [TOP]
+    python bench/gpu_top_kernels.py [gpt2|resnet50|bert|densenet_train] [TOP] [--bn-aten]
+
+--bn-aten: train-mode batch norm as ATen's (cuDNN's) kernels on CUDA, not decomposed (decomp/table.py).
 """
 import datetime
 import os
 import re
+import time
 import sys
 
 import torch
@@ -17,9 +20,14 @@ from ember.codegen import triton as tr  # noqa: E402
 
 
 def main() -> None:
+    if "--bn-aten" in sys.argv:
+        from ember.decomp import table
+        sys.argv.remove("--bn-aten")
+        table.TRAIN_BATCH_NORM_DECOMPOSED.discard("cuda")
     row = sys.argv[1] if len(sys.argv) > 1 else "gpt2"
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-    build = {"gpt2": gpu.gpt2_train, "resnet50": gpu.resnet50, "bert": gpu.bert}[row]
+    build = {"gpt2": gpu.gpt2_train, "resnet50": gpu.resnet50, "bert": gpu.bert,
+             "densenet_train": lambda c, m: gpu.densenet_train(c, "reduce-overhead")}[row]
     sources = {}
     orig = tr.compile_aten
 
@@ -37,6 +45,14 @@ def main() -> None:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    # each step's wall time with a wait after it (a median hides a step that re-records or runs eagerly)
+    walls = []
+    for _ in range(12):
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t) * 1e3)
+    print("step wall times (ms, synchronized):", " ".join(f"{w:.2f}" for w in walls))
     from torch.profiler import ProfilerActivity, profile
     steps = 5
     with profile(activities=[ProfilerActivity.CUDA]) as p:

@@ -397,7 +397,10 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
         part_of: dict[str, int] = {}
         parts: list[list] = []
         for m in it.members:
-            joined = sorted({part_of[r] for r in m.reads if r in part_of})
+            # reductions over the same extents reading the same buffer stay together: they share its loads
+            # (batch norm's backward sums the gradient and the gradient times x-hat)
+            shared = [(r, m.inner) for r in m.reads] if m.is_reduction else []
+            joined = sorted({part_of[r] for r in [*m.reads, *shared] if r in part_of})
             if not joined:
                 parts.append([m])
                 k = len(parts) - 1
@@ -410,7 +413,16 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
                     parts[j] = []
                 parts[k].append(m)
             part_of[m.buf.name] = k
+            for key in shared:
+                part_of.setdefault(key, k)
+        # one-element parts (each batch norm's num_batches_tracked + 1: densenet121 launched 121 kernels of one
+        # element) share one flat kernel; nothing is read between parts
         order = {id(m): i for i, m in enumerate(it.members)}
+        lone = [p for p in parts if p and all(not m.is_reduction and not m.inner for m in p)]
+        if len(lone) > 1:
+            scalars = [dataclasses.replace(m, block=0) for p in lone for m in p]
+            order.update((id(new), order[id(m)]) for new, m in zip(scalars, (m for p in lone for m in p)))
+            parts = [p for p in parts if p and not any(p is q for q in lone)] + [scalars]
         for members in parts:
             if not members:
                 continue

@@ -747,18 +747,18 @@ def _bn_eval(x, w, b, rm, rv, momentum, eps):
     return (y,) + tuple(P.const(0, v.dtype, list(v.shape)) for v in out()[1:])
 
 
-# Train-mode batch norm on CPU is decomposed and fused (True keeps it an ATen call). Its sums run in float64
-# (_bn_acc): with float32 sums, gradients through deep BatchNorm stacks (resnet18, densenet121 at small batches)
-# were 5-26% off where eager is 1e-5 off. On CUDA it stays cuDNN's: decomposed there (float32, float64 sums),
-# densenet121's training step measured 13.3 ms and 45.8 s cold against 10.5-12.2 ms and 29-33 s with cuDNN's
-# (H100 machines, 2026-11-25, bench/results/gpu_2026-11-25_s9_h100_train_bn_decomposed.log).
-TRAIN_BATCH_NORM_AS_ATEN = False
+# Train-mode batch norm is decomposed and fused on the device types listed here; elsewhere it stays an ATen call.
+# Its sums run in float64 (_bn_acc): with float32 sums, gradients through deep BatchNorm stacks (resnet18,
+# densenet121 at small batches) were 5-26% off where eager is 1e-5 off. On CUDA, densenet121's training step
+# (reduce-overhead) measured 7.2 ms of GPU time decomposed against 8.5 ms with cuDNN's kernels, in one run on
+# one H200 (bench/results/gpu_2026-11-26_s10_h200_train_host.log).
+TRAIN_BATCH_NORM_DECOMPOSED = {"cpu", "cuda"}
 
 
 def _bn_decomposed(x) -> bool:
-    """Whether this train-mode batch norm is decomposed: on CPU."""
-    return not TRAIN_BATCH_NORM_AS_ATEN and any(
-        v.device.type == "cpu" for v in pytree.tree_leaves(out()) if isinstance(v, torch.Tensor))
+    """Whether this train-mode batch norm is decomposed: on the device types of TRAIN_BATCH_NORM_DECOMPOSED."""
+    return any(v.device.type in TRAIN_BATCH_NORM_DECOMPOSED
+               for v in pytree.tree_leaves(out()) if isinstance(v, torch.Tensor))
 
 
 def _bn_acc(x) -> torch.dtype | None:
@@ -778,8 +778,9 @@ def _bn_train(x, w, b, rm, rv, training, momentum, eps):
     x = P.reuse(x, 3)
     acc = _bn_acc(x)
     var, mean = _var(x, dims, 0, False, acc)
-    invstd = P.cast(P.unary("rsqrt", P.add(var, eps)), x.dtype)
-    var, mean = P.cast(var, x.dtype), P.cast(mean, x.dtype)
+    # per channel, stored (they are outputs anyway): inlined, every element recomputed them from the float64 sums
+    invstd = P.realize(P.cast(P.unary("rsqrt", P.add(var, eps)), x.dtype))
+    var, mean = P.cast(var, x.dtype), P.realize(P.cast(mean, x.dtype))
     y = P.mul(P.sub(x, _bn_shape(mean, x)), _bn_shape(invstd, x))
     if w is not None:
         y = P.mul(y, _bn_shape(w, x))

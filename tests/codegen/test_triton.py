@@ -564,8 +564,8 @@ def test_cuda_addmm_the_graph_returns_keeps_its_bias_in_the_library_call():
 
 def test_train_mode_batch_norm_with_eagers_values():
     """Train-mode BatchNorm compiled (forward, backward, running statistics): outputs, gradients and running
-    stats as eager's over three steps on fresh inputs; on CPU decomposed into ember's kernels (on CUDA it stays
-    cuDNN's, see decomp/table.py)."""
+    stats as eager's over three steps on fresh inputs; decomposed into ember's kernels on CPU and CUDA (its sums
+    in float64, see decomp/table.py)."""
     import copy
 
     import ember
@@ -592,7 +592,7 @@ def test_train_mode_batch_norm_with_eagers_values():
         model.zero_grad()
         ref.zero_grad()
     kept = {k: v - before.get(k, 0) for k, v in lower.FALLBACK_COUNTS.items() if "batch_norm" in str(k)}
-    assert any(kept.values()) == CUDA, kept
+    assert not any(kept.values()), kept
 
 
 def test_a_value_two_products_read_is_stored_once():
@@ -775,9 +775,9 @@ def test_online_max_and_sum_of_rows_with_inf_and_nan():
         m = x.amax(1, keepdim=True)
         return m, torch.exp(x - m).sum(1), torch.log_softmax(x, 1), torch.softmax(x, 1)
     call = compile_and_check(f, x, atol=1e-5, rtol=1e-5)
-    # three max and sum pairs (each reduction of its own: amax's, log_softmax's, softmax's), one loop each, and
-    # the loops writing log_softmax's and softmax's rows
-    assert call.kernel_source.count("_new = _max_nan(") == 3 and _loops(call) == 5, call.kernel_source
+    # three max and sum pairs (each reduction of its own: amax's, log_softmax's, softmax's) in one loop (they
+    # read the same rows: one kernel), and the loops writing log_softmax's and softmax's rows
+    assert call.kernel_source.count("_new = _max_nan(") == 3 and _loops(call) == 3, call.kernel_source
     want_max, want_sum = f(x)[:2]
     got_max, got_sum = call([x])[:2]
     torch.testing.assert_close(got_max, want_max, atol=0, rtol=0, equal_nan=True)
@@ -793,7 +793,8 @@ def test_online_sum_ignores_masked_lanes_of_a_row_shorter_than_a_block(monkeypat
     x[0] = -math.inf
     x[1, :150] = -math.inf
     call = compile_and_check(lambda x: (torch.log_softmax(x, 1), torch.exp(x - x.amax(1, keepdim=True)).sum(1)), x)
-    assert call.kernel_source.count("_new = _max_nan(") == 2 and _loops(call) == 3, call.kernel_source
+    # (both max and sum pairs in one loop, they read the same rows; then the loop writing log_softmax's rows)
+    assert call.kernel_source.count("_new = _max_nan(") == 2 and _loops(call) == 2, call.kernel_source
 
 
 def test_sum_of_exp_of_another_value_minus_the_max_keeps_two_loops():
