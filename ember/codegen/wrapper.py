@@ -98,6 +98,13 @@ class _Overlap:
             return False
         changed = self.written if last is None else [k for k, (a, b) in enumerate(zip(ptrs, last)) if a != b]
         ext = self.extents
+        if len(changed) * len(self.written) > 8 * len(ptrs):
+            # many moved (an optimizer's fresh gradients every step: 364 x 1,092 pairs, ~15 ms a step on the dev
+            # VM): one sweep over all inputs by address instead
+            if self._sweep_overlaps(ptrs):
+                return True
+            self.last = ptrs
+            return False
         for i in changed:
             lo, hi = ptrs[i], ptrs[i] + ext[i]
             if lo >= hi:
@@ -108,6 +115,20 @@ class _Overlap:
             elif any(j != i and ext[j] and ptrs[j] < hi and lo < ptrs[j] + ext[j] for j in self.written):
                 return True
         self.last = ptrs
+        return False
+
+    def _sweep_overlaps(self, ptrs: list) -> bool:
+        """Whether some input in `written` overlaps another input: in address order, an input overlaps one
+        before it iff it starts below the highest end seen so far (of any input if it is written, else of the
+        written ones)."""
+        end_any = end_written = -1
+        for lo, i in sorted((p, i) for i, p in enumerate(ptrs) if self.extents[i]):
+            if lo < (end_any if self.is_written[i] else end_written):
+                return True
+            hi = lo + self.extents[i]
+            end_any = max(end_any, hi)
+            if self.is_written[i]:
+                end_written = max(end_written, hi)
         return False
 
 

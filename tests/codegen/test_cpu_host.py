@@ -307,17 +307,18 @@ def test_host_scalars_device_graph_returns_the_next_step_counters():
     assert plan["next_packs"] == [None], plan
 
 
-def test_overlap_check_rechecks_only_inputs_whose_address_changed():
+@pytest.mark.parametrize("n, written", [(8, (0, 3, 5)), (40, tuple(range(0, 40, 2)))])
+def test_overlap_check_rechecks_only_inputs_whose_address_changed(n, written):
     """wrapper._Overlap against the all-pairs answer over calls where some inputs move (views into one storage,
     so moved inputs may land on others): it remembers the last passing addresses and checks only pairs with a
-    moved input, which must give the same answer."""
+    moved input, which must give the same answer; with many written inputs moving at once (40 inputs) it
+    sweeps all inputs in address order instead, again the same answer."""
     import random
 
     from ember.codegen.wrapper import _Overlap
     rng = random.Random(0)
-    base = torch.zeros(4096)
-    n, width = 8, 16
-    written = (0, 3, 5)
+    base = torch.zeros(4096 * (n // 8))
+    width = 16
     extents = [width * 4] * n
     check = _Overlap(written, extents)
 
@@ -325,11 +326,15 @@ def test_overlap_check_rechecks_only_inputs_whose_address_changed():
         return any(j != i and ptrs[j] < ptrs[i] + extents[i] and ptrs[i] < ptrs[j] + extents[j]
                    for i in written for j in range(n))
     starts = [k * 256 for k in range(n)]
+    sweeps = 0
     for _ in range(300):
-        for k in rng.sample(range(n), rng.choice([1, 1, 2, n])):
-            starts[k] = rng.randrange(0, 4096 - width) if rng.random() < 0.3 else rng.randrange(0, 16) * 256
+        moving = rng.sample(range(n), rng.choice([1, 1, 2, n]))
+        sweeps += len(moving) * len(written) > 8 * n
+        for k in moving:
+            starts[k] = rng.randrange(0, len(base) - width) if rng.random() < 0.3 else rng.randrange(0, 2 * n) * 256
         args = [base[s:s + width] for s in starts]
         assert check(args) == brute([a.data_ptr() for a in args]), starts
+    assert sweeps > 0 if n == 40 else sweeps == 0
 
 
 def test_a_large_generated_file_is_compiled_in_parts_and_linked_into_one_library(monkeypatch, tmp_path):
