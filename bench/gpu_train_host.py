@@ -87,6 +87,14 @@ def main() -> None:
     for label in SPENT:
         print(f"  {SPENT[label] / steps * 1e3:7.3f} ms {CALLS[label] // steps:4d}x  {label}")
 
+    import cProfile
+    import pstats
+    pr = cProfile.Profile()
+    pr.runcall(lambda: [step() for _ in range(steps)])
+    torch.cuda.synchronize()
+    print(f"cProfile of {steps} steps (the timers above still on):")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
         for _ in range(5):

@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.codegen.ir import ExternBuffer, TensorArg
+from ember.frontend import native_guards
 from ember.codegen.schedule import FusedGroup, Schedule
 
 
@@ -92,7 +93,10 @@ class _Overlap:
             self.is_written[i] = True
 
     def __call__(self, args: list) -> bool:
-        ptrs = list(map(_data_ptr, args))   # (map over the C method: a quarter faster than a comprehension)
+        native = native_guards.checker()     # (an Adam step over densenet121 passes 1,456 tensors)
+        ptrs = native.data_ptrs(tuple(args)) if native is not None else None
+        if ptrs is None:
+            ptrs = tuple(map(_data_ptr, args))   # (map over the C method: a quarter faster than a comprehension)
         last = self.last
         if ptrs == last:
             return False

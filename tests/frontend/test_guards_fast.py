@@ -181,6 +181,19 @@ def test_dict_get_is_dict_get():
         tc.dict_get([(p, 1)], p)        # not a dict
 
 
+def test_data_ptrs_are_each_tensors_data_ptr():
+    """data_ptrs (a CUDA graph replay's address checks) gives what Tensor.data_ptr() gives, for views at an
+    offset, empty tensors and parameters; None for a sequence holding a non-tensor; a TypeError for a list."""
+    tc = native_checker()
+    a = torch.randn(10)
+    ts = (a, a[3:], a[::2], torch.empty(0), nn.Parameter(torch.randn(2)))
+    assert tc.data_ptrs(ts) == tuple(t.data_ptr() for t in ts)
+    assert tc.data_ptrs(()) == ()
+    assert tc.data_ptrs((a, 3)) is None
+    with pytest.raises(TypeError):
+        tc.data_ptrs([a])
+
+
 def test_a_tensor_subclass_keeps_the_python_check():
     """A subclass may define its metadata in Python: its guard stays Python, next to the batched ones."""
     native_checker()
