@@ -47,6 +47,7 @@ class Member:
     # schedule(row_buffers=True), a pointwise row (a per-thread row buffer)
     dest: str = ""  # the buffer the store writes: buf.name, or the graph input it updates in place
     block: int = 0  # in an `elementwise` group: members of one block run in one loop (C++) / range (Triton)
+    across: bool = False  # a pointwise buffer whose rows run along a middle dim (make_member(across=True))
 
     @property
     def target(self) -> str:
@@ -152,11 +153,31 @@ def _dense_rows(buf) -> bool:
     return all(a == b for a, b, n in zip(view.stride, ir.contiguous_strides(view.size), view.size) if n != 1)
 
 
-def make_member(buf, numel: int) -> Member | None:
-    """buf as a member of a group of `numel` rows, or None when its iteration space does not split so."""
+def make_member(buf, numel: int, across: bool = False) -> Member | None:
+    """buf as a member of a group of `numel` rows, or None when its iteration space does not split so.
+
+    across: a pointwise buffer whose rows are a middle dim of `numel` (an [N, C, H, W] batch norm output in a
+    group of C rows, whose reductions over N, H, W made the statistics it reads): row x0 is the slice at
+    x0 along that dim, walked as two inner loops, the dims before it and the dims after it."""
     if ir.prod(buf.size) == 0:  # nothing to compute: allocated only, in a group of no rows
         return Member(buf, (), None, 0, set()) if numel == 0 else None
     view = loop_view(buf)
+    if across:
+        dims = [d for d in range(1, len(view.size)) if view.size[d] == numel and ir.prod(view.size[:d]) > 1]
+        if isinstance(buf, Reduction) or not dims:
+            return None
+        d = dims[0]
+        before, after = tuple(view.size[:d]), tuple(view.size[d + 1:])
+        inner = (ir.prod(before),) + ((ir.prod(after),) if ir.prod(after) != 1 else ())
+        ranges = {X0: numel, **{r: s for r, s in zip(rvars(len(inner)), inner)}}
+        r = rvars(len(inner))
+        index = [ir.simplify_index(i, ranges) for i in _outer_index(before, r[0])] + [X0] + (
+            [ir.simplify_index(i, ranges) for i in _outer_index(after, r[1])] if len(r) > 1 else
+            [sympy.Integer(0)] * len(after))
+        body = _simplify_loads(view.fn(index), ranges)
+        store = ir.simplify_index(buf.offset + sum((i * s for i, s in zip(index, view.stride)), sympy.Integer(0)),
+                                  ranges)
+        return Member(buf, inner, body, store, reads_of(body), across=True)
     if isinstance(buf, Reduction):
         if ir.prod(buf.size) != numel:
             return None
@@ -266,6 +287,11 @@ def _row_local(m: Member, producer: Member, numel: int) -> bool:
     return True
 
 
+# Pointwise buffers may join a group of reductions with their rows along a middle dim (make_member(across=True)):
+# a batch norm's normalization in the kernel of its statistics, its backward's gradient in the kernel of its sums
+ACROSS_ROWS = True
+ACROSS_MAX_R = 4096   # longest such row (Triton keeps it in registers, one program per row)
+
 SCRATCH_BYTES = 128 * 1024  # per-thread row buffers of one group live on the stack
 
 
@@ -309,10 +335,10 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None) -> Schedule:
 
     made: dict = {}  # (buffer name, rows) -> its Member or None: a buffer is tried against several groups
 
-    def member(b, numel: int) -> Member | None:
-        key = (b.name, numel)
+    def member(b, numel: int, across: bool = False) -> Member | None:
+        key = (b.name, numel, across)
         if key not in made:
-            made[key] = make_member(b, numel)
+            made[key] = make_member(b, numel, across)
         m = made[key]
         return None if m is None else dataclasses.replace(m, reads=set(m.reads))  # a copy: groups mark members
 
@@ -361,6 +387,14 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None) -> Schedule:
             if not isinstance(g, FusedGroup):
                 continue
             m = member(b, g.numel)
+            if m is None and ACROSS_ROWS and isinstance(b, Pointwise) and g.numel > 1 and \
+                    any(where.get(r) == j for r in bodies[b.name].reads):
+                # only as an epilogue of the group's reductions, over rows as long as theirs (not a split
+                # reduction's last step) and short enough to stay in registers
+                m = member(b, g.numel, across=True)
+                widths = {ir.prod(mm.inner) for mm in g.members if mm.is_reduction}
+                if m is not None and (ir.prod(m.inner) not in widths or ir.prod(m.inner) > ACROSS_MAX_R):
+                    m = None
             if m is None:
                 continue
             inside = [member_of[r] for r in m.reads if r in where and where[r] == j]

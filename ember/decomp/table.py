@@ -756,9 +756,9 @@ TRAIN_BATCH_NORM_DECOMPOSED = {"cpu", "cuda"}
 
 
 def _bn_decomposed(x) -> bool:
-    """Whether this train-mode batch norm is decomposed: on the device types of TRAIN_BATCH_NORM_DECOMPOSED."""
-    return any(v.device.type in TRAIN_BATCH_NORM_DECOMPOSED
-               for v in pytree.tree_leaves(out()) if isinstance(v, torch.Tensor))
+    """Whether this train-mode batch norm is decomposed: where the code generator's device type (C++: "cpu",
+    Triton: "cuda") is in TRAIN_BATCH_NORM_DECOMPOSED."""
+    return ("cuda" if ir.GRAPH.target == "gpu" else "cpu") in TRAIN_BATCH_NORM_DECOMPOSED
 
 
 def _bn_acc(x) -> torch.dtype | None:

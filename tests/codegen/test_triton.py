@@ -889,3 +889,27 @@ def test_sum_of_where_column_equals_label_of_a_row_value_keeps_its_loop():
         return torch.where(cols[None, :] == labels[:, None], x, 0.0).sum(1)
     call = compile_and_check(f, labels, rand(5, 5000), atol=0, rtol=0)
     assert _loops(call) == 1
+
+
+def test_batch_norm_statistics_and_their_readers_share_one_kernel():
+    """Train-mode batch norm (with the ReLU after it) and its backward (with the ReLU's): the per-channel sums and
+    the pass that reads them (normalization; the input gradient) are one kernel each, a program per channel
+    reading its slice once (schedule.make_member(across=True)); outputs, statistics and gradients as eager's."""
+    aten = torch.ops.aten
+
+    def fwd(x, w, b, rm, rv):
+        y, mean, invstd, nrm, nrv = aten._native_batch_norm_legit_functional.default(x, w, b, rm, rv, True, 0.1, 1e-5)
+        return aten.relu.default(y), mean, invstd, nrm, nrv
+
+    def bwd(dy, out, x, w, rm, rv, mean, invstd):
+        g = aten.threshold_backward.default(dy, out, 0.0)
+        r = aten.native_batch_norm_backward.default(g, x, w, rm, rv, mean, invstd, True, 1e-5, [True, True, True])
+        return r[0], r[1], r[2]
+    n, c, h = 4, 16, 8
+    x = rand(n, c, h, h) * 2 + 0.5
+    ch = [rand(c), rand(c), rand(c), rand(c).abs() + 0.5]
+    call = compile_and_check(fwd, x, *ch, atol=1e-5, rtol=1e-4)
+    assert len(call.kernels) == 1, call.kernel_source
+    out, mean, invstd = fwd(x, *ch)[:3]
+    call = compile_and_check(bwd, rand(n, c, h, h), out, x, ch[0], ch[2], ch[3], mean, invstd, atol=1e-4, rtol=1e-4)
+    assert len(call.kernels) == 1, call.kernel_source
