@@ -122,8 +122,8 @@ def _rsqrt(x):  # float32: the one instruction libdevice's __nv_rsqrtf is, witho
     if x.dtype == tl.float32:
         return tl.inline_asm_elementwise("rsqrt.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
                                          is_pure=True, pack=1)
-    else:   # float64 (batch norm's statistics): 1 / sqrt, both correctly rounded, as eager's CPU kernel; no libdevice
-        return 1.0 / tl.sqrt_rn(x)
+    else:   # float64 (batch norm's statistics): 1 / sqrt (PTX sqrt.rn.f64, div.rn.f64: correctly rounded, as eager's
+        return 1.0 / tl.sqrt(x)   # CPU kernel computes it), no libdevice
 
 
 @triton.jit
