@@ -270,7 +270,7 @@ def _simplify_loads(e: Expr, ranges) -> Expr:
 def _row_local(m: Member, producer: Member, numel: int) -> bool:
     """Whether every element m reads from producer's buffer was written in the same row x0."""
     buf = producer.buf
-    if not _dense_rows(buf):
+    if producer.across or not _dense_rows(buf):   # (an across member's row is not a memory range)
         return False
     width = ir.prod(producer.inner) if not producer.is_reduction else 1
     ranges = {X0: numel, **{r: s for r, s in zip(rvars(len(m.inner)), m.inner)}}
@@ -296,7 +296,7 @@ SCRATCH_BYTES = 128 * 1024  # per-thread row buffers of one group live on the st
 
 
 def _row_contiguous(m: Member) -> bool:
-    return _dense_rows(m.buf)
+    return not m.across and _dense_rows(m.buf)
 
 
 def _default_rows(buf) -> int:

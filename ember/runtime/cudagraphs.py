@@ -186,7 +186,7 @@ class _Recording:
         """Copy each non-static input into its buffer unless it is that buffer already (a saved tensor)."""
         ptrs = self.native[0].data_ptrs(self.native[3](inputs)) if self.native is not None else None
         if ptrs is None:
-            ptrs = [inputs[i].data_ptr() for i in self.copy_in]
+            ptrs = tuple(inputs[i].data_ptr() for i in self.copy_in)
         if ptrs != self.buffer_ptrs:
             for k, (a, b) in enumerate(zip(ptrs, self.buffer_ptrs)):
                 if a != b:
