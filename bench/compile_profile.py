@@ -194,7 +194,7 @@ def phases(gm, example_inputs, backend: str) -> tuple[dict, dict]:
         else:
             from ember.codegen import triton
             sched = triton.chunk_wide_groups(triton.split_few_row_groups(
-                schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations"))))
+                schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations"), across=True)))
             times["schedule"] = CLOCK() - t
             t = CLOCK()
             source, kernels = triton.generate(sched)

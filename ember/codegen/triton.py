@@ -1331,7 +1331,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         with lower.LOWERING_LOCK:
             low, out_spec, _ = lower.lower(gm, example_inputs, target="gpu")
             mutations = gm.meta.get("ember_input_mutations")
-            sched = split_few_row_groups(schedule.schedule(low, mutations=mutations))
+            sched = split_few_row_groups(schedule.schedule(low, mutations=mutations, across=True))
             schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
             schedule.recompute_scalars(sched, mutations)   # after it: what it inlines must not be written
             sched = chunk_wide_groups(sched)
