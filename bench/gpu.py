@@ -219,6 +219,18 @@ WORKLOADS = [
 
 # ---- measurement -------------------------------------------------------------------------------------------
 
+def synced_walls(step: Callable, n: int) -> list[float]:
+    """Each step's wall time (ms) with a wait after it: a median of events hides a step that re-records a CUDA
+    graph, runs eagerly or meets a full garbage collection."""
+    walls = []
+    for _ in range(n):
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t) * 1e3)
+    return walls
+
+
 def steady_ms(step: Callable, iters: int, warmup: int = 3) -> float:
     for _ in range(warmup):
         step()

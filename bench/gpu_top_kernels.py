@@ -8,7 +8,6 @@ from torch.profiler, each matched to the printed kernel of the compiled programs
 import datetime
 import os
 import re
-import time
 import sys
 
 import torch
@@ -45,14 +44,7 @@ def main() -> None:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    # each step's wall time with a wait after it (a median hides a step that re-records or runs eagerly)
-    walls = []
-    for _ in range(12):
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - t) * 1e3)
-    print("step wall times (ms, synchronized):", " ".join(f"{w:.2f}" for w in walls))
+    print("step wall times (ms, synchronized):", " ".join(f"{w:.2f}" for w in gpu.synced_walls(step, 12)))
     from torch.profiler import ProfilerActivity, profile
     steps = 5
     with profile(activities=[ProfilerActivity.CUDA]) as p:

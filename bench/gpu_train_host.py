@@ -48,12 +48,7 @@ def main() -> None:
     for _ in range(4):
         step()
     torch.cuda.synchronize()
-    walls = []
-    for _ in range(10):
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - t) * 1e3)
+    walls = gpu.synced_walls(step, 10)
     t = time.perf_counter()
     for _ in range(20):
         step()
