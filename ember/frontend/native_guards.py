@@ -15,7 +15,8 @@
 - `dict_get(d, key)`: `d.get(key)`, an optimizer's `state[p]`, with a tensor key's hash computed here as
   torch's Tensor.__hash__ (a Python function returning id(self)) would.
 - `data_ptrs(tensors)`: each tensor's data_ptr() (ember.runtime.cudagraphs compares a replay's inputs' addresses
-  with the recording's).
+  with the recording's); `aligned_data_ptrs(tensors)` the same, or None when one is not 16-byte aligned (a
+  Triton launch's pointers: codegen.triton.Launcher).
 
 `spec(t)` packs a tensor's metadata at capture (int64s: scalar type, requires_grad, device type and index, ndim,
 sizes, strides); `check(tensors, types, specs)` is true iff every tensor's exact Python type is its entry of
@@ -250,8 +251,46 @@ static PyObject* data_ptrs(PyObject*, PyObject* ts) {
   return out;
 }
 
+// aligned_data_ptrs(tensors: tuple) -> the tuple of each one's data_ptr(), or None when one is not a multiple
+// of 16 (or not a plain tensor): a Triton kernel launch's pointer arguments, compiled for 16-byte alignment.
+static PyObject* aligned_data_ptrs(PyObject*, PyObject* ts) {
+  if (!PyTuple_CheckExact(ts)) {
+    PyErr_SetString(PyExc_TypeError, "aligned_data_ptrs(tensors: tuple)");
+    return nullptr;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(ts);
+  PyObject* out = PyTuple_New(n);
+  if (out == nullptr) return nullptr;
+  try {
+    for (Py_ssize_t i = 0; i < n; i++) {
+      PyObject* o = PyTuple_GET_ITEM(ts, i);
+      if (!THPVariable_Check(o) || THPVariable_Unpack(o).unsafeGetTensorImpl()->is_python_dispatch()) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+      }
+      void* ptr = THPVariable_Unpack(o).data_ptr();
+      if (reinterpret_cast<uintptr_t>(ptr) % 16) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+      }
+      PyObject* p = PyLong_FromVoidPtr(ptr);
+      if (p == nullptr) {
+        Py_DECREF(out);
+        return nullptr;
+      }
+      PyTuple_SET_ITEM(out, i, p);
+    }
+  } catch (...) {
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+  }
+  return out;
+}
+
 static PyMethodDef methods[] = {
     {"data_ptrs", data_ptrs, METH_O, "data_ptrs(tensors) -> tuple of each data_ptr(), or None"},
+    {"aligned_data_ptrs", aligned_data_ptrs, METH_O,
+     "aligned_data_ptrs(tensors) -> tuple of each data_ptr(), or None when one is not 16-byte aligned"},
     {"spec", spec, METH_O, "packed metadata of a tensor (bytes), or None"},
     {"check", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check)), METH_FASTCALL,
      "check(tensors, types, specs) -> bool"},

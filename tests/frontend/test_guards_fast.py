@@ -183,7 +183,8 @@ def test_dict_get_is_dict_get():
 
 def test_data_ptrs_are_each_tensors_data_ptr():
     """data_ptrs (a CUDA graph replay's address checks) gives what Tensor.data_ptr() gives, for views at an
-    offset, empty tensors and parameters; None for a sequence holding a non-tensor; a TypeError for a list."""
+    offset, empty tensors and parameters; None for a sequence holding a non-tensor; a TypeError for a list.
+    aligned_data_ptrs likewise, None where an address is not a multiple of 16."""
     tc = native_checker()
     a = torch.randn(10)
     ts = (a, a[3:], a[::2], torch.empty(0), nn.Parameter(torch.randn(2)))
@@ -192,6 +193,9 @@ def test_data_ptrs_are_each_tensors_data_ptr():
     assert tc.data_ptrs((a, 3)) is None
     with pytest.raises(TypeError):
         tc.data_ptrs([a])
+    # aligned_data_ptrs (a Triton launch's pointers): the same, or None when one is not 16-byte aligned
+    assert tc.aligned_data_ptrs((a, a[4:])) == (a.data_ptr(), a[4:].data_ptr())
+    assert tc.aligned_data_ptrs((a, a[3:])) is None and tc.aligned_data_ptrs((a, 3)) is None
 
 
 def test_a_tensor_subclass_keeps_the_python_check():
