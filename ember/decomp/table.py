@@ -11,7 +11,6 @@ import math
 
 import sympy
 import torch
-import torch.utils._pytree as pytree
 
 from ember.codegen import ir
 from ember.codegen.ir import TensorBox
