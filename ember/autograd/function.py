@@ -13,7 +13,6 @@ silently wrong. A graph the tracer cannot make functional runs as it is (eager),
 from __future__ import annotations
 
 import dataclasses
-import operator
 from typing import Callable
 
 import torch
@@ -23,6 +22,7 @@ from ember.autograd.partition import Partition, partition
 from ember.autograd.trace import TraceMeta, _lifted_getter, finish, lift_parameters, trace_forward, \
     trace_joint
 from ember.tools import collector
+from ember.tools.picker import picker
 from ember.tools.logs import get_logger
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
@@ -50,9 +50,7 @@ class _Artifact:
 
     def __post_init__(self):
         # inputs -> the tuple of those that require grad (CompiledGraphFunction's differentiable arguments)
-        wrt = [i for i, rg in enumerate(self.meta.requires_grad) if rg]
-        self.differentiable = (operator.itemgetter(*wrt) if len(wrt) > 1 else
-                               (lambda xs: (xs[wrt[0]],)) if wrt else (lambda xs: ()))
+        self.differentiable = picker([i for i, rg in enumerate(self.meta.requires_grad) if rg])
 
 
 class CompiledGraphFunction(torch.autograd.Function):

@@ -51,6 +51,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ember.frontend.meta import FLOATS, contiguous_strides, conv2d_output_shape
+from ember.tools.picker import picker
 
 aten = torch.ops.aten
 MEMO = True   # _memo_fake_call (bench/trace_profile.py --memo-ab compares)
@@ -907,14 +908,6 @@ def replay_views(t: torch.Tensor, views: tuple) -> torch.Tensor:
     return t
 
 
-def _pick(positions: list[int]) -> Callable[[Any], tuple]:
-    """`lambda xs: tuple(xs[i] for i in positions)` as one C call (operator.itemgetter)."""
-    if len(positions) == 1:
-        i = positions[0]
-        return lambda xs: (xs[i],)
-    return operator.itemgetter(*positions) if positions else lambda xs: ()
-
-
 def _copy_back_plan(dsts: tuple, srcs: tuple, same: tuple) -> tuple:
     """For copy-backs that autograd need not see: which mutated inputs the graph wrote in place (`same`), and
     the others grouped by kind of tensor, one foreach copy each. Made at the first call with this pattern of
@@ -924,7 +917,7 @@ def _copy_back_plan(dsts: tuple, srcs: tuple, same: tuple) -> tuple:
         if not same[i]:
             kinds.setdefault(_copy_kind(d, s), []).append(i)
     written = [i for i, x in enumerate(same) if x]
-    return (_pick(written) if written else None), [_pick(idx) for idx in kinds.values()]
+    return (picker(written) if written else None), [picker(idx) for idx in kinds.values()]
 
 
 def _copy_kind(d: torch.Tensor, s: torch.Tensor) -> tuple:
@@ -955,7 +948,7 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
         muts = meta.mutations
         fast = meta.__dict__["_copy_back"] = (len(muts) > 1 and (
             meta.copy_back_without_grad or not any(m.grad_enabled for m in muts))) and (
-            _pick([m.input_index for m in muts]), _pick([m.output_index for m in muts]), {})
+            picker([m.input_index for m in muts]), picker([m.output_index for m in muts]), {})
     if fast:
         dst_of, src_of, plans = fast
         dsts, srcs = dst_of(inputs), src_of(outs)

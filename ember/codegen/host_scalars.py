@@ -22,7 +22,6 @@ tensor gives up the split: the caller runs the graph eagerly.
 from __future__ import annotations
 
 import ctypes
-import operator
 from typing import Callable
 
 import torch
@@ -31,6 +30,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ember.codegen.wrapper import fast_unflatten
+from ember.tools.picker import picker
 
 aten = torch.ops.aten
 
@@ -182,14 +182,6 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
     return host_gm, dev_gm, plan
 
 
-def _picker(positions: list[int]) -> Callable[[tuple | list], tuple]:
-    """`lambda xs: tuple(xs[i] for i in positions)` as one C call (operator.itemgetter) on every call."""
-    if not positions:
-        return lambda xs: ()
-    if len(positions) == 1:
-        i = positions[0]
-        return lambda xs: (xs[i],)
-    return operator.itemgetter(*positions)
 
 
 def _positions(items: list) -> dict:
@@ -255,7 +247,7 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
     outputs = plan["outputs"]
     unflatten = fast_unflatten(plan["out_spec"])
 
-    host_of, dev_of = _picker(host_idx), _picker(dev_idx)
+    host_of, dev_of = picker(host_idx), picker(dev_idx)
     # the output leaves, picked from (*device outputs, *host outputs, *constants) in one C call
     n_dev = sum(where == "device" for where, _ in outputs)
     n_host = sum(where == "host" for where, _ in outputs)
@@ -264,7 +256,7 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
     for where, k in outputs:
         at.append(k if where == "device" else n_dev + k if where == "host" else n_dev + n_host + c)
         c += where == "const"
-    leaves_of = _picker(at)
+    leaves_of = picker(at)
 
     def run(*args):
         host_args = host_of(args)

@@ -219,43 +219,12 @@ static PyObject* check_falsy(PyObject*, PyObject* values) {
   Py_RETURN_TRUE;
 }
 
-// data_ptrs(tensors: tuple) -> tuple of int: each one's data_ptr(), as Tensor.data_ptr() gives it (~0.15 us a
-// tensor from Python; a CUDA graph's replay compares hundreds: its static inputs', its input buffers'); None
-// when one is not a tensor or has no data pointer (the caller then asks Python).
-static PyObject* data_ptrs(PyObject*, PyObject* ts) {
+// Each tensor's data_ptr(), as Tensor.data_ptr() gives it (~0.15 us a tensor from Python; a CUDA graph's replay
+// compares hundreds, a Triton launch passes its arguments'), in a tuple; None when one is not a plain tensor or
+// its address is not a multiple of `align` (the caller then asks Python).
+static PyObject* pointers(PyObject* ts, uintptr_t align, const char* usage) {
   if (!PyTuple_CheckExact(ts)) {
-    PyErr_SetString(PyExc_TypeError, "data_ptrs(tensors: tuple)");
-    return nullptr;
-  }
-  Py_ssize_t n = PyTuple_GET_SIZE(ts);
-  PyObject* out = PyTuple_New(n);
-  if (out == nullptr) return nullptr;
-  try {
-    for (Py_ssize_t i = 0; i < n; i++) {
-      PyObject* o = PyTuple_GET_ITEM(ts, i);
-      if (!THPVariable_Check(o) || THPVariable_Unpack(o).unsafeGetTensorImpl()->is_python_dispatch()) {
-        Py_DECREF(out);
-        Py_RETURN_NONE;
-      }
-      PyObject* p = PyLong_FromVoidPtr(THPVariable_Unpack(o).data_ptr());
-      if (p == nullptr) {
-        Py_DECREF(out);
-        return nullptr;
-      }
-      PyTuple_SET_ITEM(out, i, p);
-    }
-  } catch (...) {
-    Py_DECREF(out);
-    Py_RETURN_NONE;
-  }
-  return out;
-}
-
-// aligned_data_ptrs(tensors: tuple) -> the tuple of each one's data_ptr(), or None when one is not a multiple
-// of 16 (or not a plain tensor): a Triton kernel launch's pointer arguments, compiled for 16-byte alignment.
-static PyObject* aligned_data_ptrs(PyObject*, PyObject* ts) {
-  if (!PyTuple_CheckExact(ts)) {
-    PyErr_SetString(PyExc_TypeError, "aligned_data_ptrs(tensors: tuple)");
+    PyErr_SetString(PyExc_TypeError, usage);
     return nullptr;
   }
   Py_ssize_t n = PyTuple_GET_SIZE(ts);
@@ -269,14 +238,11 @@ static PyObject* aligned_data_ptrs(PyObject*, PyObject* ts) {
         Py_RETURN_NONE;
       }
       void* ptr = THPVariable_Unpack(o).data_ptr();
-      if (reinterpret_cast<uintptr_t>(ptr) % 16) {
-        Py_DECREF(out);
-        Py_RETURN_NONE;
-      }
-      PyObject* p = PyLong_FromVoidPtr(ptr);
+      PyObject* p = reinterpret_cast<uintptr_t>(ptr) % align ? nullptr : PyLong_FromVoidPtr(ptr);
       if (p == nullptr) {
         Py_DECREF(out);
-        return nullptr;
+        if (PyErr_Occurred()) return nullptr;
+        Py_RETURN_NONE;
       }
       PyTuple_SET_ITEM(out, i, p);
     }
@@ -285,6 +251,15 @@ static PyObject* aligned_data_ptrs(PyObject*, PyObject* ts) {
     Py_RETURN_NONE;
   }
   return out;
+}
+
+// data_ptrs(tensors: tuple) -> tuple of int, or None (pointers above)
+static PyObject* data_ptrs(PyObject*, PyObject* ts) { return pointers(ts, 1, "data_ptrs(tensors: tuple)"); }
+
+// aligned_data_ptrs(tensors: tuple) -> the same, or None when one is not 16-byte aligned: a Triton kernel
+// launch's pointer arguments, compiled for 16-byte alignment
+static PyObject* aligned_data_ptrs(PyObject*, PyObject* ts) {
+  return pointers(ts, 16, "aligned_data_ptrs(tensors: tuple)");
 }
 
 static PyMethodDef methods[] = {

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
 import weakref
 from typing import Callable, Sequence
 
 import torch
 
 from ember.frontend import native_guards
+from ember.tools.picker import picker
 from ember.tools.logs import get_logger
 
 log = get_logger("graph")
@@ -106,11 +106,13 @@ class FreshLike:
 
     def __init__(self, tensors: list[torch.Tensor]):
         self.tensors = tensors
-        self.loose = [i for i, t in enumerate(tensors) if not (t.is_contiguous() and t.numel() > 0)]
+        self.loose = []
         by_kind: dict = {}
         for i, t in enumerate(tensors):
-            if i not in self.loose:
+            if t.is_contiguous() and t.numel() > 0:
                 by_kind.setdefault((t.dtype, t.device), []).append(i)
+            else:
+                self.loose.append(i)
         self.groups = []    # (dtype, device, total elements, layout: sources and paddings, picker, indices)
         for (dtype, device), idx in by_kind.items():
             align = max(1, 64 // tensors[idx[0]].element_size())
@@ -121,7 +123,7 @@ class FreshLike:
                 if tensors[i].numel() % align:
                     layout.append(torch.empty(align - tensors[i].numel() % align, dtype=dtype, device=device))
             total = sum(t.numel() for t in layout)
-            self.groups.append((dtype, device, total, layout, operator.itemgetter(*at), idx))
+            self.groups.append((dtype, device, total, layout, picker(at), idx))
 
     def __call__(self) -> list[torch.Tensor]:
         out: list = [None] * len(self.tensors)
@@ -129,7 +131,7 @@ class FreshLike:
             out[i] = torch.empty_like(self.tensors[i])
         for dtype, device, total, layout, pick, idx in self.groups:
             views = pick(torch._C._nn.unflatten_dense_tensors(torch.empty(total, dtype=dtype, device=device), layout))
-            for i, v in zip(idx, views if len(idx) > 1 else (views,)):
+            for i, v in zip(idx, views):
                 out[i] = v
         return out
 
@@ -169,7 +171,7 @@ class _Recording:
         specs = [native.spec(inputs[i]) for i in self.copy_in]
         if any(s is None for s in specs):
             return
-        self.native = (native, _picker(self.static_idx), tuple(self.static_ptrs), _picker(self.copy_in),
+        self.native = (native, picker(self.static_idx), tuple(self.static_ptrs), picker(self.copy_in),
                        tuple(type(inputs[i]) for i in self.copy_in), b"".join(specs))
 
     def matches(self, inputs: Sequence[torch.Tensor]) -> bool:
@@ -184,7 +186,10 @@ class _Recording:
 
     def copy_inputs(self, inputs: Sequence[torch.Tensor]) -> None:
         """Copy each non-static input into its buffer unless it is that buffer already (a saved tensor)."""
-        ptrs = self.native[0].data_ptrs(self.native[3](inputs)) if self.native is not None else None
+        ptrs = None
+        if self.native is not None:
+            native, _, _, copied, _, _ = self.native
+            ptrs = native.data_ptrs(copied(inputs))
         if ptrs is None:
             ptrs = tuple(inputs[i].data_ptr() for i in self.copy_in)
         if ptrs != self.buffer_ptrs:
@@ -193,11 +198,6 @@ class _Recording:
                     self.buffers[self.copy_in[k]].copy_(inputs[self.copy_in[k]])
 
 
-def _picker(idx: Sequence[int]) -> Callable:
-    """xs -> the tuple of xs at `idx` (operator.itemgetter, also for one index or none)."""
-    if len(idx) > 1:
-        return operator.itemgetter(*idx)
-    return (lambda xs: (xs[idx[0]],)) if idx else (lambda xs: ())
 
 
 class CUDAGraphed:
