@@ -383,12 +383,18 @@ def _ones(size, **kwargs):
 
 
 @reg(aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.empty_like.default,
-     aten.new_empty.default, aten.empty.memory_format)
+     aten.new_empty.default, aten.empty.memory_format, aten.empty_strided.default)
 def _new_filled(*args, **kwargs):
     """new_ones/new_zeros/new_full; empty* too: any content is correct for an uninitialized tensor, zeros are cheap."""
     name = ir.GRAPH.op_name
     value = 1 if "ones" in name else args[2] if "new_full" in name else 0
     return P.const(value, odt(), tuple(out().shape))
+
+
+@reg(aten.copy.default)
+def _copy_into(dst, src, non_blocking=False):
+    """The functional copy_: src's values, broadcast to dst's shape, in dst's dtype."""
+    return P.cast(P.expand(src, tuple(out().shape)), odt())
 
 
 @reg(aten.fill.Scalar)

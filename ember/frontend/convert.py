@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from ember.autograd.backward import grads_of, with_freed_history
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import CHECKER_FUNCTIONS, DICT_GET, share_paths
 from ember.frontend.interpreter import (
@@ -208,8 +209,12 @@ class FrameCompiler:
                 hints[offset] = StopHint(hint.frames[1:], hint.reason, hint.where, hint.holds_while)
             log_breaks.debug("graph break in %s at %s: %s", self.name, where_, hint.reason)
             _emit("break", name=self.name, reason=hint.reason, where=where_)
+        # loss.backward() joins the graph for ember's own backends (ember.autograd.backward); a custom backend
+        # gets the graph break torch.compile makes there
+        backward_in_graph = self.cfg.backend_name in BACKWARD_IN_GRAPH_BACKENDS
         for _attempt in range(64):
             cap = Capture(consts)
+            cap.backward_in_graph = backward_in_graph
             for g in break_guards:
                 cap.guards.add(g, 1)
             local_vars = {}
@@ -224,7 +229,12 @@ class FrameCompiler:
                 result = frame.run()
                 return self.make_entry(cap, frame_args, result=result)
             except StopCapture as stop:
-                return self.make_entry(cap, frame_args, stop=stop, hint=hints.get(stop.inst.offset))
+                try:
+                    return self.make_entry(cap, frame_args, stop=stop, hint=hints.get(stop.inst.offset))
+                except _GradAfterBackward:
+                    backward_in_graph = False      # capture again, breaking the graph at the backward
+            except _GradAfterBackward:
+                backward_in_graph = False
             except Unsupported as u:
                 inst = frame.current
                 if inst is None or inst.offset in stop_at:
@@ -318,6 +328,7 @@ class EntryCodegen:
                                           "___MethodType": types.MethodType, "___make_function": _make_function}
         self.memo: dict[int, str] = {}
         self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
+        self.freed: set[int] = set()       # id(TensorV) of outputs an in-graph backward went through
         self.hint: StopHint | None = None   # for the call at the break (FrameCompiler.capture)
         self.ntmp = 0
 
@@ -367,15 +378,31 @@ class EntryCodegen:
             visit(v)
         for _g, v in cap.global_writes.values():
             visit(v)
+        for _t, v in cap.grad_writes.values():
+            visit(v)
         real_ops = [n for n in cap.graph.nodes if n.op in ("call_function", "call_method", "call_module")
                     and n.target is not torch._C._set_grad_enabled]
         if not real_ops and not needed:
             if cap.grad_enabled != torch.is_grad_enabled():
                 self.lines.append(f"___torch._C._set_grad_enabled({cap.grad_enabled})")
             return
+        out_nodes = [v.node for v in needed]
+        with_grad = [k for k, v in enumerate(needed) if v.fake.requires_grad]
+        if cap.backward_node is not None and with_grad:
+            # values with autograd history outlive a graph that ran its backward: the loss and what it was
+            # computed from leave as tensors whose history is freed, as in eager; any other needs the graph break
+            # at the backward, where eager autograd keeps its history
+            freed = _ancestors(cap.backward_node.args[0])
+            if any(needed[k].node not in freed for k in with_grad):
+                raise _GradAfterBackward()
+            for k in with_grad:
+                self.freed.add(id(needed[k]))
+                out_nodes[k] = cap.graph.call_method("detach", (needed[k].node,))
+                out_nodes[k].meta["val"] = needed[k].fake.detach()
+            self.namespace["___with_freed_history"] = with_freed_history
         for i, v in enumerate(needed):
             self.outputs[id(v)] = i
-        cap.graph.output(tuple(v.node for v in needed))
+        cap.graph.output(tuple(out_nodes))
         _eliminate_dead_code(cap.graph)
         for inp in list(cap.inputs):  # inputs the graph ended up not using (still guarded) are not passed
             if not inp.node.users:
@@ -423,6 +450,10 @@ class EntryCodegen:
         if isinstance(v, TensorV):
             if v.source is not None:
                 return v.source
+            if id(v) in self.freed:      # (once: the same tensor wherever it is used)
+                t = self.tmp()
+                self.lines.append(f"{t} = ___with_freed_history(___o[{self.outputs[id(v)]}])")
+                return t
             return f"___o[{self.outputs[id(v)]}]"
         if isinstance(v, PyFloatV):  # a float64 0-d graph output: .item() is the Python float, exactly
             return f"___o[{self.outputs[id(v)]}].item()"
@@ -532,8 +563,8 @@ class EntryCodegen:
                 writes.append((f"{v.source}.cell_contents = {{}}", self.expr(v.contents)))
         for (_gid, name), (g, x) in self.cap.global_writes.items():
             writes.append((f"{self.consts.ref(g)}[{name!r}] = {{}}", self.expr(x)))
-        for t in self.cap.tensor_grad_writes:
-            writes.append((f"{t.source}.grad = {{}}", "None"))
+        for t, g in self.cap.grad_writes.values():
+            writes.append((f"{t.source}.grad = {{}}", self.expr(g)))
         temps = []
         for _target, value in writes:
             t = self.tmp()
@@ -827,6 +858,23 @@ _RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "unifo
                  "geometric", "poisson", "log_normal", "random")
 
 
+BACKWARD_IN_GRAPH_BACKENDS = ("ember", "aot_eager", "eager")
+
+
+def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+    seen, todo = {node}, [node]
+    while todo:
+        for a in todo.pop().all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                todo.append(a)
+    return seen
+
+
+class _GradAfterBackward(Exception):
+    """A capture with `loss.backward()` in its graph returns or keeps a value that requires grad."""
+
+
 def _has_effect(node: torch.fx.Node) -> bool:
     """Mutations, global state and random draws (which advance the generator) stay even when unused."""
     t = node.target
@@ -834,7 +882,7 @@ def _has_effect(node: torch.fx.Node) -> bool:
     if name.endswith("_") and not name.endswith("__") or t in _INPLACE_OPERATORS:
         return True
     if t in (torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
-             torch.amp.autocast_mode._exit_autocast) or "out" in node.kwargs:
+             torch.amp.autocast_mode._exit_autocast, grads_of) or "out" in node.kwargs:
         return True
     return any(w in name for w in _RANDOM_WORDS)
 

@@ -228,7 +228,11 @@ class Capture:
         self.keepalive: list = []
         self.mutables: list[V] = []  # lists/dicts/sets/objects/cells with a source that may be mutated
         self.global_writes: dict[tuple[int, str], tuple[dict, V]] = {}
-        self.tensor_grad_writes: list[TensorV] = []  # `p.grad = None` on graph inputs
+        # `.grad` of graph inputs as the code has set it so far (`p.grad = None`, an in-graph backward's `p.grad = g`):
+        # id(TensorV of p) -> (that TensorV, the new value); written back after the graph
+        self.grad_writes: dict[int, tuple[TensorV, V]] = {}
+        self.backward_in_graph = False   # whether `loss.backward()` may join the graph (FrameCompiler.capture)
+        self.backward_node: torch.fx.Node | None = None
         self.tensor_constants: dict[int, torch.Tensor] = {}
         self.py_float_consts: dict[str, TensorV] = {}  # float.hex(c) -> its float64 0-d node (Frame.py_float_tensor)
         self.op_count = 0
@@ -1810,6 +1814,8 @@ class Frame:
                     "is_quantized", "is_meta", "is_nested", "itemsize", "nbytes"):
             return ConstV(getattr(fake, name))
         if name == "grad" and t.source is not None:
+            if id(t) in self.cap.grad_writes:
+                return self.cap.grad_writes[id(t)][1]
             return self.cap.wrap(_real_attr(self.cap, t, "grad"), f"{t.source}.grad")
         if name in ("grad_fn", "_base", "_version", "names", "output_nr", "grad"):
             raise Unsupported(f"tensor attribute {name!r}", self.where())
@@ -1822,6 +1828,55 @@ class Frame:
         if hasattr(torch.Tensor, name):
             return BoundV(t, name)
         raise self.no_attribute(t, name, f"tensor has no attribute {name!r}")
+
+    def tensor_backward(self, loss: TensorV, args: list[V], kwargs: dict[str, V]) -> V:
+        """`loss.backward()` as part of the graph (ember.autograd.backward): the gradients of the leaves it
+        reaches come from one recorded op, and AccumulateGrad's work is done here: `p.grad = g` where the grad
+        is None, `p.grad += g` in place where it is a tensor. Anything else breaks the graph here, where eager
+        autograd runs it: arguments, a second backward, a gradient into a tensor made before the compiled code
+        or into one with hooks."""
+        from ember.autograd.backward import grads_of
+        cap = self.cap
+        names = ("gradient", "retain_graph", "create_graph", "inputs")
+        bound = {**dict(zip(names, args)), **kwargs}
+        if len(args) > len(names) or set(kwargs) - set(names) or \
+                any(not (isinstance(v, ConstV) and (v.value is None or v.value is False)) for v in bound.values()):
+            raise Unsupported("Tensor.backward() with arguments", self.where())
+        if cap.backward_node is not None:
+            raise Unsupported("a second backward() in one graph", self.where())
+        if not loss.fake.requires_grad or loss.fake.numel() != 1:
+            raise Unsupported("backward() of a tensor that does not require grad or is not a scalar", self.where())
+        leaves = []
+        for inp in _inputs_reached(cap, loss, self.where()):
+            real = inp.real
+            if not real.is_leaf:
+                raise Unsupported("backward() reaches a tensor computed before the compiled code", self.where())
+            if real._backward_hooks or getattr(real, "_post_accumulate_grad_hooks", None) or real.is_sparse:
+                raise Unsupported("backward() into a tensor with hooks", self.where())
+            # hooks registered later must be seen: the entry is used only while there are none
+            cap.guards.falsy(f"{inp.source}._backward_hooks")
+            cap.guards.falsy(f"{inp.source}._post_accumulate_grad_hooks")
+            leaves.append(cap.by_id[id(real)])
+        if not leaves:
+            return ConstV(None)
+        node = cap.graph.call_function(grads_of, (loss.node, *[v.node for v in leaves]))
+        with cap.fake_mode:
+            fakes = tuple(torch.empty_strided(v.fake.shape, v.fake.stride(), dtype=v.fake.dtype,
+                                              device=v.fake.device) for v in leaves)
+        node.meta["val"] = fakes
+        node.meta["where"] = self.where()
+        cap.op_count += 1
+        cap.backward_node = node
+        grads = cap.wrap_fake_result(fakes, node)
+        for leaf, g in zip(leaves, grads.items):
+            old = self.tensor_attr(leaf, "grad")
+            if isinstance(old, TensorV):
+                self.call_method(old, "add_", [g], {})     # AccumulateGrad adds in place, outside grad mode
+            elif isinstance(old, ConstV) and old.value is None:
+                cap.grad_writes[id(leaf)] = (leaf, g)
+            else:
+                raise Unsupported(f"backward() into a .grad that is a {self.type_name(old)}", self.where())
+        return ConstV(None)
 
     def setattr(self, obj: V, name: str, value: V):
         if isinstance(obj, NewObjV):
@@ -1856,7 +1911,7 @@ class Frame:
             return
         if isinstance(obj, TensorV) and name == "grad" and obj.source is not None and \
                 isinstance(value, ConstV) and value.value is None:
-            self.cap.tensor_grad_writes.append(obj)
+            self.cap.grad_writes[id(obj)] = (obj, value)
             return
         raise Unsupported(f"setting attribute {name!r} of {self.type_name(obj)}", self.where())
 
@@ -2149,6 +2204,8 @@ class Frame:
 
     def call_method(self, self_v: V, name: str, args: list[V], kwargs: dict) -> V:
         if isinstance(self_v, TensorV):
+            if name == "backward" and self.cap.backward_in_graph:
+                return self.tensor_backward(self_v, args, kwargs)
             if name in TENSOR_METHODS_UNSUPPORTED:
                 raise Unsupported(f"Tensor.{name}() needs the tensor's value in Python", self.where())
             if _has_py_float(args, kwargs):
@@ -2443,6 +2500,39 @@ def _is_data_descriptor(x) -> bool:
 def _resolve_relative(name: str, package: str | None, level: int) -> str:
     base = (package or "").rsplit(".", level - 1)[0]
     return f"{base}.{name}" if name else base
+
+
+def _inputs_reached(cap: Capture, loss: TensorV, where_: str) -> list[GraphInput]:
+    """The graph inputs `loss.backward()` gives a gradient. The capture's fake tensors carry no autograd
+    history, so the graph so far runs again on fresh fake inputs, with autograd recording."""
+    graph, env = torch.fx.Graph(), {}
+    graph.graph_copy(cap.graph, env)
+    graph.output(env[loss.node])
+    by_node = {inp.node: inp for inp in cap.inputs}
+    root, args, wrt = torch.nn.Module(), [], []
+    prev_autocast = autocast_state()
+    try:
+        with cap.fake_mode, torch.set_grad_enabled(cap.grad_enabled):
+            for n in cap.graph.nodes:
+                f = n.meta.get("val")
+                if n.op in ("placeholder", "get_attr"):
+                    fresh = torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device)
+                    if n.op == "get_attr":
+                        root.register_buffer(n.target, fresh, persistent=False)
+                        continue
+                    inp = by_node.get(n)
+                    if inp is not None and inp.real.requires_grad:
+                        fresh.requires_grad_(True)
+                        wrt.append(inp)
+                    args.append(fresh)
+            out = torch.fx.Interpreter(torch.fx.GraphModule(root, graph)).run(*args)
+            grads = torch.autograd.grad(out, [a for a in args if a.requires_grad], allow_unused=True)
+    except Exception as e:
+        raise Unsupported(f"backward() could not be traced ({type(e).__name__}: {str(e)[:200]})", where_)
+    finally:
+        if autocast_state() != prev_autocast:
+            restore_autocast(prev_autocast)
+    return [inp for inp, g in zip(wrt, grads) if g is not None]
 
 
 def _real_attr(cap: Capture, t: TensorV, name: str):
