@@ -60,6 +60,31 @@ def main() -> None:
     print(f"step wall (synchronized) min {min(walls):.2f} median {sorted(walls)[5]:.2f} ms; host queued "
           f"{queued:.2f} ms; event-timed step {gpu_ms:.2f} ms")
 
+    from ember.autograd import trace
+    seen = []
+    orig_finish = function.finish
+
+    def finish_once(meta, inputs, outs):     # which mutated inputs the graph did not write in place, once
+        if not seen:
+            seen.append(1)
+            kinds = collections.Counter()
+            for m in meta.mutations:
+                d, s = inputs[m.input_index], outs[m.output_index]
+                kinds[("in place" if d is s else "copied back", d.device.type, d.dtype, d.ndim,
+                       type(d).__name__)] += 1
+            print("mutations of the step's graph:", dict(kinds))
+            print("graph outputs:", collections.Counter((type(o).__name__, o.device.type, o.requires_grad)
+                                                        for o in outs if isinstance(o, torch.Tensor)))
+        return orig_finish(meta, inputs, outs)
+    function.finish = finish_once
+    step()
+    torch.cuda.synchronize()
+    function.finish = orig_finish
+    del trace
+    import gc
+    for g in (o for o in gc.get_objects() if isinstance(o, cudagraphs.CUDAGraphed)):
+        print(f"CUDA graph {g.name}: {g.replays} replays, {g.eager_runs} eager runs, {len(g.recordings)} recordings")
+
     timed(function.CompiledGraphFunction, "apply", "CompiledGraphFunction.apply (forward, autograd node)")
     timed(function.CompiledGraphFunction, "backward", "CompiledGraphFunction.backward", static=True)
     timed(cudagraphs.CUDAGraphed, "__call__", "  CUDAGraphed.__call__")

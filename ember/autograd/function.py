@@ -139,6 +139,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
                     # no output needs a gradient (an optimizer step runs under no_grad): nothing to differentiate,
                     # and the inference path may write the mutated inputs in place
                     training, aten_gm, no_grad = False, _forward_of_joint(joint, meta), True
+                    # (no input that requires grad is written under grad mode: its new value would need one)
+                    meta.copy_back_without_grad = True
         except Exception as e:  # TraceError, or fake tensors refusing data-dependent ops (.item(), nonzero)
             fallback_log.warning("ember.autograd: graph %r runs eagerly: %s: %s", name, type(e).__name__, e)
             return None

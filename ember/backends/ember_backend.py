@@ -38,21 +38,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
     if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
         options.setdefault("max_autotune", True)
 
-    def inner(g: torch.fx.GraphModule, ex: list) -> Callable:
+    def inner(g: torch.fx.GraphModule, ex: list, more_options: dict | None = None) -> Callable:
         if _on_cuda(g, ex):
             from ember.codegen import triton
-            return triton.compile_aten(g, ex, options)
+            return triton.compile_aten(g, ex, {**options, **(more_options or {})})
         return compile_aten(g, ex, options)
 
     cuda_graphs = mode in ("reduce-overhead", "max-autotune") and options.get("triton.cudagraphs", True) \
         and _on_cuda(gm, example_inputs)
-    cpu_inputs = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor) and not t.is_cuda]
-    if cuda_graphs and cpu_inputs:
-        # as torch.compile does: a CUDA graph cannot read CPU memory, so this graph (typically an optimizer step
-        # with its step counters on the CPU) runs its kernels without one
-        fallback_log.info("CUDA graphs skipped for a graph with CPU tensor inputs (%s); torch.optim keeps its "
-                          "step counters on the GPU with capturable=True", cpu_inputs[:4])
-    elif cuda_graphs:
+    if cuda_graphs:
+        # (a graph that reads CPU tensors, torch.optim's step counters, replays its device part: aot_compilers)
         from ember.runtime.cudagraphs import aot_compilers
         fw, bw = aot_compilers(inner)
         return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)

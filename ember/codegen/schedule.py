@@ -675,7 +675,9 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
     """Let the kernel computing graph output `oi`, the new value of input `ii`, store into the input itself
     (no fresh buffer, no copy after the graph) when nothing can tell the difference:
     - the output is a buffer a group computes, with the input's layout, returned once and as a whole;
-    - nothing reads the input's old value after that group: no later group, no extern call, no graph output;
+    - nothing reads the input's old value after that group: no later group or extern call, no graph output,
+      no ATen fallback before it (its result may be a view of the input). Library calls before it may read
+      it (a training step's convolutions read the weights its optimizer then updates): they run first;
     - inside the group, every member reading the input reads exactly the element being written, over the
       same loops, and runs no later than the writer or shares its block in an `elementwise` group (so each
       element is read before it is overwritten, by the same thread / program); a member reading the new
@@ -699,7 +701,7 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
     j = where[b.name]
     for k, it in enumerate(sched.items):
         if isinstance(it, ExternBuffer):
-            if inp.name in it.inputs:
+            if inp.name in it.inputs and (k > j or it.fallback or it.aliases_input):
                 return
         elif k > j and any(inp.name in x.reads for x in it.members):
             return

@@ -1337,8 +1337,15 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         if devices == {"cpu", "cuda"}:
             from ember.backends.ember_backend import compile_aten as compile_cpp
             from ember.codegen import host_scalars
+            # under mode="reduce-overhead" the device part is replayed as a CUDA graph (cudagraphs.aot_compilers)
+            graphed = (options or {}).get("cudagraphs.device_part")
+            device_options = {k: v for k, v in (options or {}).items() if k != "cudagraphs.device_part"}
+
+            def compile_device(g, ex):
+                f = compile_aten(g, ex, device_options)
+                return graphed(f, g) if graphed is not None else f
             split = host_scalars.compile_split(gm, example_inputs, lambda g, ex: compile_cpp(g, ex, options),
-                                               lambda g, ex: compile_aten(g, ex, options))
+                                               compile_device)
             if split is not None:
                 return split
         fallback_log.warning("graph runs eagerly (Triton backend): it mixes %s tensors with CUDA ones",

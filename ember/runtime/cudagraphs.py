@@ -123,15 +123,28 @@ class FreshLike:
                 if tensors[i].numel() % align:
                     layout.append(torch.empty(align - tensors[i].numel() % align, dtype=dtype, device=device))
             total = sum(t.numel() for t in layout)
-            self.groups.append((dtype, device, total, layout, picker(at), idx))
+            self.groups.append((dtype, device, total, layout, picker(at), idx, [t.view(-1) for t in layout]))
 
     def __call__(self) -> list[torch.Tensor]:
         out: list = [None] * len(self.tensors)
         for i in self.loose:
             out[i] = torch.empty_like(self.tensors[i])
-        for dtype, device, total, layout, pick, idx in self.groups:
+        for dtype, device, total, layout, pick, idx, _ in self.groups:
             views = pick(torch._C._nn.unflatten_dense_tensors(torch.empty(total, dtype=dtype, device=device), layout))
             for i, v in zip(idx, views):
+                out[i] = v
+        return out
+
+    def copies(self) -> list[torch.Tensor]:
+        """New tensors holding the sources' values now. A group's values are one concatenation into its
+        allocation: _foreach_copy_ of same-dtype tensors is one cudaMemcpyAsync each (1,821 of them, ~9 ms of
+        host time a step, for a training step's parameters, state and gradients)."""
+        out: list = [None] * len(self.tensors)
+        for i in self.loose:
+            out[i] = torch.empty_like(self.tensors[i]).copy_(self.tensors[i])
+        for dtype, device, total, layout, pick, idx, flat_sources in self.groups:
+            flat = torch.cat(flat_sources, out=torch.empty(total, dtype=dtype, device=device))
+            for i, v in zip(idx, pick(torch._C._nn.unflatten_dense_tensors(flat, layout))):
                 out[i] = v
         return out
 
@@ -153,6 +166,7 @@ class _Recording:
     layouts: list[tuple]               # (shape, stride, dtype) of the other inputs
     owned: list[bool] = None           # per output: lives in graph memory (a replay rewrites it)
     cloned: list[int] = None           # user outputs cloned on each replay (graph memory the caller may keep)
+    passed_through: list = ()          # (output, input): an output that is a static input, written in place
 
     native: tuple | None = None        # the C++ checks (native_guards) and what they compare, when loaded
 
@@ -212,8 +226,12 @@ class CUDAGraphed:
 
     def __init__(self, fn: Callable, static_input_indices: Sequence[int] | None = None, *,
                  pool: GraphPool | None = None, num_user_outputs: int | None = None, clone_outputs: bool = True,
-                 warmup: int = 1, saved_as_aliases: bool = False, copied_back: Sequence[int] = ()):
+                 warmup: int = 1, saved_as_aliases: bool = False, copied_back: Sequence[int] = (),
+                 mutated_inputs: Sequence[int] = ()):
         self.fn = fn
+        # inputs fn writes in place (a step's parameters and optimizer state): the warm-up runs on copies of
+        # them, so that recording applies the step once, by its replay
+        self.mutated_inputs = frozenset(mutated_inputs)
         # outputs the caller copies into its inputs right away (input mutations, e.g. batch norm's running
         # statistics): handed out uncloned, since no replay comes between
         self.copied_back = frozenset(copied_back)
@@ -264,14 +282,13 @@ class CUDAGraphed:
         rec.graph.replay()
         n_user = len(rec.outputs) if self.num_user_outputs is None else self.num_user_outputs
         user = rec.outputs[:n_user]
-        if self.clone_outputs and rec.cloned:
-            # one copy launch for all (a backward's hundreds of gradients: ~18 us a clone)
-            src = rec.cloned_sources
-            dst = rec.fresh()
-            torch._foreach_copy_(dst, src)
+        if self.clone_outputs and rec.cloned or rec.passed_through:
             user = list(user)
-            for i, t in zip(rec.cloned, dst):
-                user[i] = t
+            if self.clone_outputs:
+                for i, t in zip(rec.cloned, rec.fresh.copies()):
+                    user[i] = t
+            for o, i in rec.passed_through:
+                user[o] = inputs[i]
             user = tuple(user)
         if self.num_user_outputs is None:
             return user
@@ -314,8 +331,10 @@ class CUDAGraphed:
         stream = torch.cuda.Stream(device=self.pool.device)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
+            warm = [b.clone() if i in self.mutated_inputs else b for i, b in enumerate(buffers)]
             for _ in range(self.warmup):
-                self.fn(*buffers)
+                self.fn(*warm)
+            del warm
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool.handle, stream=stream):
@@ -327,9 +346,18 @@ class CUDAGraphed:
         static_idx = sorted(self.static)
         owned = [isinstance(o, torch.Tensor) and self.pool.owns(o) for o in outputs]
         n_user = len(outputs) if self.num_user_outputs is None else self.num_user_outputs
-        cloned = [i for i in range(n_user) if isinstance(outputs[i], torch.Tensor) and i not in self.copied_back]
+        # outputs that are a static input written in place (a step's parameters and state): the caller's tensor
+        def where(t):
+            return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+        static_at = {where(buffers[i]): i for i in static_idx}
+        passed_through = [(o, static_at[where(outputs[o])]) for o in range(n_user)
+                          if isinstance(outputs[o], torch.Tensor) and where(outputs[o]) in static_at]
+        through = {o for o, _ in passed_through}
+        cloned = [i for i in range(n_user) if isinstance(outputs[i], torch.Tensor) and i not in self.copied_back
+                  and i not in through]
         rec = _Recording(graph, buffers, copy_in, outputs, [inputs[i].data_ptr() for i in static_idx], static_idx,
-                         [(inputs[i].shape, inputs[i].stride(), inputs[i].dtype) for i in copy_in], owned, cloned)
+                         [(inputs[i].shape, inputs[i].stride(), inputs[i].dtype) for i in copy_in], owned, cloned,
+                         passed_through)
         rec.with_native_checks(inputs)
         return rec
 
@@ -406,18 +434,44 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
     numbers = itertools.count()
 
     def fw_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        f = compile_graph(gm, example_inputs)
         n_user = gm.meta.get("num_user_outputs")
+        name = f"forward graph {next(numbers)}"
+        if _reads_cpu_tensors(example_inputs):
+            return host_scalars_graphed(gm, example_inputs, name, n_user is not None)
+        f = compile_graph(gm, example_inputs)
         fw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, num_user_outputs=n_user, saved_as_aliases=True,
-                         copied_back=gm.meta.get("ember_copied_back", ()))
-        fw.name = f"forward graph {next(numbers)}"
+                         copied_back=gm.meta.get("ember_copied_back", ()), mutated_inputs=_mutated(gm))
+        fw.name = name
         return fw
 
     def bw_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        if _reads_cpu_tensors(example_inputs):
+            return host_scalars_graphed(gm, example_inputs, "backward graph", False)
         f = compile_graph(gm, example_inputs)
         bw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool)
         bw.name = "backward graph"
         return bw
 
+    def host_scalars_graphed(gm: torch.fx.GraphModule, example_inputs: list, name: str, saves: bool) -> Callable:
+        """A graph reading CPU tensors (torch.optim's step counters: ember.codegen.host_scalars) replays its
+        device part; the host part runs around the replay. A training forward (its saved tensors) does not."""
+        if saves:
+            log.info("cudagraphs: %s reads CPU tensors and saves tensors for its backward: no CUDA graph", name)
+            return compile_graph(gm, example_inputs)
+
+        def device_part(f: Callable, dev_gm: torch.fx.GraphModule) -> Callable:
+            g = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, mutated_inputs=_mutated(dev_gm))
+            g.name = f"{name} (device part)"
+            return g
+        return compile_graph(gm, example_inputs, {"cudagraphs.device_part": device_part})
+
     return fw_compiler, bw_compiler
 
+
+
+def _reads_cpu_tensors(example_inputs: list) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in example_inputs)
+
+
+def _mutated(gm: torch.fx.GraphModule) -> list[int]:
+    return [i for i, _ in gm.meta.get("ember_input_mutations") or ()]

@@ -237,8 +237,9 @@ def test_batch_norm_running_stats_are_copied_back_uncloned_and_match_eager():
 
 
 def test_train_step_with_default_adam_under_reduce_overhead():
-    """torch.optim's default Adam keeps its step counters on the CPU: the step's graph runs its kernels without a
-    CUDA graph (as torch.compile skips it), the forward and backward graphs replay; every value as eager."""
+    """torch.optim's default Adam keeps its step counters on the CPU. The backward is in the step's graph
+    (ember.autograd.backward), whose device part replays as one CUDA graph while the C++ backend advances the
+    counters around it (host_scalars); every value as eager, the counters still on the CPU."""
     import ember
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).cuda()
