@@ -582,9 +582,10 @@ def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_o
 
 
 MAX_RECOMPUTED_COST = 32   # compute nodes (ir.compute_cost) of a one-element value its readers recompute
+MAX_LINKING_READERS = 4    # kernels that may each recompute a one-element value that links a library
 
 
-def recompute_scalars(sched: Schedule, mutations: list | None) -> None:
+def recompute_scalars(sched: Schedule, mutations: list | None, linked: frozenset = frozenset()) -> None:
     """One-element values that later kernels can recompute exactly are computed there, not stored by one
     kernel and loaded by the next: a capturable Adam's per-parameter step size `-(lr / (1 - beta1 ** step))`
     was a zero-dim buffer per parameter (allocated each call, host time) that the counters' kernel stored
@@ -597,7 +598,10 @@ def recompute_scalars(sched: Schedule, mutations: list | None) -> None:
       store offset;
     - its body has no index in it and loads single elements only (the same Expr, the same number anywhere)
       and is of a dtype computed as stored (float32/float64: no rounding at the store, as `_stored_scalar`);
-      it costs at most MAX_RECOMPUTED_COST (a scalar each reader's programs compute once, not per element);
+      it costs at most MAX_RECOMPUTED_COST (a scalar each reader's programs compute once, not per element)
+      and, read by more than MAX_LINKING_READERS kernels, uses none of the `linked` ops (Triton: those printed
+      as libdevice calls, which link libdevice into every kernel using one, ~35 ms of compile each: Adam's bias
+      corrections `1 - beta ** step` were recomputed in 257 kernels of densenet121's one-graph training step);
     - everything its body loads holds at each reader what it held when the member ran: after the stored-value
       rewrite (a recomputed in-place update, `step + 1`, reads the stored counter, `_stored_scalar`), it loads
       only graph inputs and constants that no kernel writes in place (mutations not written in place are
@@ -646,7 +650,8 @@ def recompute_scalars(sched: Schedule, mutations: list | None) -> None:
                     e.args[1].free_symbols or not (e.args[0] in unwritten or (
                         e.args[0] in member_of and e.args[0] not in dropped and where[e.args[0]] <= j
                         and not member_of[e.args[0]].local))) for e in body.walk()) \
-                    or ir.compute_cost(body) > MAX_RECOMPUTED_COST:
+                    or ir.compute_cost(body) > MAX_RECOMPUTED_COST or (
+                        len({k for k, _ in users}) > MAX_LINKING_READERS and any(e.op in linked for e in body.walk())):
                 continue
             bodies = [ir.rewrite(x.body, lambda y, go: body if y.op == "load" and y.args[0] == name else None)
                       for _, x in users]

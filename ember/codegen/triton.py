@@ -166,6 +166,9 @@ BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv":
           "hypot": "libdevice.hypot({}, {})", "pow": "libdevice.pow({}, {})", "fmod": "libdevice.fmod({}, {})",
           "nextafter": "libdevice.nextafter({}, {})", "lshift": "({} << {})", "rshift": "({} >> {})",
           "floordiv": "_floordiv_f({}, {})", "remainder": "_remainder_f({}, {})"}
+# ops printed as libdevice calls (or helpers making them): a kernel using one links libdevice, ~35 ms of its compile
+LIBDEVICE_OPS = frozenset(op for table in (UNARY_FLOAT, BINARY) for op, text in table.items()
+                          if "libdevice" in text or text.startswith(("_floordiv_f", "_remainder_f")))
 BINARY_INT = {"floordiv": "_floordiv_i({}, {})", "remainder": "_remainder_i({}, {})", "fmod": "({} % {})",
               "truediv": "({} / {})", "maximum": "tl.maximum({}, {})", "minimum": "tl.minimum({}, {})",
               "fmax": "tl.maximum({}, {})", "fmin": "tl.minimum({}, {})"}
@@ -1358,7 +1361,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             mutations = gm.meta.get("ember_input_mutations")
             sched = split_few_row_groups(schedule.schedule(low, mutations=mutations, across=True))
             schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
-            schedule.recompute_scalars(sched, mutations)   # after it: what it inlines must not be written
+            schedule.recompute_scalars(sched, mutations, LIBDEVICE_OPS)   # after it: what it inlines must not be written
             sched = chunk_wide_groups(sched)
             if not (options or {}).get("max_autotune"):   # (the matmul templates print their epilogues' stores)
                 registers_for_private_values(sched)

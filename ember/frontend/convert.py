@@ -215,6 +215,7 @@ class FrameCompiler:
         for _attempt in range(64):
             cap = Capture(consts)
             cap.backward_in_graph = backward_in_graph
+            cap.transient = tuple(break_guards)
             for g in break_guards:
                 cap.guards.add(g, 1)
             local_vars = {}
@@ -423,7 +424,14 @@ class EntryCodegen:
         _emit("graph", name=self.fc.name, gm=gm, ops=len(real_ops))
         cfg = self.fc.cfg
         try:
-            compiled = cfg.backend(gm, example_inputs)
+            if cap.transient:
+                # its entry holds only until the program changes what broke the graph (an optimizer's state,
+                # made at the first step): this graph runs once, uncompiled, instead of compiled for one call
+                log_breaks.debug("graph of %s runs uncompiled: it is captured only until %s", self.fc.name,
+                                 " and ".join(cap.transient))
+                compiled = gm.forward
+            else:
+                compiled = cfg.backend(gm, example_inputs)
         except Exception as e:
             raise BackendCompilerFailed(cfg.backend_name, e, _code_where(self.fc.code)) from e
         if not callable(compiled):

@@ -233,6 +233,9 @@ class Capture:
         self.grad_writes: dict[int, tuple[TensorV, V]] = {}
         self.backward_in_graph = False   # whether `loss.backward()` may join the graph (FrameCompiler.capture)
         self.backward_node: torch.fx.Node | None = None
+        # guards under which a graph break stands that the program itself soon removes (an optimizer's state not
+        # made yet): the graph then runs uncompiled (FrameCompiler.capture, EntryCodegen.call_graph)
+        self.transient: tuple[str, ...] = ()
         self.tensor_constants: dict[int, torch.Tensor] = {}
         self.py_float_consts: dict[str, TensorV] = {}  # float.hex(c) -> its float64 0-d node (Frame.py_float_tensor)
         self.op_count = 0
