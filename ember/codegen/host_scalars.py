@@ -11,6 +11,10 @@ they scale; eager CUDA kernels read such a 0-d CPU tensor as a scalar argument. 
      nodes recomputed on the GPU (scalar arithmetic that fuses into the kernels that read it);
   3. runs the host graph, the CPU nodes the graph's CPU outputs need (step + 1), through the C++ backend, which
      writes the step counters in place.
+CPU values the device reads that need a libdevice function on the GPU (`beta ** step`, LINKED_ON_DEVICE) are
+not recomputed there: every kernel reading one linked libdevice (~40 ms of compile each: 191 kernels of
+densenet121's training step in one graph, whose Adam updates fused into the backward's kernels). The host
+graph runs first and computes them, and they reach the device in packs of their own, sent each call.
 
 An optimizer's step counters change by `+ 1` each call, on the CPU and (recomputed) on the GPU alike: the
 device graph also returns the new counters, stacked, and the next call passes that tensor as the pack when
@@ -104,12 +108,21 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
     for n in host_inputs:
         packs.setdefault(n.meta["val"].dtype, []).append(n)
 
-    # host graph: every CPU input (one calling convention), the CPU nodes, the CPU outputs
+    # CPU values the device reads that are made with a libdevice function (Adam's bias corrections
+    # `1 - beta ** step`): computed once by the host graph and sent, not recomputed in every kernel reading them
+    costly: set = set()
+    for n in nodes:
+        if n in host and n.op == "call_function" and (
+                n.target in LINKED_ON_DEVICE or any(a in costly for a in n.all_input_nodes)):
+            costly.add(n)
+    sent = [n for n in nodes if n in costly and any(u not in host and u.op != "output" for u in n.users)]
+
+    # host graph: every CPU input (one calling convention), the CPU nodes, the CPU outputs, then the values sent
     hg, henv = fx.Graph(), {}
     for n in nodes:
         if n in host:
             henv[n] = hg.node_copy(n, henv.__getitem__)
-    hg.output(tuple(henv[x] for x in host_outs))
+    hg.output(tuple(henv[x] for x in host_outs + sent))
     hg.eliminate_dead_code()
 
     # device graph: its inputs, then one pack per dtype whose elements stand for the CPU inputs; CPU nodes
@@ -119,14 +132,17 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
         if n not in host:
             denv[n] = dg.node_copy(n, denv.__getitem__)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        for i, (dtype, members) in enumerate(packs.items()):
+        sent_packs: dict[torch.dtype, list[fx.Node]] = {}
+        for n in sent:
+            sent_packs.setdefault(n.meta["val"].dtype, []).append(n)
+        for i, (dtype, members) in enumerate([*packs.items(), *sent_packs.items()]):
             p = dg.placeholder(f"host_scalars_{i}")
             p.meta["val"] = torch.empty((len(members),), dtype=dtype, device=device)
             for j, m in enumerate(members):
                 denv[m] = dg.call_function(aten.select.int, (p, 0, j))
                 denv[m].meta["val"] = torch.empty((), dtype=dtype, device=device)
         for n in nodes:
-            if n.op != "call_function":
+            if n.op != "call_function" or n in costly:
                 continue
             new = denv[n] = dg.node_copy(n, denv.__getitem__)
             if n in host:
@@ -166,11 +182,14 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
     host_gm.meta["ember_input_mutations"] = [(at_host_in[i], at_host_out[out_leaves[o]]) for i, o in mutations
                                              if out_leaves[o] in at_host_out and i in at_host_in]
     at_host_node = _positions(host_inputs)
+    at_sent = {n: len(host_outs) + k for k, n in enumerate(sent)}
     plan = {
         "host_inputs": inputs_host,
         "device_inputs": inputs_dev,
         # per pack: dtype, and the positions (among the host inputs) of its members
         "packs": [(dtype, [at_host_node[m] for m in members]) for dtype, members in packs.items()],
+        # per pack of values the host graph computes for the device: dtype, positions among its outputs
+        "sent_packs": [(dtype, [at_sent[m] for m in members]) for dtype, members in sent_packs.items()],
         # per pack: the device output holding its next values, or None; the device outputs before those
         "next_packs": mirrors, "device_outputs": len(dev_outs),
         "device": device,
@@ -182,6 +201,10 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
     return host_gm, dev_gm, plan
 
 
+
+
+# CPU ops computed on the host when the device reads their results: their device versions call libdevice
+LINKED_ON_DEVICE = {aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar}
 
 
 def _positions(items: list) -> dict:
@@ -236,21 +259,22 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
         return None
     host_gm, dev_gm, plan = parts
     host_idx, dev_idx, device = plan["host_inputs"], plan["device_inputs"], plan["device"]
-    has_host_outputs = any(where == "host" for where, _ in plan["outputs"])
+    has_host_outputs = any(where == "host" for where, _ in plan["outputs"]) or bool(plan["sent_packs"])
     host_fn = compile_host(host_gm, [example_inputs[i] for i in host_idx]) if has_host_outputs else None
     dev_examples = [example_inputs[i] for i in dev_idx] + \
-        [torch.empty((len(pos),), dtype=dt, device=device) for dt, pos in plan["packs"]]
+        [torch.empty((len(pos),), dtype=dt, device=device) for dt, pos in plan["packs"] + plan["sent_packs"]]
     dev_fn = compile_device(dev_gm, dev_examples)
     packs = [_Pack(dt, pos, device) for dt, pos in plan["packs"]]
+    sent_packs = [_Pack(dt, pos, device) for dt, pos in plan["sent_packs"]]
     mirrored = [(p, at) for p, at in zip(packs, plan["next_packs"]) if at is not None]
     n_dev_out = plan["device_outputs"]
     outputs = plan["outputs"]
     unflatten = fast_unflatten(plan["out_spec"])
 
     host_of, dev_of = picker(host_idx), picker(dev_idx)
-    # the output leaves, picked from (*device outputs, *host outputs, *constants) in one C call
+    # the output leaves, picked from (*device outputs, *host outputs, *values sent, *constants) in one C call
     n_dev = sum(where == "device" for where, _ in outputs)
-    n_host = sum(where == "host" for where, _ in outputs)
+    n_host = sum(where == "host" for where, _ in outputs) + sum(len(pos) for _, pos in plan["sent_packs"])
     consts = tuple(k for where, k in outputs if where == "const")
     at, c = [], 0
     for where, k in outputs:
@@ -260,8 +284,13 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
 
     def run(*args):
         host_args = host_of(args)
-        d = dev_fn(*dev_of(args), *[p.send(host_args) for p in packs])
-        h = host_fn(*host_args) if has_host_outputs else ()
+        if sent_packs:   # the host graph first: the device reads values it computes (the old inputs are packed)
+            old = [p.send(host_args) for p in packs]
+            h = host_fn(*host_args)
+            d = dev_fn(*dev_of(args), *old, *[p.send(h) for p in sent_packs])
+        else:
+            d = dev_fn(*dev_of(args), *[p.send(host_args) for p in packs])
+            h = host_fn(*host_args) if has_host_outputs else ()
         if mirrored:
             for p, at in mirrored:
                 p.keep(d[at])

@@ -254,6 +254,46 @@ def test_host_scalars_split_assembles_outputs_in_order(monkeypatch):
     assert out[0].device.type == out[3][1].device.type == "meta" and out[0].shape == (3,)
 
 
+def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monkeypatch):
+    """A CPU value the device reads that would need libdevice there (`1 - 0.9 ** (step + 1)`, Adam's bias
+    correction) is an output of the host graph, which runs first, and reaches the device graph in a pack of its
+    own; the device graph has no pow, and still recomputes the cheap `step + 1` it reads."""
+    import torch.fx as fx
+
+    from ember.codegen import host_scalars
+    aten = torch.ops.aten
+    sent = []
+
+    class Pack:
+        def __init__(self, dtype, positions, device):
+            self.positions = positions
+
+        def send(self, values):
+            sent.append([values[i].clone() for i in self.positions])
+            return torch.stack([values[i] for i in self.positions]).to("meta")
+    monkeypatch.setattr(host_scalars, "_Pack", Pack)
+
+    def f(w, step, g):
+        s1 = aten.add.Tensor(step, 1)
+        bc = aten.rsub.Scalar(aten.pow.Scalar(0.9, s1), 1)
+        return (aten.sub.Tensor(w, aten.div.Tensor(aten.mul.Tensor(g, s1), bc)), s1, 7)
+    gm = fx.symbolic_trace(f)
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "call_function"):
+            cpu = n.name in ("step", "add_tensor", "pow_scalar", "rsub_scalar")
+            n.meta["val"] = torch.empty((), device="cpu") if cpu else torch.empty(3, device="meta")
+    host_gm, dev_gm, plan = host_scalars.split(gm)
+    assert not any(n.target is aten.pow.Scalar for n in dev_gm.graph.nodes)
+    assert any(n.target is aten.add.Tensor for n in dev_gm.graph.nodes)   # step + 1, recomputed on the device
+    assert [len(pos) for _, pos in plan["sent_packs"]] == [1]
+    w, g, step = torch.randn(3, device="meta"), torch.randn(3, device="meta"), torch.rand(()) + 1
+    run = host_scalars.compile_split(gm, [w, step, g], lambda h, ex: h.forward, lambda d, ex: d.forward)
+    out = run(w, step, g)
+    torch.testing.assert_close(out[1], step + 1)
+    assert out[2] == 7 and out[0].device.type == "meta" and out[0].shape == (3,)
+    torch.testing.assert_close(sent[-1][0], 1 - 0.9 ** (step + 1))   # the value sent: computed on the host
+
+
 def test_adam_over_many_parameters_splits_kernels_under_the_ctypes_argument_limit():
     """An Adam step over 160 parameters fuses horizontally into one group of ~1,100 pointers, above the 1,024
     arguments one ctypes call passes (it raised ArgumentError at the first call): the group is cut between
