@@ -71,7 +71,9 @@ def _build(source: str, cpp: pathlib.Path, so: pathlib.Path) -> pathlib.Path:
             shares: list[list[str]] = [[] for _ in range(n)]
             for k in sorted(kernels, key=len, reverse=True):   # longest first, each to the lightest part
                 min(shares, key=lambda sh: sum(map(len, sh))).append(k)
-            parts = [cpp.with_suffix(f".part{i}.cpp") for i in range(n)]
+            # named after this build's temporary file: two processes building one source at once (pytest-xdist
+            # workers sharing a cache) rewrote and deleted each other's parts, linking a library short of kernels
+            parts = [pathlib.Path(tmp).with_suffix(f".part{i}.cpp") for i in range(n)]
             objs = [p.with_suffix(".o") for p in parts]
             for p, share in zip(parts, shares):
                 p.write_text(KERNEL_MARK.join([prelude, *share]))

@@ -255,8 +255,8 @@ def test_host_scalars_split_assembles_outputs_in_order(monkeypatch):
 
 
 def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monkeypatch):
-    """A CPU value the device reads that would need libdevice there (`1 - 0.9 ** (step + 1)`, Adam's bias
-    correction) is an output of the host graph, which runs first, and reaches the device graph in a pack of its
+    """In a big graph, a CPU value the device reads that would need libdevice there (`1 - 0.9 ** (step + 1)`,
+    Adam's bias correction) is an output of the host graph, which runs first, and reaches the device graph in a pack of its
     own; the device graph has no pow, and still recomputes the cheap `step + 1` it reads."""
     import torch.fx as fx
 
@@ -272,6 +272,7 @@ def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monke
             sent.append([values[i].clone() for i in self.positions])
             return torch.stack([values[i] for i in self.positions]).to("meta")
     monkeypatch.setattr(host_scalars, "_Pack", Pack)
+    monkeypatch.setattr(host_scalars, "SENT_FROM_HOST_ABOVE", 0)   # (a training step's graph, not this small one)
 
     def f(w, step, g):
         s1 = aten.add.Tensor(step, 1)
