@@ -1849,6 +1849,12 @@ class Frame:
             raise Unsupported("a second backward() in one graph", self.where())
         if not loss.fake.requires_grad or loss.fake.numel() != 1:
             raise Unsupported("backward() of a tensor that does not require grad or is not a scalar", self.where())
+        # DistributedDataParallel and FSDP hook their gradient accumulators (no Python API shows those hooks):
+        # with a process group, autograd runs the backward
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            raise Unsupported("backward() with torch.distributed initialized (its gradient hooks)", self.where())
+        if torch.distributed.is_available():
+            cap.guards.add("not ___torch.distributed.is_initialized()", cost=1)
         leaves = []
         for inp in _inputs_reached(cap, loss, self.where()):
             real = inp.real

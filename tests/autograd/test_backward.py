@@ -164,3 +164,45 @@ def test_backward_into_a_tensor_computed_outside_reaches_its_leaves():
 
     ember.compile(f)(h)
     torch.testing.assert_close(w.grad, 6 * torch.cos(3 * w.detach()))
+
+
+def test_gradient_clipping_between_backward_and_step():
+    """clip_grad_norm_ reads the gradients the graph's backward made (p.grad within the capture) and scales them
+    in place before the optimizer reads them; every value as eager's."""
+    torch.manual_seed(0)
+    m1 = _model()
+    m2 = copy.deepcopy(m1)
+    o1, o2 = torch.optim.SGD(m1.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def step(model, opt, x):
+        opt.zero_grad()
+        (model(x) * 10).square().sum().backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        return norm
+
+    compiled = ember.compile(step)
+    for _ in range(3):
+        x = torch.randn(6, 8)
+        torch.testing.assert_close(compiled(m2, o2, x), step(m1, o1, x))
+        _assert_same_training_state(m1, o1, m2, o2)
+
+
+def test_a_process_group_keeps_the_backward_in_autograd(monkeypatch):
+    """With torch.distributed initialized (DDP's gradient-accumulator hooks, which no API lists), backward()
+    breaks the graph; the entry made without one is guarded on it."""
+    w = torch.randn(4, requires_grad=True)
+
+    def f(x):
+        (w * x).sum().backward()
+
+    compiled = ember.compile(f)
+    explained = ember.explain(f)(torch.randn(4))
+    assert explained.graph_break_count == 0
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    explained = ember.explain(f)(torch.randn(4))
+    assert any("distributed" in b.reason for b in explained.break_reasons)
+    x = torch.randn(4)
+    w.grad = None          # (explain ran f twice)
+    compiled(x)
+    torch.testing.assert_close(w.grad, x)
