@@ -151,6 +151,10 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             # copy in `finish` is skipped when the graph returns the input itself). Inference only: a training
             # forward's inputs may be saved for the backward, which needs their old values.
             aten_gm.meta["ember_input_mutations"] = [(m.input_index, m.output_index) for m in meta.mutations]
+            # outputs `finish` copies into their inputs at once, and that the program does not also return
+            returned = {s.index for s in meta.outputs if s.kind == "graph"}
+            aten_gm.meta["ember_copied_back"] = [m.output_index for m in meta.mutations
+                                                 if m.output_index not in returned]
             aten_gm.meta["ember_guarded"] = guarded    # the wrapper need not check the inputs again
             aten_gm.meta["ember_inference"] = True  # code generators may choose layouts (no backward reads them)
             return _Artifact(meta, fw_compiler(aten_gm, inputs), name, no_grad=no_grad)

@@ -25,6 +25,7 @@ tensor gives up the split: the caller runs the graph eagerly.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 from typing import Callable
 
@@ -181,6 +182,10 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
                                             if out_leaves[o] in at_dev_out and i in at_dev_in]
     host_gm.meta["ember_input_mutations"] = [(at_host_in[i], at_host_out[out_leaves[o]]) for i, o in mutations
                                              if out_leaves[o] in at_host_out and i in at_host_in]
+    # device outputs only copied back into inputs (a CUDA graph of the device part need not clone them)
+    once = {x for x, k in collections.Counter(dev_outs).items() if k == 1}
+    dev_gm.meta["ember_copied_back"] = [at_dev_out[out_leaves[o]] for o in gm.meta.get("ember_copied_back") or ()
+                                        if out_leaves[o] in once]
     at_host_node = _positions(host_inputs)
     at_sent = {n: len(host_outs) + k for k, n in enumerate(sent)}
     plan = {

@@ -460,7 +460,8 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
             return compile_graph(gm, example_inputs)
 
         def device_part(f: Callable, dev_gm: torch.fx.GraphModule) -> Callable:
-            g = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, mutated_inputs=_mutated(dev_gm))
+            g = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, mutated_inputs=_mutated(dev_gm),
+                            copied_back=dev_gm.meta.get("ember_copied_back", ()))
             g.name = f"{name} (device part)"
             return g
         return compile_graph(gm, example_inputs, {"cudagraphs.device_part": device_part})
