@@ -58,9 +58,12 @@ def _build(source: str, cpp: pathlib.Path, so: pathlib.Path) -> pathlib.Path:
     """g++ on the file; a large one (densenet121's inference graph: 176K characters, 7 s of g++ on this 2-core
     machine) in parts, each the prelude plus a share of the kernels, compiled to objects side by side and
     linked into one library."""
-    cpp.write_text(source)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=so.parent)
     os.close(fd)
+    # this build's own copy of the source: threads building one graph at once (each missing the cache) wrote the
+    # shared .cpp while another's g++ read it, and a library short of kernels won the rename
+    final_cpp, cpp = cpp, pathlib.Path(tmp).with_suffix(".cpp")
+    cpp.write_text(source)
     cxx = os.environ.get("CXX", "g++")
     prelude, *kernels = source.split(KERNEL_MARK)
     n = min(os.cpu_count() or 1, len(kernels), len(source) // PART_CHARS)
@@ -71,9 +74,7 @@ def _build(source: str, cpp: pathlib.Path, so: pathlib.Path) -> pathlib.Path:
             shares: list[list[str]] = [[] for _ in range(n)]
             for k in sorted(kernels, key=len, reverse=True):   # longest first, each to the lightest part
                 min(shares, key=lambda sh: sum(map(len, sh))).append(k)
-            # named after this build's temporary file: two processes building one source at once (pytest-xdist
-            # workers sharing a cache) rewrote and deleted each other's parts, linking a library short of kernels
-            parts = [pathlib.Path(tmp).with_suffix(f".part{i}.cpp") for i in range(n)]
+            parts = [pathlib.Path(tmp).with_suffix(f".part{i}.cpp") for i in range(n)]   # (this build's own)
             objs = [p.with_suffix(".o") for p in parts]
             for p, share in zip(parts, shares):
                 p.write_text(KERNEL_MARK.join([prelude, *share]))
@@ -91,6 +92,7 @@ def _build(source: str, cpp: pathlib.Path, so: pathlib.Path) -> pathlib.Path:
     except BaseException:
         os.unlink(tmp)
         raise
+    os.replace(cpp, final_cpp)   # (kept beside the library, for reading)
     os.replace(tmp, so)
     return so
 
