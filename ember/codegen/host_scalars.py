@@ -12,9 +12,10 @@ they scale; eager CUDA kernels read such a 0-d CPU tensor as a scalar argument. 
   3. runs the host graph, the CPU nodes the graph's CPU outputs need (step + 1), through the C++ backend, which
      writes the step counters in place.
 In a big graph (SENT_FROM_HOST_ABOVE), CPU values the device reads that need a libdevice function on the GPU
-(`beta ** step`, LINKED_ON_DEVICE) are not recomputed there: every kernel reading one linked libdevice (~40 ms of compile each: 191 kernels of
-densenet121's training step in one graph, whose Adam updates fused into the backward's kernels). The host
-graph runs first and computes them, and they reach the device in packs of their own, sent each call.
+(`beta ** step`, LINKED_ON_DEVICE) are not recomputed there: every kernel reading one linked libdevice (~40 ms
+of compile each: 191 kernels of densenet121's training step in one graph, whose Adam updates fused into the
+backward's kernels). The host graph runs first and computes them, and they reach the device in packs of their
+own, sent each call.
 
 An optimizer's step counters change by `+ 1` each call, on the CPU and (recomputed) on the GPU alike: the
 device graph also returns the new counters, stacked, and the next call passes that tensor as the pack when

@@ -1361,7 +1361,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             mutations = gm.meta.get("ember_input_mutations")
             sched = split_few_row_groups(schedule.schedule(low, mutations=mutations, across=True))
             schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
-            schedule.recompute_scalars(sched, mutations, LIBDEVICE_OPS)   # after it: what it inlines must not be written
+            # after it: what it inlines must not be written
+            schedule.recompute_scalars(sched, mutations, LIBDEVICE_OPS)
             sched = chunk_wide_groups(sched)
             if not (options or {}).get("max_autotune"):   # (the matmul templates print their epilogues' stores)
                 registers_for_private_values(sched)

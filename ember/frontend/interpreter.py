@@ -32,6 +32,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ember.autograd.backward import grads_of
 from ember.errors import Unsupported
 from ember.frontend.guards import DICT_GET, Guards
 from ember.frontend.meta import fake_of_real, fast_result
@@ -1838,7 +1839,6 @@ class Frame:
         is None, `p.grad += g` in place where it is a tensor. Anything else breaks the graph here, where eager
         autograd runs it: arguments, a second backward, a gradient into a tensor made before the compiled code
         or into one with hooks."""
-        from ember.autograd.backward import grads_of
         cap = self.cap
         names = ("gradient", "retain_graph", "create_graph", "inputs")
         bound = {**dict(zip(names, args)), **kwargs}

@@ -256,8 +256,8 @@ def test_host_scalars_split_assembles_outputs_in_order(monkeypatch):
 
 def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monkeypatch):
     """In a big graph, a CPU value the device reads that would need libdevice there (`1 - 0.9 ** (step + 1)`,
-    Adam's bias correction) is an output of the host graph, which runs first, and reaches the device graph in a pack of its
-    own; the device graph has no pow, and still recomputes the cheap `step + 1` it reads."""
+    Adam's bias correction) is an output of the host graph, which runs first, and reaches the device graph in a
+    pack of its own; the device graph has no pow, and still recomputes the cheap `step + 1` it reads."""
     import torch.fx as fx
 
     from ember.codegen import host_scalars
