@@ -78,9 +78,26 @@ def adam():
     return step, ()
 
 
+def resnet18_train():
+    """The torch.compile tutorial's training step (zero_grad, forward, loss, backward, Adam) on resnet18, batch 8
+    of 3 x 64 x 64 (kept small for a 2-core machine)."""
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
+
+    def step(x, y):
+        opt.zero_grad(True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    return step, (x, y)
+
+
 WORKLOADS = {"pointwise": pointwise, "ln_gelu_softmax": ln_gelu_softmax, "mlp": mlp, "resnet18": resnet18,
-             "densenet121": densenet121, "bert": bert, "adam": adam}
-TRAINING = {"adam"}
+             "densenet121": densenet121, "bert": bert, "adam": adam, "resnet18_train": resnet18_train}
+TRAINING = {"adam", "resnet18_train"}
 
 
 def compiled(name, compiler):

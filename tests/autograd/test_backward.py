@@ -9,6 +9,13 @@ import ember
 from ember.autograd.backward import grads_of
 
 
+@pytest.fixture(autouse=True)
+def _backward_in_graph_on_the_cpu(monkeypatch):
+    """The mechanism is device-independent; by default only CUDA losses use it (BACKWARD_IN_GRAPH_DEVICES)."""
+    from ember.frontend import interpreter
+    monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cpu", "cuda"})
+
+
 def _model():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
 
@@ -205,4 +212,21 @@ def test_a_process_group_keeps_the_backward_in_autograd(monkeypatch):
     x = torch.randn(4)
     w.grad = None          # (explain ran f twice)
     compiled(x)
+    torch.testing.assert_close(w.grad, x)
+
+
+def test_a_cpu_loss_keeps_its_backward_in_autograd_by_default(monkeypatch):
+    """On the CPU the backward stays a separate graph by default (it measured faster so): a break at backward()."""
+    from ember.frontend import interpreter
+    monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cuda"})
+    w = torch.randn(4, requires_grad=True)
+
+    def f(x):
+        (w * x).sum().backward()
+
+    explained = ember.explain(f)(torch.randn(4))
+    assert any("backward" in b.reason for b in explained.break_reasons)
+    w.grad = None
+    x = torch.randn(4)
+    ember.compile(f)(x)
     torch.testing.assert_close(w.grad, x)
