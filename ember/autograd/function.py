@@ -98,6 +98,13 @@ class CompiledGraphFunction(torch.autograd.Function):
         return (None, None, *art.backward(*saved, *tangents))
 
 
+def _copied_back(meta) -> list[int]:
+    """The graph outputs `finish` copies into their inputs at once, and that the program does not also return
+    (a CUDA graph hands them out uncloned)."""
+    returned = {s.index for s in meta.outputs if s.kind == "graph"}
+    return [m.output_index for m in meta.mutations if m.output_index not in returned]
+
+
 def _forward_of_joint(joint: torch.fx.GraphModule, meta) -> torch.fx.GraphModule:
     """A joint graph with no tangents as an inference graph: its outputs without the (all None) gradients."""
     out = next(n for n in reversed(joint.graph.nodes) if n.op == "output")
@@ -151,10 +158,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             # copy in `finish` is skipped when the graph returns the input itself). Inference only: a training
             # forward's inputs may be saved for the backward, which needs their old values.
             aten_gm.meta["ember_input_mutations"] = [(m.input_index, m.output_index) for m in meta.mutations]
-            # outputs `finish` copies into their inputs at once, and that the program does not also return
-            returned = {s.index for s in meta.outputs if s.kind == "graph"}
-            aten_gm.meta["ember_copied_back"] = [m.output_index for m in meta.mutations
-                                                 if m.output_index not in returned]
+            aten_gm.meta["ember_copied_back"] = _copied_back(meta)
             aten_gm.meta["ember_guarded"] = guarded    # the wrapper need not check the inputs again
             aten_gm.meta["ember_inference"] = True  # code generators may choose layouts (no backward reads them)
             return _Artifact(meta, fw_compiler(aten_gm, inputs), name, no_grad=no_grad)
@@ -165,10 +169,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         # the forward's outputs past these are saved for the backward: under CUDA graphs they stay in graph memory
         # (aliases) instead of being cloned and copied back in for the backward
         part.forward.meta["num_user_outputs"] = part.num_forward_outputs
-        # outputs `finish` copies into their inputs at once, and that the program does not also return
-        returned = {s.index for s in meta.outputs if s.kind == "graph"}
-        part.forward.meta["ember_copied_back"] = [m.output_index for m in meta.mutations
-                                                  if m.output_index not in returned]
+        part.forward.meta["ember_copied_back"] = _copied_back(meta)
         # copies back that autograd need not see (batch norms' running statistics: neither side requires grad)
         # take finish's cached plan, as an optimizer step's do
         differentiable = set(meta.tangent_of)

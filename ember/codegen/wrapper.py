@@ -20,8 +20,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.codegen.ir import ExternBuffer, TensorArg
-from ember.frontend import native_guards
 from ember.codegen.schedule import FusedGroup, Schedule
+from ember.frontend import native_guards
 
 
 def fast_unflatten(spec: pytree.TreeSpec) -> Callable[[list], object]:

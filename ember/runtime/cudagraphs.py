@@ -98,7 +98,7 @@ class Saved:
 
 
 class FreshLike:
-    """Makes new tensors shaped like `tensors` (a replay's outputs, cloned on each replay): the contiguous ones
+    """Makes copies of `tensors` (a replay's outputs, cloned on each replay): the contiguous ones
     as views of one allocation per dtype and device, each view 64-byte aligned for vector loads (as DDP's
     gradient buckets: one allocator call instead of hundreds); the others with empty_like. The views come
     from one C++ call (unflatten_dense_tensors, DDP's) over the sources and padding: densenet121's 364
@@ -113,7 +113,9 @@ class FreshLike:
                 by_kind.setdefault((t.dtype, t.device), []).append(i)
             else:
                 self.loose.append(i)
-        self.groups = []    # (dtype, device, total elements, layout: sources and paddings, picker, indices)
+        # per dtype and device: (dtype, device, total elements, layout: sources and paddings, picker, indices,
+        # the layout's flat views)
+        self.groups = []
         for (dtype, device), idx in by_kind.items():
             align = max(1, 64 // tensors[idx[0]].element_size())
             layout, at = [], []
@@ -124,16 +126,6 @@ class FreshLike:
                     layout.append(torch.empty(align - tensors[i].numel() % align, dtype=dtype, device=device))
             total = sum(t.numel() for t in layout)
             self.groups.append((dtype, device, total, layout, picker(at), idx, [t.view(-1) for t in layout]))
-
-    def __call__(self) -> list[torch.Tensor]:
-        out: list = [None] * len(self.tensors)
-        for i in self.loose:
-            out[i] = torch.empty_like(self.tensors[i])
-        for dtype, device, total, layout, pick, idx, _ in self.groups:
-            views = pick(torch._C._nn.unflatten_dense_tensors(torch.empty(total, dtype=dtype, device=device), layout))
-            for i, v in zip(idx, views):
-                out[i] = v
-        return out
 
     def copies(self) -> list[torch.Tensor]:
         """New tensors holding the sources' values now. A group's values are one concatenation into its
@@ -210,8 +202,6 @@ class _Recording:
             for k, (a, b) in enumerate(zip(ptrs, self.buffer_ptrs)):
                 if a != b:
                     self.buffers[self.copy_in[k]].copy_(inputs[self.copy_in[k]])
-
-
 
 
 class CUDAGraphed:
@@ -467,7 +457,6 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
         return compile_graph(gm, example_inputs, {"cudagraphs.device_part": device_part})
 
     return fw_compiler, bw_compiler
-
 
 
 def _reads_cpu_tensors(example_inputs: list) -> bool:

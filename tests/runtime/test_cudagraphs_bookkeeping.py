@@ -10,9 +10,8 @@ def test_fresh_outputs_share_one_aligned_allocation_per_dtype():
     src = [torch.randn(3, 5), torch.randn(7), torch.randn(4, 4).t(), torch.randn(2, dtype=torch.float64),
            torch.randn(0), torch.randn(9)]
     fresh = FreshLike(src)
-    out = fresh()
-    assert fresh()[0].data_ptr() != out[0].data_ptr()   # new memory on each call
-    torch._foreach_copy_(out, src)
+    out = fresh.copies()
+    assert fresh.copies()[0].data_ptr() != out[0].data_ptr()   # new memory on each call
     for s, o in zip(src, out):
         assert (o.shape, o.stride(), o.dtype) == (s.shape, s.stride(), s.dtype)
         assert o.data_ptr() % 64 == 0
