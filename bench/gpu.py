@@ -274,6 +274,46 @@ def sweep_flat_blocks() -> None:
 PROFILE: list[str] = []
 COMPILE_PROFILE: list[str] = []
 
+# the pipeline's stages, timed (wall seconds) in ember's cold compiles: where they go without cProfile's overhead
+PHASES = ("ember.frontend.convert:FrameCompiler.capture", "ember.autograd.trace:trace_joint",
+          "ember.autograd.trace:trace_forward", "ember.autograd.partition:partition", "ember.codegen.lower:lower",
+          "ember.codegen.schedule:schedule", "ember.codegen.host_scalars:split", "ember.codegen.triton:generate",
+          "ember.codegen.triton:_precompile", "ember.runtime.cudagraphs:CUDAGraphed._record")
+PHASE_S: dict[str, float] = {}
+
+
+def time_phases() -> None:
+    """Wrap each of PHASES (where every ember module holds it) with a timer adding to PHASE_S; nested calls of
+    one phase count once."""
+    import importlib
+    for spec in PHASES:
+        mod_name, qual = spec.split(":")
+        owner = importlib.import_module(mod_name)
+        *cls, name = qual.split(".")
+        if cls:
+            owner = getattr(owner, cls[0])
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+        depth = [0]
+
+        def timed(*a, __f=original, __k=qual, __d=depth, **k):
+            __d[0] += 1
+            t0 = time.perf_counter()
+            try:
+                return __f(*a, **k)
+            finally:
+                __d[0] -= 1
+                if __d[0] == 0:
+                    PHASE_S[__k] = PHASE_S.get(__k, 0.0) + time.perf_counter() - t0
+        if cls:
+            setattr(owner, name, timed)
+        else:
+            for m in [m for n, m in sys.modules.items() if n.startswith("ember") and m is not None]:
+                for attr, v in list(vars(m).items()):
+                    if v is original:
+                        setattr(m, attr, timed)
+
 
 def measure(w: Workload, column: str, compiler) -> dict:
     torch.manual_seed(0)
@@ -281,6 +321,9 @@ def measure(w: Workload, column: str, compiler) -> dict:
     if step is None:
         return None
     torch.cuda.synchronize()
+    from ember.codegen import triton as ember_triton
+    from ember.runtime import triton_workers
+    triton_s, in_workers = ember_triton.STATS["compile_s"], triton_workers.STATS["compiled"]
     t0 = time.perf_counter()
     first = 3 if compiler is not None else 0     # reduce-overhead records CUDA graphs on the first calls
     pr = None
@@ -292,6 +335,19 @@ def measure(w: Workload, column: str, compiler) -> dict:
         step()
     torch.cuda.synchronize()
     cold_s = time.perf_counter() - t0
+    if column == "ember":   # of the cold compile: Triton's compile and load of the kernels (_precompile)
+        print(f"  {w.name} [ember]: {cold_s:.1f} s cold, of which Triton {ember_triton.STATS['compile_s'] - triton_s:.1f}"
+              f" s ({triton_workers.STATS['compiled'] - in_workers} kernels compiled in worker processes, "
+              f"{triton_workers.STATS['worker_s']:.1f} s of theirs in all)", flush=True)
+        if PHASE_S:
+            print("    phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in PHASE_S.items()), flush=True)
+            print("    slowest kernels in workers (s): " + ", ".join(f"{n} {t:.1f}" for t, n, _ in triton_workers.SLOWEST))
+            if triton_workers.SLOWEST:   # the slowest one's source, to its first 80 lines
+                _, name, path = triton_workers.SLOWEST[0]
+                src = open(path).read()
+                body = src[src.index(f"def {name}("):].split("\n@triton.jit")[0].splitlines()
+                print(f"    {name} ({len(body)} lines):\n" + "\n".join(body[:80]))
+            PHASE_S.clear()
     if pr is not None:   # where a cold compile's time goes (the build before this was eager module set-up)
         import pstats
         pr.disable()
@@ -365,9 +421,12 @@ def main() -> None:
     ap.add_argument("--profile", default="", help="workloads (substrings) whose columns get a kernel profile")
     ap.add_argument("--compile-profile", default="", help="workloads (substrings) whose ember cold compile is profiled")
     ap.add_argument("--sweep-blocks", action="store_true", help="time the pointwise chain under other BLOCKs")
+    ap.add_argument("--phases", action="store_true", help="time the pipeline's stages in ember's cold compiles")
     args = ap.parse_args()
     PROFILE.extend(k.rstrip("$") for k in args.profile.lower().split(",") if k)
     COMPILE_PROFILE.extend(k.rstrip("$") for k in args.compile_profile.lower().split(",") if k)
+    if args.phases:
+        time_phases()
     cols = [c for c in args.columns.split(",") if c]
     # ember's C++ guards build in the background at the first capture (~11 s on a fresh machine); a row captured
     # before they are loaded keeps Python guards: wait, to measure what an installation with its cache runs. So

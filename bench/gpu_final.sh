@@ -49,6 +49,16 @@ compile)   # where cold compiles go (cProfile of ember's first calls) and host t
     --columns "${COLUMNS:-eager,ember}" --profile "${PROFILE_ROWS:-adam step,resnet50}" \
     --compile-profile "${ROWS:-adam step,resnet50,bertmodel,gpt2}" > "$OUT/compile.log" 2>&1
   grep -E "^\||host |profile |Error" "$OUT/compile.log" | tail -30 ;;
+workers)   # Triton kernels compiled in worker processes (ember/runtime/triton_workers.py): their tests and the
+  # Triton tests, then ember's cold compile of the training row without them (WORKERS_FROM past every graph's
+  # kernel count) and with them
+  timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider tests/runtime tests/codegen/test_triton.py ${EXTRA_TESTS:-} \
+    2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
+  for from in 1000000000 4; do
+    timeout 200 python3 -c "import sys, runpy; sys.argv = ['bench/gpu.py', '--only', '${ROWS:-train step}', '--columns', 'ember']
+import ember.codegen.triton as t; t.WORKERS_FROM = $from; print('WORKERS_FROM', t.WORKERS_FROM)
+runpy.run_path('bench/gpu.py', run_name='__main__')" 2>&1 | tee -a "$OUT/workers.log" | grep -E "^\||WORKERS|cold|Error"
+  done ;;
 check)   # while working: GPU tests of the optimizer/Triton/CUDA-graph paths, Adam rows against Inductor, GPT-2's
   # kernel profile and the source of its slowest Triton kernels (TOP of them)
   timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \

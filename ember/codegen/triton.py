@@ -46,13 +46,13 @@ from ember.codegen.ir import Expr, FloorDiv, ModIndex, TensorArg
 from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars, split_elementwise
 from ember.frontend import native_guards
-from ember.runtime import cuda_launch
+from ember.runtime import cuda_launch, triton_workers
 from ember.tools import collector
 from ember.tools.logs import get_logger
 
 code_log = get_logger("output_code")
 fallback_log = get_logger("fallbacks")
-STATS = {"graphs": 0, "kernels": 0, "eager_graphs": 0}   # for tests and benchmarks
+STATS = {"graphs": 0, "kernels": 0, "eager_graphs": 0, "compile_s": 0.0}   # for tests and benchmarks
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
       torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
@@ -395,15 +395,15 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
             if group_shape(it) != ROWS:     # flat, or one foreach kernel over the independent parts
                 items.append(it)
                 continue
-        if any(m.dest for m in it.members):   # in-place writers: parts could reorder a write and a read
-            items.append(it)
-            continue
-        part_of: dict[str, int] = {}
+        # graph inputs written in place: a writer and every reader of its input stay in one part, in order
+        in_place = {m.dest for m in it.members if m.dest and m.dest != m.buf.name}
+        part_of: dict = {}
         parts: list[list] = []
         for m in it.members:
             # reductions over the same extents reading the same buffer stay together: they share its loads
             # (batch norm's backward sums the gradient and the gradient times x-hat)
             shared = [(r, m.inner) for r in m.reads] if m.is_reduction else []
+            shared += [("in place", x) for x in sorted({*m.reads, m.dest} & in_place)]
             joined = sorted({part_of[r] for r in [*m.reads, *shared] if r in part_of})
             if not joined:
                 parts.append([m])
@@ -412,21 +412,27 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
                 k = joined[0]
                 for j in joined[1:]:            # m connects earlier parts: merge them into the first
                     parts[k].extend(parts[j])
-                    for x in parts[j]:
-                        part_of[x.buf.name] = k
                     parts[j] = []
+                    for key in [key for key, v in part_of.items() if v == j]:
+                        part_of[key] = k
                 parts[k].append(m)
             part_of[m.buf.name] = k
             for key in shared:
                 part_of.setdefault(key, k)
         # one-element parts (each batch norm's num_batches_tracked + 1: densenet121 launched 121 kernels of one
-        # element) share one flat kernel; nothing is read between parts
+        # element) share flat kernels of at most MAX_BLOCKS_PER_KERNEL members; nothing is read between parts.
+        # (All of them and the loss in one program made a kernel of 1,873 lines, 11 s of Triton's compile.)
         order = {id(m): i for i, m in enumerate(it.members)}
         lone = [p for p in parts if p and all(not m.is_reduction and not m.inner for m in p)]
         if len(lone) > 1:
-            scalars = [dataclasses.replace(m, block=0) for p in lone for m in p]
-            order.update((id(new), order[id(m)]) for new, m in zip(scalars, (m for p in lone for m in p)))
-            parts = [p for p in parts if p and not any(p is q for q in lone)] + [scalars]
+            chunks: list[list] = [[]]
+            for p in lone:
+                if chunks[-1] and len(chunks[-1]) + len(p) > MAX_BLOCKS_PER_KERNEL:
+                    chunks.append([])
+                chunks[-1] += [dataclasses.replace(m, block=0) for m in p]
+            order.update((id(new), order[id(m)]) for new, m in zip((m for c in chunks for m in c),
+                                                                   (m for p in lone for m in p)))
+            parts = [p for p in parts if p and not any(p is q for q in lone)] + chunks
         for members in parts:
             if not members:
                 continue
@@ -1125,39 +1131,52 @@ def load_module(source: str):
     return mod
 
 
-_COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ember-triton")
+_COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(8, triton_workers.WORKERS),
+                                                      thread_name_prefix="ember-triton")
+WORKERS_FROM = 4   # kernels in a graph from which they compile in worker processes (starting one costs ~0.2 s)
 
 
 def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> dict:
     """Compile and load every kernel now, concurrently, instead of one by one at first launch: Triton's passes
-    and PTX assembly run outside the GIL. Loaded for ember's launcher (cuda_launch) where it fits: Triton 3.6's
-    own launcher is a C stub built for each new argument signature (~0.3 s of gcc each; resnet50 has 8, a third
-    of its cold compile when built serially at first launch). Argument dtypes stand in for tensors (Triton's
-    warmup takes them). Returns {kernel name: the loaded kernel (cuda_launch.Loaded, or Triton's compiled
+    and PTX assembly run outside the GIL, its Python frontend inside it, so a graph of many kernels compiles in
+    worker processes (triton_workers) and only loads here. Loaded for ember's launcher (cuda_launch) where it
+    fits: Triton 3.6's own launcher is a C stub built for each new argument signature (~0.3 s of gcc each;
+    resnet50 has 8, a third of its cold compile when built serially at first launch). Argument dtypes stand in
+    for tensors (Triton's warmup takes them). Returns {kernel name: the loaded kernel (cuda_launch.Loaded, or Triton's compiled
     kernel)} for those that loaded."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return {}
     t0 = time.perf_counter()
     if device.type == "cuda":
         cuda_launch.EXTENSION.get()   # (starts its build, once per machine, while Triton compiles)
+    names = {name for _, name, *_ in kernels}
+    in_workers = mod.__file__ if device.type == "cuda" and len(names) >= WORKERS_FROM else None
     jobs = {}
     for _, name, args, cfg, _grid in kernels:
         if name not in jobs:
             meta = {k: v for k, v in cfg.items() if k != "persistent"}
             dtypes = [sched.buffers[a].dtype for a in args]
-            jobs[name] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, meta, device)
+            jobs[name] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, meta, device,
+                                              in_workers)
     loaded = {}
     for name, job in jobs.items():
         try:
             loaded[name] = job.result()
         except Exception as e:  # compiled again (and any error raised) at the first launch
             code_log.debug("precompiling %s failed: %s: %s", name, type(e).__name__, e)
+    STATS["compile_s"] += time.perf_counter() - t0
     code_log.debug("compiled %d Triton kernels in %.2fs", len(jobs), time.perf_counter() - t0)
     return {k: v for k, v in loaded.items() if getattr(v, "function", None) is not None}
 
 
-def _compile_and_load(fn, dtypes: list, meta: dict, device: torch.device):
-    """Triton's compiled kernel, loaded: for ember's launcher (cuda_launch.Loaded) where it fits, else Triton's."""
+def _compile_and_load(fn, dtypes: list, meta: dict, device: torch.device, module_path: str | None = None):
+    """Triton's compiled kernel, loaded: for ember's launcher (cuda_launch.Loaded) where it fits, else Triton's.
+    With `module_path`, a worker process compiles it first (triton_workers), and the warmup here reads it from
+    Triton's cache."""
+    if module_path is not None:
+        spec = triton_workers.specialization(fn, dtypes, meta)
+        if spec is not None:
+            triton_workers.compile_in_worker(module_path, fn.fn.__name__, spec)
     kernel = fn.warmup(*dtypes, grid=(1,), **meta)
     if device.type == "cuda" and hasattr(kernel, "_init_handles"):
         with torch.cuda.device(device):   # the module loads into this device's context, from this thread

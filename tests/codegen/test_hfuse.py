@@ -520,3 +520,42 @@ def test_triton_sgd_momentum(monkeypatch, tmp_path):
     call = forward_of(run)
     assert len(call.kernels) == 1
     assert len(call.sched.inplace) == 2 * n
+
+
+@needs_triton
+def test_triton_a_loss_and_many_counters_updated_in_place_split_into_kernels(monkeypatch, tmp_path):
+    """densenet121's training step computed its loss (a reduction to one element) and each batch norm's
+    num_batches_tracked + 1 in one group of one row: one program over all of it, a kernel of 1,873 lines that
+    Triton took 11 s to compile. The counters are written in place; each writer stays with its input's readers,
+    the loss gets its own kernel and the counters kernels of at most MAX_BLOCKS_PER_KERNEL."""
+    from ember.codegen import triton as tr
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    dev = "cuda" if CUDA else "cpu"
+    n = 70
+
+    def step(logits, target, counters, scales):
+        for c in counters:
+            c.add_(1)
+        scales[0].mul_(counters[0])      # reads a counter written in place: stays with its writer, after it
+        return torch.nn.functional.cross_entropy(logits, target) * scales[0]
+
+    logits, target = torch.randn(16, 100, device=dev), torch.randint(0, 100, (16,), device=dev)
+    state = [logits, target] + [torch.randint(0, 5, (), device=dev) for _ in range(n)] + [torch.rand((), device=dev)]
+    src = (f"def f({', '.join(f'a{i}' for i in range(n + 3))}):\n"
+           f"    return step(a0, a1, [{', '.join(f'a{i + 2}' for i in range(n))}], [a{n + 2}])\n")
+    ns = {"step": step}
+    exec(src, ns)
+    gm = torch.fx.symbolic_trace(ns["f"])
+    run = triton_compile(gm, clones(state))
+    for _ in range(2):
+        state = [torch.randn(16, 100, device=dev), torch.randint(0, 100, (16,), device=dev)] + \
+            [torch.randint(0, 5, (), device=dev) for _ in range(n)] + [torch.rand((), device=dev)]
+        mine, ref = clones(state), clones(state)
+        got = run(*mine)
+        want = ns["f"](*ref)
+        torch.testing.assert_close(got[0] if isinstance(got, (tuple, list)) else got, want)
+        assert_all_close(mine, ref)
+    call = forward_of(run)
+    groups = [g for g in call.sched.items if isinstance(g, tr.FusedGroup)]
+    sizes = sorted(len(g.members) for g in groups)
+    assert len(groups) >= 3 and sizes[-1] <= tr.MAX_BLOCKS_PER_KERNEL + 8, sizes
