@@ -84,6 +84,12 @@ def main() -> None:
     import gc
     for g in (o for o in gc.get_objects() if isinstance(o, cudagraphs.CUDAGraphed)):
         print(f"CUDA graph {g.name}: {g.replays} replays, {g.eager_runs} eager runs, {len(g.recordings)} recordings")
+        for r in g.recordings.values():   # outputs cloned on each replay (graph memory the caller may keep), by size
+            sizes = collections.Counter(tuple(t.shape) for t in r.cloned_sources)
+            mb = sum(t.numel() * t.element_size() for t in r.cloned_sources) / 2**20
+            print(f"  recording: {len(r.cloned_sources)} outputs cloned per replay, {mb:.1f} MiB; most common "
+                  f"shapes {sizes.most_common(6)}; largest "
+                  f"{sorted((tuple(t.shape) for t in r.cloned_sources), key=lambda s: -torch.Size(s).numel())[:6]}")
 
     timed(function.CompiledGraphFunction, "apply", "CompiledGraphFunction.apply (forward, autograd node)")
     timed(function.CompiledGraphFunction, "backward", "CompiledGraphFunction.backward", static=True)
@@ -126,6 +132,17 @@ def main() -> None:
           f"{sum(e.count for e in on_gpu) // 5} kernels")
     for e in sorted(on_gpu, key=lambda e: -e.self_device_time_total)[:12]:
         print(f"  {e.self_device_time_total / 5 / 1e3:8.3f} ms {e.count // 5:5d}x  {e.key[:90]}")
+    kinds = collections.defaultdict(lambda: [0.0, 0])   # GPU time by kind of kernel
+    for e in on_gpu:
+        k = e.key
+        kind = ("ember Triton" if k.startswith("k_") else "Triton (other)" if k.startswith("triton_") else
+                "ATen native" if "at::native" in k else "memcpy/memset" if "Memcpy" in k or "Memset" in k else
+                "cuDNN/cuBLAS/CUTLASS")
+        kinds[kind][0] += e.self_device_time_total / 5 / 1e3
+        kinds[kind][1] += e.count // 5
+    print("GPU time by kind: " + ", ".join(f"{k} {v[0]:.3f} ms ({v[1]} kernels)" for k, v in kinds.items()))
+    for e in sorted((e for e in on_gpu if "at::native" in e.key), key=lambda e: -e.self_device_time_total)[:8]:
+        print(f"  ATen native {e.self_device_time_total / 5 / 1e3:8.3f} ms {e.count // 5:5d}x  {e.key[:110]}")
     print("host ops (self time per step, profiler on):")
     for e in sorted((e for e in evs if e.device_type != torch.autograd.DeviceType.CUDA),
                     key=lambda e: -e.self_cpu_time_total)[:16]:
