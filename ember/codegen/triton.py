@@ -772,6 +772,14 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
     bodies: dict[int, Body] = {}
     scalars: dict = {}
     stored_here: set = set()
+    # (buffer, offset) -> variable: one value per row (a batch norm's mean and rstd) this program stored, which
+    # later members of any row length read from the register instead of waiting for the store
+    row_values: dict = {}
+
+    def in_registers(b: Body, body: Expr) -> bool:
+        """Whether every value body reads of what this program stored is still in a register."""
+        return all(x.args[0] in scalars or (x.args[0], x.args[1]) in b.stored for x in body.walk()
+                   if x.op == "load" and x.args[0] in stored_here)
     run: list = []   # looped reductions of one row length not reading each other: one loop (_looped_members)
     online: dict = {}   # in `run`: a sum of exp(x - max) -> that max (one loop, _online_softmax_max)
 
@@ -820,6 +828,9 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
         if R <= 1 and not m.inner:
             b = Body(scalars, "xmask", ind, ranges, extents)
             b.prefix = f"{m.buf.name}_t"    # names of its own: a later looped member must not reassign them
+            b.stored.update(row_values)
+            if barrier_at is not None and in_registers(b, body):
+                del L[barrier_at]
             v = b.emit(body)
             L += b.lines
             if m.is_reduction:  # reduction over nothing: the value itself (its index, for argmax/argmin)
@@ -831,6 +842,11 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
             if not (m.local and m.is_reduction):
                 L.append(ind + _store(m, v, index_code(store, {}), "xmask", "[XBLOCK, 1]"))
                 stored_here.add(m.buf.name)
+                if not m.is_reduction and m.buf.dtype == m.body.dtype and m.buf.dtype in (torch.float32,
+                                                                                            torch.float64):
+                    row_values[(m.buf.name, store)] = v
+                    for other in bodies.values():
+                        other.stored[(m.buf.name, store)] = v
             continue
         if persistent:
             # members over the same row length share one Body: a value (a load of the row) is computed once
@@ -838,9 +854,9 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                 L.append(f"{ind}rmask{R} = xmask & (rbase < {R})")
                 bodies[R] = Body(scalars, f"rmask{R}", ind, ranges, extents)
                 bodies[R].prefix = f"r{R}_"
+                bodies[R].stored.update(row_values)
             b = bodies[R]
-            if barrier_at is not None and all((x.args[0], x.args[1]) in b.stored for x in body.walk()
-                                              if x.op == "load" and x.args[0] in stored_here):
+            if barrier_at is not None and in_registers(b, body):
                 del L[barrier_at]   # every value read back is still in a register: no wait for the stores
             done = len(b.lines)
             v = b.emit(body)

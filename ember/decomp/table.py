@@ -973,6 +973,95 @@ def _avg_pool2d(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_
     return P.cast(P.div(total, float(div)), x.dtype)
 
 
+def _windows_of(i, k: int, s: int, p: int, n_out: int) -> list[tuple]:
+    """The pooling windows along one dim (kernel k, stride s, padding p, no dilation) that hold input index i:
+    at most ceil(k / s) of them, o = (i + p) // s - a for a = 0, 1, ... Each as (o clamped to the output, whether
+    o is a window holding i)."""
+    i64 = lambda v: ir.Expr("const", (v,), torch.int64)  # noqa: E731
+    out = []
+    for a in range(-(-k // s)):
+        o = ir.FloorDiv(i + p, s) - a
+        ov = ir.Expr("index", (o,), torch.int64)
+        ok = ir.Expr("logical_and", (ir.Expr("ge", (ov, i64(0)), torch.bool),
+                                     ir.Expr("lt", (ov, i64(n_out)), torch.bool)), torch.bool)
+        if a or k < s:   # (a = 0 and k >= s: the window starting at or before i always reaches it)
+            ok = ir.Expr("logical_and", (ok, ir.Expr("lt", (ir.Expr("index", (i + p - o * s,), torch.int64),
+                                                           i64(k)), torch.bool)), torch.bool)
+        out.append((P.clamp(o, n_out - 1), ok))
+    return out
+
+
+def _pool_backward(dy, x, kernel, stride, padding, term) -> TensorBox | None:
+    """The gradient of a 2-d pooling without dilation, pointwise over the input: the sum over the windows
+    holding each element of term(dy's loaded value, window index list, element's flat index, whether the window
+    holds it). Eager's CUDA kernels gather the same way; as a loader it fuses into what reads it (densenet121's
+    batch norm backward). GPU only: ATen's CPU kernels scatter each output once, where this gathers up to
+    ceil(k / s)^2 windows per input element (not measured against them on a CPU)."""
+    if ir.GRAPH.target != "gpu":
+        return None
+    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
+    (kh, kw), (sh, sw), (ph, pw) = pair(kernel), pair(stride or kernel), pair(padding)
+    oh, ow = int(dy.size[-2]), int(dy.size[-1])
+    h, w = int(x.size[-2]), int(x.size[-1])
+    if -(-kh // sh) * -(-kw // sw) > MAX_POOL_TAPS:
+        return None
+    acc = torch.float32 if dy.dtype in (torch.float16, torch.bfloat16) else dy.dtype
+
+    def loader(idx):
+        *b, i, j = idx
+        total = None
+        for oi, ok_h in _windows_of(i, kh, sh, ph, oh):
+            for oj, ok_w in _windows_of(j, kw, sw, pw, ow):
+                at = list(b) + [oi, oj]
+                held = ir.Expr("logical_and", (ok_h, ok_w), torch.bool)
+                v = term(P._cast_expr(dy.loader(at), acc), at, i * w + j, held)
+                total = v if total is None else ir.Expr("add", (total, v), acc)
+        return P._cast_expr(total, dy.dtype)
+    return TensorBox(list(x.size), dy.dtype, loader)
+
+
+@reg(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_backward(dy, x, kernel, stride, padding, dilation, ceil_mode, indices):
+    """dy of each window whose argmax (indices: flat in the input's plane) is this element."""
+    if not floaty(dy.dtype) or any(d != 1 for d in ([dilation] if isinstance(dilation, int) else dilation)):
+        return NotImplemented
+    zero = ir.Expr("const", (0.0,), torch.float32 if dy.dtype in (torch.float16, torch.bfloat16) else dy.dtype)
+
+    def term(v, at, flat, held):
+        hit = ir.Expr("logical_and", (held, ir.Expr("eq", (indices.loader(at), ir.Expr("index", (flat,), torch.int64)),
+                                                    torch.bool)), torch.bool)
+        return ir.Expr("where", (hit, v, zero), v.dtype)
+    return _pool_backward(dy, x, kernel, stride, padding, term) or NotImplemented
+
+
+@reg(aten.avg_pool2d_backward.default)
+def _avg_pool2d_backward(dy, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """dy of each window holding this element over the window's divisor; declined where the divisor varies
+    over the output, as the forward."""
+    if not floaty(dy.dtype) or x.ndim not in (3, 4):
+        return NotImplemented
+    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
+    (kh, kw), (sh, sw), (ph, pw) = pair(kernel), pair(stride or kernel), pair(padding)
+    oh, ow = int(dy.size[-2]), int(dy.size[-1])
+    h, w = int(x.size[-2]), int(x.size[-1])
+    pick = 0 if count_include_pad else 1
+    sizes = set()
+    for i in range(oh):
+        for j in range(ow):
+            hs, ws = i * sh - ph, j * sw - pw
+            he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
+            sizes.add(((he - hs) * (we - ws), (min(he, h) - max(hs, 0)) * (min(we, w) - max(ws, 0)))[pick])
+    if divisor_override is None and len(sizes) != 1:
+        return NotImplemented
+    div = float(divisor_override or sizes.pop())
+    acc = torch.float32 if dy.dtype in (torch.float16, torch.bfloat16) else dy.dtype
+    zero, divisor = ir.Expr("const", (0.0,), acc), ir.Expr("const", (div,), acc)
+
+    def term(v, at, flat, held):
+        return ir.Expr("where", (held, ir.Expr("truediv", (v, divisor), acc), zero), acc)
+    return _pool_backward(dy, x, kernel, stride, padding, term) or NotImplemented
+
+
 @reg(aten.native_batch_norm_backward.default)
 def _bn_backward(dy, x, w, rm, rv, save_mean, save_invstd, train, eps, mask):
     if train and not _bn_decomposed(x):
