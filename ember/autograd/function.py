@@ -170,6 +170,9 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         # (aliases) instead of being cloned and copied back in for the backward
         part.forward.meta["num_user_outputs"] = part.num_forward_outputs
         part.forward.meta["ember_copied_back"] = _copied_back(meta)
+        # (input, output) of each, for a CUDA graph to copy into static inputs itself (the code generator does
+        # not see them: it must not write in place what the backward may read)
+        part.forward.meta["ember_copied_back_into"] = [(m.input_index, m.output_index) for m in meta.mutations]
         # copies back that autograd need not see (batch norms' running statistics: neither side requires grad)
         # take finish's cached plan, as an optimizer step's do
         differentiable = set(meta.tangent_of)

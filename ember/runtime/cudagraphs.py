@@ -16,7 +16,7 @@ writes must stay where it was. That gives three kinds of memory, and the rules b
 Because graphs share the pool, replaying one graph may overwrite the outputs of another. So:
   * outputs handed to the caller are cloned (`clone_outputs=True`, the default): the caller may keep them
     across steps. Outputs the caller copies into its inputs at once (`copied_back`: input mutations, such as
-    batch norm's running statistics) are not. With `clone_outputs=False` they are the graph's own memory and are valid only until the
+    batch norm's running statistics) are not; where that input is static, the graph records the copy itself. With `clone_outputs=False` they are the graph's own memory and are valid only until the
     next call of any graph in the pool -- torch.compile's rule for mode="reduce-overhead".
   * tensors a forward saves for its backward are not copied. Either they come back in a `Saved` holder
     that is evacuated (cloned out of graph memory) before any replay that does not consume it, or
@@ -235,14 +235,17 @@ class CUDAGraphed:
     def __init__(self, fn: Callable, static_input_indices: Sequence[int] | None = None, *,
                  pool: GraphPool | None = None, num_user_outputs: int | None = None, clone_outputs: bool = True,
                  warmup: int = 1, saved_as_aliases: bool = False, copied_back: Sequence[int] = (),
-                 mutated_inputs: Sequence[int] = ()):
+                 mutations: Sequence[tuple[int, int]] = (), copied_back_into: Sequence[tuple[int, int]] = ()):
         self.fn = fn
         # inputs fn writes in place (a step's parameters and optimizer state): the warm-up runs on copies of
         # them, so that recording applies the step once, by its replay
-        self.mutated_inputs = frozenset(mutated_inputs)
+        self.mutated_inputs = frozenset(i for i, _ in mutations)
         # outputs the caller copies into its inputs right away (input mutations, e.g. batch norm's running
         # statistics): handed out uncloned, since no replay comes between
         self.copied_back = frozenset(copied_back)
+        # (input, output) of those (`mutations`: the graph's own, which it may write in place; `copied_back_into`:
+        # a training forward's): where the input is static, the graph itself copies the output into it
+        self.copies_back = [(i, o) for i, o in [*mutations, *copied_back_into] if o in self.copied_back]
         # None: found out from the calls: nn.Parameters, and inputs at the same address on the first two calls
         # (module buffers, a reused input); one that later moves is copied from then on
         self.auto = static_input_indices is None
@@ -345,8 +348,19 @@ class CUDAGraphed:
             del warm
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+
+        def where(t):
+            return (t.data_ptr(), t.shape, t.stride(), t.dtype)
         with torch.cuda.graph(graph, pool=self.pool.handle, stream=stream):
             outputs = tuple(self.fn(*buffers))
+            # copies back into static inputs (parameters, module buffers, optimizer state: fixed addresses) are
+            # recorded after the kernels: densenet121's step copied 425 tensors in two foreach copies after each
+            # replay (0.4 ms of host time). Those outputs are then the inputs themselves (passed through below).
+            into = {o: i for i, o in self.copies_back if i in self.static and isinstance(outputs[o], torch.Tensor)
+                    and where(outputs[o])[1:] == where(buffers[i])[1:] and where(outputs[o]) != where(buffers[i])}
+            if into:
+                torch._foreach_copy_([buffers[i] for i in into.values()], [outputs[o] for o in into])
+                outputs = tuple(buffers[into[o]] if o in into else t for o, t in enumerate(outputs))
         static_storages = {inputs[i].untyped_storage().data_ptr() for i in self.static}
         for o in outputs:   # outputs that alias a static input are the caller's memory, not graph memory
             if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in static_storages:
@@ -355,8 +369,6 @@ class CUDAGraphed:
         owned = [isinstance(o, torch.Tensor) and self.pool.owns(o) for o in outputs]
         n_user = len(outputs) if self.num_user_outputs is None else self.num_user_outputs
         # outputs that are a static input written in place (a step's parameters and state): the caller's tensor
-        def where(t):
-            return (t.data_ptr(), t.shape, t.stride(), t.dtype)
         static_at = {where(buffers[i]): i for i in static_idx}
         passed_through = [(o, static_at[where(outputs[o])]) for o in range(n_user)
                           if isinstance(outputs[o], torch.Tensor) and where(outputs[o]) in static_at]
@@ -448,7 +460,8 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
             return host_scalars_graphed(gm, example_inputs, name, n_user is not None)
         f = compile_graph(gm, example_inputs)
         fw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, num_user_outputs=n_user, saved_as_aliases=True,
-                         copied_back=gm.meta.get("ember_copied_back", ()), mutated_inputs=_mutated(gm))
+                         copied_back=gm.meta.get("ember_copied_back", ()), mutations=_mutations(gm),
+                         copied_back_into=gm.meta.get("ember_copied_back_into", ()))
         fw.name = name
         return fw
 
@@ -468,7 +481,7 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
             return compile_graph(gm, example_inputs)
 
         def device_part(f: Callable, dev_gm: torch.fx.GraphModule) -> Callable:
-            g = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, mutated_inputs=_mutated(dev_gm),
+            g = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, mutations=_mutations(dev_gm),
                             copied_back=dev_gm.meta.get("ember_copied_back", ()))
             g.name = f"{name} (device part)"
             return g
@@ -481,5 +494,6 @@ def _reads_cpu_tensors(example_inputs: list) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in example_inputs)
 
 
-def _mutated(gm: torch.fx.GraphModule) -> list[int]:
-    return [i for i, _ in gm.meta.get("ember_input_mutations") or ()]
+def _mutations(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
+    """(input, output): the graph's output holding the new value of an input it mutates."""
+    return [(i, o) for i, o in gm.meta.get("ember_input_mutations") or ()]

@@ -203,9 +203,8 @@ def test_aot_module_training_with_cuda_graphs_matches_eager():
 
 
 def test_batch_norm_running_stats_are_copied_back_uncloned_and_match_eager():
-    """A training forward's input mutations (batch norm's running statistics, its step counter) leave the graph
-    uncloned, since `finish` copies them into the buffers before any other replay; gradients are cloned in one
-    batch. Values, running statistics and gradients as eager over several steps."""
+    """A training forward's input mutations (batch norm's running statistics, its step counter) are copied into
+    the buffers inside the CUDA graph (static inputs), not after it; gradients are cloned in one batch. Values, running statistics and gradients as eager over several steps."""
     from ember.autograd import aot_module
     from ember.runtime.cudagraphs import aot_compilers
     torch.manual_seed(0)
@@ -234,6 +233,10 @@ def test_batch_norm_running_stats_are_copied_back_uncloned_and_match_eager():
         model.zero_grad(set_to_none=False)   # gradients kept from one step to the next: they must be ours
         ref.zero_grad(set_to_none=False)
     assert art.forward.replays >= 2
+    # the buffers are static inputs (same address on every call): the copies into them are in the graph, and
+    # those outputs come back as the buffers themselves
+    rec = art.forward._last
+    assert {o for o, _ in rec.passed_through} == set(art.forward.copied_back)
 
 
 def test_train_step_with_default_adam_under_reduce_overhead():
