@@ -766,12 +766,19 @@ def _bn_decomposed(x) -> bool:
     return ("cuda" if ir.GRAPH.target == "gpu" else "cpu") in TRAIN_BATCH_NORM_DECOMPOSED
 
 
+BN_FLOAT64_SUMS_ON_GPU = False   # True: float64 sums on the GPU too (A/B timing; eager's CUDA kernels use float32)
+
+
 def _bn_acc(x) -> torch.dtype | None:
-    """The dtype of train-mode batch-norm sums: float64 for float32, as eager's CPU kernels (acc_type).
-    A float32 sum over N*H*W elements is off by ~1e-6 relative; where a channel's variance is small (ReLU
-    outputs, small batches) the batch-norm backward amplifies that (resnet18 at batch 4, 96x96: gradients 20%
-    off against float64 with float32 sums, 1e-5 with float64 sums, as eager)."""
-    return torch.float64 if x.dtype == torch.float32 else None
+    """The dtype of train-mode batch-norm sums: float64 for float32 on the CPU, as eager's CPU kernels
+    (acc_type<float, false>). A float32 sum over N*H*W elements is off by ~1e-6 relative; where a channel's
+    variance is small (ReLU outputs, small batches) the batch-norm backward amplifies that (resnet18 at batch 4,
+    96x96: gradients 20% off against float64 with float32 sums, 1e-5 with float64 sums, as eager). On the GPU
+    float32, as eager's CUDA kernels (acc_type<float, true>): float64 made densenet121's batch-norm kernels,
+    one program per channel, latency-bound."""
+    if x.dtype != torch.float32 or (ir.GRAPH.target == "gpu" and not BN_FLOAT64_SUMS_ON_GPU):
+        return None
+    return torch.float64
 
 
 @reg(aten._native_batch_norm_legit_functional.default)
