@@ -1158,8 +1158,8 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> di
     worker processes (triton_workers) and only loads here. Loaded for ember's launcher (cuda_launch) where it
     fits: Triton 3.6's own launcher is a C stub built for each new argument signature (~0.3 s of gcc each;
     resnet50 has 8, a third of its cold compile when built serially at first launch). Argument dtypes stand in
-    for tensors (Triton's warmup takes them). Returns {kernel name: the loaded kernel (cuda_launch.Loaded, or Triton's compiled
-    kernel)} for those that loaded."""
+    for tensors (Triton's warmup takes them). Returns {kernel name: the loaded kernel (cuda_launch.Loaded, or
+    Triton's compiled kernel)} for those that loaded."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return {}
     t0 = time.perf_counter()

@@ -16,8 +16,9 @@ writes must stay where it was. That gives three kinds of memory, and the rules b
 Because graphs share the pool, replaying one graph may overwrite the outputs of another. So:
   * outputs handed to the caller are cloned (`clone_outputs=True`, the default): the caller may keep them
     across steps. Outputs the caller copies into its inputs at once (`copied_back`: input mutations, such as
-    batch norm's running statistics) are not; where that input is static, the graph records the copy itself. With `clone_outputs=False` they are the graph's own memory and are valid only until the
-    next call of any graph in the pool -- torch.compile's rule for mode="reduce-overhead".
+    batch norm's running statistics) are not; where that input is static, the graph records the copy itself.
+    With `clone_outputs=False` they are the graph's own memory and are valid only until the next call of any
+    graph in the pool -- torch.compile's rule for mode="reduce-overhead".
   * tensors a forward saves for its backward are not copied. Either they come back in a `Saved` holder
     that is evacuated (cloned out of graph memory) before any replay that does not consume it, or
     (`saved_as_aliases`, for ember.autograd's Function, which keeps them with save_for_backward) as plain
@@ -131,8 +132,9 @@ class FreshLike:
 
     def copies(self) -> list[torch.Tensor]:
         """New tensors holding the sources' values now. A group's values are copied into its allocation by one
-        Triton launch on CUDA (gather_copy), else one concatenation: _foreach_copy_ of same-dtype tensors is one cudaMemcpyAsync each (1,821 of them, ~9 ms of
-        host time a step, for a training step's parameters, state and gradients)."""
+        Triton launch on CUDA (gather_copy), else one concatenation: _foreach_copy_ of same-dtype tensors is one
+        cudaMemcpyAsync each (1,821 of them, ~9 ms of host time a step, for a training step's parameters, state
+        and gradients)."""
         out: list = [None] * len(self.tensors)
         for i in self.loose:
             out[i] = torch.empty_like(self.tensors[i]).copy_(self.tensors[i])

@@ -33,6 +33,7 @@ _log = logging.getLogger("ember.output_code")   # (stdlib only: a worker imports
 # ---- the parent's side ---------------------------------------------------------------------------------------
 
 _hook_lock = threading.Lock()
+_stats_lock = threading.Lock()
 
 
 def specialization(fn, args: list, meta: dict) -> str | None:
@@ -72,8 +73,7 @@ def specialization(fn, args: list, meta: dict) -> str | None:
 
 class _Worker:
     def __init__(self):
-        # -P: the script's folder (ember/runtime) is not put on sys.path, where cache.py would shadow nothing
-        # today but could tomorrow
+        # -P: the script's folder (ember/runtime) stays off sys.path, so its modules cannot shadow Triton's imports
         self.proc = subprocess.Popen([sys.executable, "-P", "-u", __file__], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
 
@@ -85,10 +85,11 @@ class _Worker:
         if not reply:
             raise RuntimeError(f"Triton worker exited ({self.proc.poll()})")
         reply = json.loads(reply)
-        STATS["worker_s"] += reply["s"]
-        SLOWEST.append((reply["s"], name, path))
-        SLOWEST.sort(reverse=True)
-        del SLOWEST[8:]
+        with _stats_lock:   # (threads reply concurrently)
+            STATS["worker_s"] += reply["s"]
+            SLOWEST.append((reply["s"], name, path))
+            SLOWEST.sort(reverse=True)
+            del SLOWEST[8:]
         return reply["error"]
 
 
@@ -105,15 +106,17 @@ def _take() -> _Worker:
         pass
     with _start_lock:
         if _started < WORKERS:
+            w = _Worker()
             _started += 1
-            return _Worker()
+            return w
     return _idle.get()
 
 
 def compile_in_worker(path: str, name: str, spec: str) -> bool:
     """Compile kernel `name` of the module at `path` into Triton's cache in a worker process (blocks; threads
     call it concurrently, one worker each). False when the worker could not."""
-    STATS["sent"] += 1
+    with _stats_lock:
+        STATS["sent"] += 1
     try:
         w = _take()
     except OSError:
@@ -130,7 +133,8 @@ def compile_in_worker(path: str, name: str, spec: str) -> bool:
     if error:
         _log.debug("a Triton worker could not compile %s (compiled here instead): %s", name, error)
         return False
-    STATS["compiled"] += 1
+    with _stats_lock:
+        STATS["compiled"] += 1
     return True
 
 

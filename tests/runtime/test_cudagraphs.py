@@ -204,7 +204,8 @@ def test_aot_module_training_with_cuda_graphs_matches_eager():
 
 def test_batch_norm_running_stats_are_copied_back_uncloned_and_match_eager():
     """A training forward's input mutations (batch norm's running statistics, its step counter) are copied into
-    the buffers inside the CUDA graph (static inputs), not after it; gradients are cloned in one batch. Values, running statistics and gradients as eager over several steps."""
+    the buffers inside the CUDA graph (static inputs), not after it; gradients are cloned in one batch. Values,
+    running statistics and gradients as eager over several steps."""
     from ember.autograd import aot_module
     from ember.runtime.cudagraphs import aot_compilers
     torch.manual_seed(0)
