@@ -167,6 +167,8 @@ def main(names, compilers=("eager", "inductor", "ember"), compile_time=True):
     print(f"# bench/cpu.py  {datetime.datetime.now().isoformat(timespec='minutes')}  {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    import ember   # the tree measured (installed in editable mode: another commit's copy needs PYTHONPATH=<copy>)
+    print(f"# ember from {os.path.dirname(os.path.dirname(ember.__file__))}")
     print(f"{'workload':18s} {'eager ms':>9s} {'inductor ms':>12s} {'ember ms':>9s} {'inductor x':>11s} {'ember x':>8s}"
           f" {'ind cold s':>11s} {'ind warm s':>11s} {'ember cold s':>13s} {'ember warm s':>13s}")
     for name in names:
