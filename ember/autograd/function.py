@@ -98,11 +98,11 @@ class CompiledGraphFunction(torch.autograd.Function):
         return (None, None, *art.backward(*saved, *tangents))
 
 
-def _copied_back(meta) -> list[int]:
-    """The graph outputs `finish` copies into their inputs at once, and that the program does not also return
-    (a CUDA graph hands them out uncloned)."""
+def _copied_back(meta) -> list[tuple[int, int]]:
+    """(input, output): the graph outputs `finish` copies into their inputs at once, and that the program does
+    not also return (a CUDA graph hands them out uncloned, or copies them into static inputs itself)."""
     returned = {s.index for s in meta.outputs if s.kind == "graph"}
-    return [m.output_index for m in meta.mutations if m.output_index not in returned]
+    return [(m.input_index, m.output_index) for m in meta.mutations if m.output_index not in returned]
 
 
 def _forward_of_joint(joint: torch.fx.GraphModule, meta) -> torch.fx.GraphModule:
@@ -169,10 +169,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         # the forward's outputs past these are saved for the backward: under CUDA graphs they stay in graph memory
         # (aliases) instead of being cloned and copied back in for the backward
         part.forward.meta["num_user_outputs"] = part.num_forward_outputs
+        # (not ember_input_mutations: the code generator must not write in place what the backward may read)
         part.forward.meta["ember_copied_back"] = _copied_back(meta)
-        # (input, output) of each, for a CUDA graph to copy into static inputs itself (the code generator does
-        # not see them: it must not write in place what the backward may read)
-        part.forward.meta["ember_copied_back_into"] = [(m.input_index, m.output_index) for m in meta.mutations]
         # copies back that autograd need not see (batch norms' running statistics: neither side requires grad)
         # take finish's cached plan, as an optimizer step's do
         differentiable = set(meta.tangent_of)

@@ -125,7 +125,8 @@ def _materialized_in_backward(n: torch.fx.Node, bw_nodes: set) -> bool:
     return False
 
 
-def _ancestors(roots, stop=lambda n: False, inputs_of=lambda n: n.all_input_nodes) -> set:
+def ancestors(roots, stop=lambda n: False, inputs_of=lambda n: n.all_input_nodes) -> set:
+    """The nodes `roots` are computed from, roots included (not past a node where `stop` holds)."""
     seen, todo = set(), [r for r in roots if isinstance(r, torch.fx.Node)]
     while todo:
         n = todo.pop()
@@ -216,7 +217,7 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
     log_softmaxes = [n for n in graph.nodes if n.target is aten._log_softmax.default and not n.args[2]
                      and _through_views(n.args[0]) in alive and n.meta["val"].dtype == n.args[0].meta["val"].dtype]
     if log_softmaxes:
-        in_forward, needed_by_bw = _ancestors(fw_outs), _ancestors(grad_outs)
+        in_forward, needed_by_bw = ancestors(fw_outs), ancestors(grad_outs)
         for n in log_softmaxes:
             if n in in_forward and n in needed_by_bw and n not in outs:   # (returned: alive anyway itself)
                 cheap.add(_through_views(n.args[0]))
@@ -225,8 +226,8 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
     for n in graph.nodes:
         if n.op == "call_function" and any(a in tangent_dep for a in n.all_input_nodes):
             tangent_dep.add(n)
-    in_forward = _ancestors(fw_outs)
-    needed_by_bw = _ancestors(grad_outs)
+    in_forward = ancestors(fw_outs)
+    needed_by_bw = ancestors(grad_outs)
     bw_nodes = needed_by_bw & tangent_dep
     primal_only = needed_by_bw - tangent_dep     # values the backward needs: save or recompute
     recipes = {n: r for n in primal_only if (r := _recipe_inputs(n)) is not None}
@@ -262,7 +263,7 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
     fw = _subgraph(joint, primals, fw_outs + saved[len(saved_primals):], "AtenForward")
     saved_set = set(saved)
     bw = _subgraph(joint, saved + tangents, grad_outs, "AtenBackward", recipes)
-    in_backward = _ancestors(grad_outs, stop=lambda n: n in saved_set, inputs_of=inputs_of)
+    in_backward = ancestors(grad_outs, stop=lambda n: n in saved_set, inputs_of=inputs_of)
     recomputed = [n.name for n in graph.nodes
                   if n in in_backward and n in in_forward and n not in saved_set and n.op == "call_function"]
     return Partition(fw, bw, nf, saved_primals, [n.name for n in saved], sum(_bytes(n) or 0 for n in saved),
@@ -280,7 +281,7 @@ def _subgraph(joint: torch.fx.GraphModule, inputs: list, outputs: list, name: st
         env[n] = g.placeholder(n.name)
         env[n].meta = dict(n.meta)
     stop = set(inputs)
-    needed = _ancestors(outputs, stop=lambda n: n in stop, inputs_of=lambda n: [
+    needed = ancestors(outputs, stop=lambda n: n in stop, inputs_of=lambda n: [
         a for a in recipes[n] if isinstance(a, torch.fx.Node)] if n in recipes else n.all_input_nodes)
 
     def get(a: torch.fx.Node) -> torch.fx.Node:

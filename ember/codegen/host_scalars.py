@@ -185,8 +185,9 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
                                              if out_leaves[o] in at_host_out and i in at_host_in]
     # device outputs only copied back into inputs (a CUDA graph of the device part need not clone them)
     once = {x for x, k in collections.Counter(dev_outs).items() if k == 1}
-    dev_gm.meta["ember_copied_back"] = [at_dev_out[out_leaves[o]] for o in gm.meta.get("ember_copied_back") or ()
-                                        if out_leaves[o] in once]
+    dev_gm.meta["ember_copied_back"] = [(at_dev_in[i], at_dev_out[out_leaves[o]])
+                                        for i, o in gm.meta.get("ember_copied_back") or ()
+                                        if out_leaves[o] in once and i in at_dev_in]
     at_host_node = _positions(host_inputs)
     at_sent = {n: len(host_outs) + k for k, n in enumerate(sent)}
     plan = {
@@ -205,8 +206,6 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
         "out_spec": out_spec,
     }
     return host_gm, dev_gm, plan
-
-
 
 
 # CPU ops computed on the host when the device reads their results: their device versions call libdevice

@@ -851,6 +851,11 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
 MAX_POOL_TAPS = 25  # windows up to this size are a pointwise maximum of their taps, larger ones a reduction
 
 
+def _pair(v) -> list:
+    """A pooling parameter (an int, or one or two of them) as [along H, along W]."""
+    return [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))
+
+
 @reg(aten.max_pool2d_with_indices.default)
 def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     """Windows up to MAX_POOL_TAPS taps: pointwise over the output, the maximum of the taps and the flat input
@@ -860,8 +865,7 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     element (resnet18 b8 224px: 85 ms, eager 5 ms). Larger windows: max/argmax reductions."""
     if not floaty(x.dtype):
         return NotImplemented
-    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = pair(kernel), pair(stride or kernel), pair(padding), pair(dilation)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _pair(kernel), _pair(stride or kernel), _pair(padding), _pair(dilation)
     vals = out()[0]
     oh, ow = vals.shape[-2:]
     h, w = int(x.size[-2]), int(x.size[-1])
@@ -931,18 +935,11 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     return TensorBox(size, x.dtype, max_loader), TensorBox(size, torch.int64, argmax_loader)
 
 
-@reg(aten.avg_pool2d.default)
-def _avg_pool2d(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    """The sum of the taps (out-of-bounds taps are 0) over a divisor; declined where the divisor varies over
-    the output (padding without count_include_pad, ceil_mode windows past the edge) or windows are large."""
-    if not floaty(x.dtype) or x.ndim not in (3, 4):
-        return NotImplemented
-    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
-    (kh, kw), (sh, sw), (ph, pw) = pair(kernel), pair(stride or kernel), pair(padding)
-    oh, ow = out().shape[-2:]
-    h, w = int(x.size[-2]), int(x.size[-1])
-    if kh * kw > MAX_POOL_TAPS:
-        return NotImplemented
+def _avg_pool_divisor(out_hw, in_hw, kernel, stride, padding, count_include_pad, divisor_override):
+    """The one divisor of every window of an average pool, or None where it varies over the output (padding
+    without count_include_pad, ceil_mode windows past the edge)."""
+    if divisor_override:
+        return divisor_override
 
     def divisors(o, k, s, p, n):  # per output position along one dim: (clipped to the padding, to the input)
         out = []
@@ -950,12 +947,26 @@ def _avg_pool2d(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_
             start, end = i * s - p, min(i * s - p + k, n + p)
             out.append((end - start, min(end, n) - max(start, 0)))
         return out
-    dh, dw = divisors(oh, kh, sh, ph, h), divisors(ow, kw, sw, pw, w)
+    dh, dw = (divisors(o, k, s, p, n) for o, n, k, s, p in zip(out_hw, in_hw, kernel, stride, padding))
     pick = 0 if count_include_pad else 1
     sizes = {a[pick] * b[pick] for a in dh for b in dw}
-    if divisor_override is None and len(sizes) != 1:
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+@reg(aten.avg_pool2d.default)
+def _avg_pool2d(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    """The sum of the taps (out-of-bounds taps are 0) over a divisor; declined where the divisor varies over
+    the output (padding without count_include_pad, ceil_mode windows past the edge) or windows are large."""
+    if not floaty(x.dtype) or x.ndim not in (3, 4):
         return NotImplemented
-    div = divisor_override or sizes.pop()
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride or kernel), _pair(padding)
+    oh, ow = out().shape[-2:]
+    h, w = int(x.size[-2]), int(x.size[-1])
+    if kh * kw > MAX_POOL_TAPS:
+        return NotImplemented
+    div = _avg_pool_divisor((oh, ow), (h, w), (kh, kw), (sh, sw), (ph, pw), count_include_pad, divisor_override)
+    if div is None:
+        return NotImplemented
     acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     lead = list(x.size[:-2])
     zero = ir.Expr("const", (0.0,), acc)
@@ -980,36 +991,30 @@ def _avg_pool2d(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_
     return P.cast(P.div(total, float(div)), x.dtype)
 
 
-def _windows_of(i, k: int, s: int, p: int, n_out: int) -> list[tuple]:
-    """The pooling windows along one dim (kernel k, stride s, padding p, no dilation) that hold input index i:
-    at most ceil(k / s) of them, o = (i + p) // s - a for a = 0, 1, ... Each as (o clamped to the output, whether
-    o is a window holding i). (Only windows that do not overlap, k <= s, are lowered so today: one each.)"""
+def _window_of(i, k: int, s: int, p: int, n_out: int) -> tuple:
+    """The one pooling window along a dim (kernel k <= stride s, padding p) that may hold input index i,
+    o = (i + p) // s: (o clamped to the output, whether o is a window and holds i)."""
     i64 = lambda v: ir.Expr("const", (v,), torch.int64)  # noqa: E731
-    out = []
-    for a in range(-(-k // s)):
-        o = ir.FloorDiv(i + p, s) - a
-        ov = ir.Expr("index", (o,), torch.int64)
-        ok = ir.Expr("logical_and", (ir.Expr("ge", (ov, i64(0)), torch.bool),
-                                     ir.Expr("lt", (ov, i64(n_out)), torch.bool)), torch.bool)
-        if a or k < s:   # (a = 0 and k >= s: the window starting at or before i always reaches it)
-            ok = ir.Expr("logical_and", (ok, ir.Expr("lt", (ir.Expr("index", (i + p - o * s,), torch.int64),
-                                                           i64(k)), torch.bool)), torch.bool)
-        out.append((P.clamp(o, n_out - 1), ok))
-    return out
+    o = ir.FloorDiv(i + p, s)
+    ov = ir.Expr("index", (o,), torch.int64)
+    ok = ir.Expr("logical_and", (ir.Expr("ge", (ov, i64(0)), torch.bool),
+                                 ir.Expr("lt", (ov, i64(n_out)), torch.bool)), torch.bool)
+    if k < s:   # (k == s: the window starting at or before i always reaches it)
+        ok = ir.Expr("logical_and", (ok, ir.Expr("lt", (ir.Expr("index", (i + p - o * s,), torch.int64), i64(k)),
+                                                 torch.bool)), torch.bool)
+    return P.clamp(o, n_out - 1), ok
 
 
 def _pool_backward(dy, x, kernel, stride, padding, term) -> TensorBox | None:
-    """The gradient of a 2-d pooling without dilation, pointwise over the input: the sum over the windows
-    holding each element of term(dy's loaded value, window index list, element's flat index, whether the window
-    holds it). Eager's CUDA kernels gather the same way; as a loader it fuses into what reads it (densenet121's
-    batch norm backward). GPU only: ATen's CPU kernels scatter each output once, where this gathers up to
-    ceil(k / s)^2 windows per input element (not measured against them on a CPU)."""
+    """The gradient of a 2-d pooling without dilation whose windows do not overlap, pointwise over the input:
+    term(dy's loaded value at the window holding the element, that window's index list, the element's flat
+    index, whether a window holds it). As a loader it fuses into what reads it (densenet121's batch norm
+    backward). GPU only: ATen's CPU kernels were not measured against it."""
     if ir.GRAPH.target != "gpu":
         return None
-    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
-    (kh, kw), (sh, sw), (ph, pw) = pair(kernel), pair(stride or kernel), pair(padding)
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride or kernel), _pair(padding)
     oh, ow = int(dy.size[-2]), int(dy.size[-1])
-    h, w = int(x.size[-2]), int(x.size[-1])
+    w = int(x.size[-1])
     if kh > sh or kw > sw:
         # overlapping windows (densenet121's 3x3 stride-2 max pool): a gather over 4 windows took 0.19 ms of its
         # training step as a Triton kernel, ATen's 0.05 ms
@@ -1021,14 +1026,10 @@ def _pool_backward(dy, x, kernel, stride, padding, term) -> TensorBox | None:
 
     def loader(idx):
         *b, i, j = idx
-        total = None
-        for oi, ok_h in _windows_of(i, kh, sh, ph, oh):
-            for oj, ok_w in _windows_of(j, kw, sw, pw, ow):
-                at = list(b) + [oi, oj]
-                held = ir.Expr("logical_and", (ok_h, ok_w), torch.bool)
-                v = term(P._cast_expr(dy.loader(at), acc), at, i * w + j, held)
-                total = v if total is None else ir.Expr("add", (total, v), acc)
-        return P._cast_expr(total, dy.dtype)
+        (oi, ok_h), (oj, ok_w) = _window_of(i, kh, sh, ph, oh), _window_of(j, kw, sw, pw, ow)
+        at = list(b) + [oi, oj]
+        held = ir.Expr("logical_and", (ok_h, ok_w), torch.bool)
+        return P._cast_expr(term(P._cast_expr(dy.loader(at), acc), at, i * w + j, held), dy.dtype)
     return TensorBox(list(x.size), dy.dtype, loader)
 
 
@@ -1052,20 +1053,12 @@ def _avg_pool2d_backward(dy, x, kernel, stride, padding, ceil_mode, count_includ
     over the output, as the forward."""
     if not floaty(dy.dtype) or x.ndim not in (3, 4):
         return NotImplemented
-    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
-    (kh, kw), (sh, sw), (ph, pw) = pair(kernel), pair(stride or kernel), pair(padding)
-    oh, ow = int(dy.size[-2]), int(dy.size[-1])
-    h, w = int(x.size[-2]), int(x.size[-1])
-    pick = 0 if count_include_pad else 1
-    sizes = set()
-    for i in range(oh):
-        for j in range(ow):
-            hs, ws = i * sh - ph, j * sw - pw
-            he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
-            sizes.add(((he - hs) * (we - ws), (min(he, h) - max(hs, 0)) * (min(we, w) - max(ws, 0)))[pick])
-    if divisor_override is None and len(sizes) != 1:
+    div = _avg_pool_divisor((int(dy.size[-2]), int(dy.size[-1])), (int(x.size[-2]), int(x.size[-1])),
+                            _pair(kernel), _pair(stride or kernel), _pair(padding), count_include_pad,
+                            divisor_override)
+    if div is None:
         return NotImplemented
-    div = float(divisor_override or sizes.pop())
+    div = float(div)
     acc = torch.float32 if dy.dtype in (torch.float16, torch.bfloat16) else dy.dtype
     zero, divisor = ir.Expr("const", (0.0,), acc), ir.Expr("const", (div,), acc)
 

@@ -393,7 +393,8 @@ class EntryCodegen:
             # values with autograd history outlive a graph that ran its backward: the loss and what it was
             # computed from leave as tensors whose history is freed, as in eager; any other needs the graph break
             # at the backward, where eager autograd keeps its history
-            freed = _ancestors(cap.backward_node.args[0])
+            from ember.autograd.partition import ancestors   # (here: partition imports the frontend's meta)
+            freed = ancestors([cap.backward_node.args[0]])
             if any(needed[k].node not in freed for k in with_grad):
                 raise _GradAfterBackward()
             for k in with_grad:
@@ -867,16 +868,6 @@ _RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "unifo
 
 
 BACKWARD_IN_GRAPH_BACKENDS = ("ember", "aot_eager", "eager")
-
-
-def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
-    seen, todo = {node}, [node]
-    while todo:
-        for a in todo.pop().all_input_nodes:
-            if a not in seen:
-                seen.add(a)
-                todo.append(a)
-    return seen
 
 
 class _GradAfterBackward(Exception):

@@ -236,18 +236,17 @@ class CUDAGraphed:
 
     def __init__(self, fn: Callable, static_input_indices: Sequence[int] | None = None, *,
                  pool: GraphPool | None = None, num_user_outputs: int | None = None, clone_outputs: bool = True,
-                 warmup: int = 1, saved_as_aliases: bool = False, copied_back: Sequence[int] = (),
-                 mutations: Sequence[tuple[int, int]] = (), copied_back_into: Sequence[tuple[int, int]] = ()):
+                 warmup: int = 1, saved_as_aliases: bool = False, copied_back: Sequence[tuple[int, int]] = (),
+                 mutations: Sequence[tuple[int, int]] = ()):
         self.fn = fn
         # inputs fn writes in place (a step's parameters and optimizer state): the warm-up runs on copies of
         # them, so that recording applies the step once, by its replay
         self.mutated_inputs = frozenset(i for i, _ in mutations)
-        # outputs the caller copies into its inputs right away (input mutations, e.g. batch norm's running
-        # statistics): handed out uncloned, since no replay comes between
-        self.copied_back = frozenset(copied_back)
-        # (input, output) of those (`mutations`: the graph's own, which it may write in place; `copied_back_into`:
-        # a training forward's): where the input is static, the graph itself copies the output into it
-        self.copies_back = [(i, o) for i, o in [*mutations, *copied_back_into] if o in self.copied_back]
+        # (input, output): outputs the caller copies into its inputs right away (input mutations, e.g. batch
+        # norm's running statistics): handed out uncloned, since no replay comes between; where the input is
+        # static, the graph itself copies the output into it
+        self.copies_back = list(copied_back)
+        self.copied_back = frozenset(o for _, o in copied_back)
         # None: found out from the calls: nn.Parameters, and inputs at the same address on the first two calls
         # (module buffers, a reused input); one that later moves is copied from then on
         self.auto = static_input_indices is None
@@ -462,8 +461,8 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
             return host_scalars_graphed(gm, example_inputs, name, n_user is not None)
         f = compile_graph(gm, example_inputs)
         fw = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, num_user_outputs=n_user, saved_as_aliases=True,
-                         copied_back=gm.meta.get("ember_copied_back", ()), mutations=_mutations(gm),
-                         copied_back_into=gm.meta.get("ember_copied_back_into", ()))
+                         copied_back=gm.meta.get("ember_copied_back", ()),
+                         mutations=gm.meta.get("ember_input_mutations", ()))
         fw.name = name
         return fw
 
@@ -483,7 +482,8 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
             return compile_graph(gm, example_inputs)
 
         def device_part(f: Callable, dev_gm: torch.fx.GraphModule) -> Callable:
-            g = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool, mutations=_mutations(dev_gm),
+            g = CUDAGraphed(lambda *a: tuple(f(*a)), pool=pool,
+                            mutations=dev_gm.meta.get("ember_input_mutations", ()),
                             copied_back=dev_gm.meta.get("ember_copied_back", ()))
             g.name = f"{name} (device part)"
             return g
@@ -495,7 +495,3 @@ def aot_compilers(compile_graph: Callable) -> tuple[Callable, Callable]:
 def _reads_cpu_tensors(example_inputs: list) -> bool:
     return any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in example_inputs)
 
-
-def _mutations(gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
-    """(input, output): the graph's output holding the new value of an input it mutates."""
-    return [(i, o) for i, o in gm.meta.get("ember_input_mutations") or ()]
