@@ -254,10 +254,13 @@ def reshape(x: TensorBox, size: Sequence) -> TensorBox:
         return x
     old = x.size
     st = None
-    if x.strided is not None:  # a reshape of a contiguous window stays a window
+    if x.strided is not None:  # a reshape of a window stays a window where torch's view would (GPT-2's heads)
         buf, stride, offset = x.strided
         if tuple(stride) == ir.contiguous_strides(old):
             st = (buf, ir.contiguous_strides(size), offset)
+        else:
+            new_stride = view_strides(old, stride, size)
+            st = (buf, new_stride, offset) if new_stride is not None else None
 
     def imap(idx):
         flat = sum((i * s for i, s in zip(idx, ir.contiguous_strides(size))), sympy.Integer(0))
@@ -266,6 +269,32 @@ def reshape(x: TensorBox, size: Sequence) -> TensorBox:
             out.append(ModIndex(FloorDiv(flat, st_), s) if s != 1 else sympy.Integer(0))
         return [ir.simplify_index(i) for i in out]
     return _view(x, size, imap, st)
+
+
+def view_strides(old_size, old_stride, new_size):
+    """The strides torch's view gives a tensor of old_size/old_stride reshaped to new_size, or None where view
+    would have to copy: each run of old dims that are contiguous with one another (a chunk) must be split or
+    merged into new dims exactly."""
+    if not all(isinstance(v, (int, sympy.Integer)) for v in (*old_size, *old_stride, *new_size)):
+        return None
+    old_size, old_stride, new_size = [int(v) for v in old_size], [int(v) for v in old_stride], [int(v) for v in new_size]
+    if not old_size or 0 in old_size:
+        return None
+    new_stride = [0] * len(new_size)
+    d = len(new_size) - 1
+    base, chunk, got = old_stride[-1], 1, 1
+    for i in range(len(old_size) - 1, -1, -1):
+        chunk *= old_size[i]
+        if i == 0 or (old_size[i - 1] != 1 and old_stride[i - 1] != chunk * base):
+            while d >= 0 and (got < chunk or new_size[d] == 1):
+                new_stride[d] = got * base
+                got *= new_size[d]
+                d -= 1
+            if got != chunk:
+                return None
+            if i > 0:
+                base, chunk, got = old_stride[i - 1], 1, 1
+    return tuple(sympy.Integer(v) for v in new_stride) if d == -1 else None
 
 
 def as_strided(x: TensorBox, size, stride, offset: int = 0) -> TensorBox:

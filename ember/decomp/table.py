@@ -8,6 +8,7 @@ where eager does internally, and the lowering checks every result's shape and dt
 from __future__ import annotations
 
 import math
+import operator
 
 import sympy
 import torch
@@ -1190,11 +1191,15 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
     rounded to the output's dtype either way. On CUDA a result the graph returns (a training forward saves
     GPT-2's pre-activations for the backward) is stored whole anyway: there ATen's addmm adds the bias in the
     product's epilogue, and the lazy add would cost a pass (read the product, write the sum) where none fuses:
-    GPT-2's 2048x768x3072 product with its bias was faster than without (H100, bench/gpu_mm_layouts.py)."""
+    GPT-2's 2048x768x3072 product with its bias was faster than without (H100, bench/gpu_mm_layouts.py).
+    A library call reading a part of the result that is not dense (GPT-2's query, key and value: one projection,
+    split and viewed as heads) would be handed a copy of that part, which the lazy add has to store anyway: there
+    too ATen's addmm, whose result the call then reads through views as eager's does (H100, GPT-2's
+    2048x768x2304 product: 179 us with the bias and without)."""
     v = out()
     if beta != 1 or alpha != 1 or not floaty(v.dtype) or not isinstance(bias, TensorBox) or bias.dtype != v.dtype \
             or (v.device.type == "cuda" and (v.dtype != torch.float32 or _returned(ir.GRAPH.node))) \
-            or v.device.type not in ("cpu", "cuda"):
+            or v.device.type not in ("cpu", "cuda") or _library_reads_part(ir.GRAPH.node):
         return NotImplemented
     from ember.codegen.lower import cpu_matmul
     row_bias = bias.ndim == 1 and int(bias.size[0]) == int(v.shape[-1])  # what oneDNN's bias is: one per column
@@ -1208,6 +1213,31 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
 
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default, aten.transpose.int,
           aten.permute.default, aten.alias.default}
+
+
+_PARTS = _VIEWS | {aten.split.Tensor, aten.split_with_sizes.default, aten.slice.Tensor, aten.select.int,
+                   aten.unsqueeze.default, aten.squeeze.dim, operator.getitem}
+
+
+def _library_reads_part(node, top: bool = True) -> bool:
+    """Whether a library call (EXTERN) reads, through views, a part of node's value that is not dense."""
+    if node is None:
+        return False
+    for u in node.users:
+        if u.op != "call_function":
+            continue
+        if u.target in _PARTS and _library_reads_part(u, top=False):
+            return True
+        if u.target in EXTERN and not top and not _dense_value(node.meta.get("val")):
+            return True
+    return False
+
+
+def _dense_value(v) -> bool:
+    if not isinstance(v, torch.Tensor):
+        return True
+    from ember.codegen.lower import _dense
+    return _dense(v)
 
 
 def _returned(node) -> bool:

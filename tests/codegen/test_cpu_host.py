@@ -136,6 +136,56 @@ def test_linear_outputs_returned_and_read_by_attention():
             torch.testing.assert_close(got, want)
 
 
+def test_attention_reads_query_key_value_as_views_of_one_projection():
+    """GPT-2's attention: one projection split into query, key and value, each viewed as heads. The parts are
+    not dense, so the projection is ATen's addmm (bias inside) and attention reads its result through views, as
+    eager does; ember copied each part (adding the bias) before."""
+    torch.manual_seed(0)
+    qkv = torch.nn.Linear(64, 3 * 64)
+
+    def fn(x):
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 4, 16).transpose(1, 2) for t in qkv(x).split(64, dim=2))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    with torch.no_grad():
+        x = torch.randn(2, 24, 64)
+        f, graphs = _compiled_graphs(fn, x)
+        groups, externs = _items(graphs[0])
+        assert externs[0] == "aten.addmm.default" and "attention" in externs[1] and not groups, (externs, groups)
+        for _ in range(2):
+            x = torch.randn(2, 24, 64)
+            torch.testing.assert_close(f(x), fn(x))
+
+
+def test_view_strides_match_torch_view():
+    """prims.view_strides: the strides torch's view gives a window, or None where view would raise."""
+    import random
+
+    from ember.decomp.prims import view_strides
+    rng = random.Random(0)
+    for _ in range(500):
+        x = torch.empty([rng.randint(1, 4) for _ in range(rng.randint(2, 5))])
+        x = x.permute(*rng.sample(range(x.ndim), x.ndim))
+        d = rng.randrange(x.ndim)
+        if x.shape[d] > 1 and rng.random() < 0.5:
+            x = x.narrow(d, 1, x.shape[d] - 1)
+        n, shape = x.numel(), []
+        while n > 1 and len(shape) < 4:
+            f = rng.choice([k for k in range(2, n + 1) if n % k == 0])
+            shape.append(f)
+            n //= f
+        shape = shape + [n] if n > 1 else shape or [1]
+        try:
+            want = x.view(shape).stride()
+        except RuntimeError:
+            want = None
+        got = view_strides(x.shape, x.stride(), shape)
+        if want is None or got is None:
+            assert got is None and want is None, (x.shape, x.stride(), shape, want, got)
+        else:
+            assert [int(g) for g, s in zip(got, shape) if s != 1] == [w for w, s in zip(want, shape) if s != 1]
+
+
 def test_addmm_with_scaling_or_integers_stays_a_library_call():
     torch.manual_seed(0)
     with torch.no_grad():
