@@ -98,6 +98,9 @@ class Schedule:
     lowered: object  # the LoweredGraph
     buffers: dict  # name -> Buffer (every buffer that exists at run time, extern outputs included)
     inplace: dict = dataclasses.field(default_factory=dict)  # buffer name -> input name its kernel writes into
+    # buffer name -> the intermediate whose memory its kernel overwrites (read there for the last time;
+    # triton.overwrite_dying_inputs): the wrapper hands that memory over to it
+    takes_over: dict = dataclasses.field(default_factory=dict)
 
 
 def reads_of(e: Expr) -> set:

@@ -371,6 +371,65 @@ def registers_for_private_values(sched: Schedule) -> None:
                     m.local = True
 
 
+def overwrite_dying_inputs(sched: Schedule) -> None:
+    """A flat pointwise kernel stores its result over an input it reads for the last time, where that input is
+    an intermediate of the same layout: a convolution's or product's fresh result, or a buffer an earlier kernel
+    stored (not a graph input, output or a value an ATen fallback saw); the result may be an output (the
+    memory is the call's own, fresh each call). The result takes over the input's
+    memory (`Schedule.takes_over`; the wrapper passes the name on), so the input's lines, which the kernel has
+    just read into the L2 cache, are overwritten there, and a step's working set is one activation, not two:
+    resnet50's batch norm + relu after a convolution at 64x56x56 (25.7 MB) took 23.7 us a launch into a fresh
+    buffer, where Inductor's, in place, took 13 (H100, 2026-11-26). Safe where every element is read only by
+    the thread that overwrites it: each load of the input in the group is at the member's store offset over
+    the same loops, and a flat kernel stores after all its loads."""
+    from ember.codegen.ir import ExternBuffer, Pointwise
+    from ember.codegen.wrapper import CONV_RESULTS, OUT_VARIANTS
+    items = sched.items
+    pinned = {o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg)}
+    last: dict = {}
+    fresh: set = set()   # intermediates whose memory is theirs alone
+    for j, it in enumerate(items):
+        if isinstance(it, ExternBuffer):
+            for r in it.inputs:
+                last[r] = j
+            if it.fallback:
+                pinned |= set(it.inputs)
+            elif (it.target in CONV_RESULTS or it.target in OUT_VARIANTS) and len(it.outputs) == 1 \
+                    and it.outputs[0] is not None and it.outputs[0].name == it.name:
+                fresh.add(it.name)
+        else:
+            for m in it.members:
+                for r in m.reads:
+                    last[r] = j
+                if not m.local and not m.dest:
+                    fresh.add(m.buf.name)
+            for r in getattr(it, "extra_reads", ()):
+                last[r] = j
+
+    def layout(b) -> tuple:
+        return tuple(int(x) for x in b.size), tuple(int(x) for x in b.stride), int(b.offset), b.dtype
+    taken: set = set()
+    for j, it in enumerate(items):
+        if not isinstance(it, FusedGroup) or int(it.numel) <= 1 or group_shape(it) != FLAT:
+            continue
+        for m in it.members:
+            b = m.buf
+            if m.local or m.dest or m.body is None or not isinstance(b, Pointwise):
+                continue
+            for r in sorted(m.reads):
+                rb = sched.buffers.get(r)
+                if r in taken or r not in fresh or r in pinned or last.get(r) != j or rb is None \
+                        or layout(rb) != layout(b) or int(b.offset) != 0:
+                    continue
+                if all(tuple(x.inner) == tuple(m.inner) and all(
+                        sympy.expand(e.args[1] - m.store) == 0 for e in x.body.walk()
+                        if e.op == "load" and e.args[0] == r) for x in it.members if r in x.reads):
+                    m.dest = r
+                    sched.takes_over[b.name] = r
+                    taken.add(r)
+                    break
+
+
 def split_few_row_groups(sched: Schedule) -> Schedule:
     """Split groups of few rows into their independent parts.
 
@@ -1401,6 +1460,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             sched = chunk_wide_groups(sched)
             if not (options or {}).get("max_autotune"):   # (the matmul templates print their epilogues' stores)
                 registers_for_private_values(sched)
+                overwrite_dying_inputs(sched)
             device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
             if (options or {}).get("max_autotune"):
                 from ember.codegen import mm_template

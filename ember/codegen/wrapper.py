@@ -313,16 +313,29 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
 
     for j, it in enumerate(sched.items):
         if isinstance(it, FusedGroup):
+            released = []
             for m in it.members:
                 if m.local:
                     continue
                 b = m.buf
+                if b.name in sched.takes_over:  # stored over an input read here for the last time: its memory
+                    r = m.dest                  # passes to the result (freed or reused when the result dies)
+                    body.append(f"    {b.name} = {r}  # overwrites {r}")
+                    if r in library:
+                        released.append(r)
+                    for owner in (ours, library, conv_results):
+                        if r in owner:
+                            owner.discard(r)
+                            owner.add(b.name)
+                    continue
                 if m.dest:  # written in place into a graph input (schedule._write_in_place)
                     body.append(f"    {b.name} = {m.dest}  # updated in place")
                     continue
                 alloc(b)
             if it.numel > 0:
                 body.append(f"    {kernel_call(it)}")
+            if released:   # the name would keep the memory from the allocator after the result dies
+                body.append(f"    del {', '.join(released)}")
         else:
             args = ", ".join([w.arg(a) for a in it.args] + [f"{k}={w.arg(v)}" for k, v in it.kwargs.items()])
             o = it.outputs[0] if len(it.outputs) == 1 else None

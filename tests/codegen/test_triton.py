@@ -407,6 +407,44 @@ def test_horizontal_fusion_of_many_parameters_is_chunked():
     assert tb.MAX_BLOCKS_PER_KERNEL == 32
 
 
+def test_batch_norm_relu_overwrites_the_convolution_result_it_reads_last():
+    """resnet's eval batch norm + relu after a convolution stores over the convolution's result (dead after it):
+    one activation's memory, not two. Not where the result is read again later, nor where an element is read
+    by another thread than the one overwriting it (a flipped read)."""
+    import torch.nn.functional as F
+
+    from ember.codegen.triton import compile_aten
+
+    def bn(y, rm, rv, g, b):   # eval batch norm's arithmetic (CUDA records cudnn_batch_norm, CPU another op)
+        c = (-1, 1, 1)
+        return (y - rm.view(c)) * torch.rsqrt(rv.view(c) + 1e-5) * g.view(c) + b.view(c)
+
+    def block(x, w, rm, rv, g, b):
+        return torch.relu(bn(F.conv2d(x, w, padding=1), rm, rv, g, b)) * 2
+
+    def kept(x, w, rm, rv, g, b):
+        y = F.conv2d(x, w, padding=1)
+        return torch.relu(bn(y, rm, rv, g, b)), y.sum()
+
+    def flipped(a, b):
+        h = a @ b
+        return h.flip(0) * 0.5 + h
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for fn, xs, overwrites in (
+                (block, [rand(2, 8, 16, 16), rand(8, 8, 3, 3), rand(8), rand(8).abs() + 0.5, rand(8), rand(8)], True),
+                (kept, [rand(2, 8, 16, 16), rand(8, 8, 3, 3), rand(8), rand(8).abs() + 0.5, rand(8), rand(8)], False),
+                (flipped, [rand(64, 32), rand(32, 64)], False)):
+            gm, ref = trace_aten(fn, xs)
+            call = compile_aten(gm, xs).compiled
+            assert bool(call.sched.takes_over) == overwrites, (fn.__name__, call.sched.takes_over)
+            assert ("# overwrites" in call.source) == overwrites
+            for _ in range(2):
+                xs = [rand(*x.shape) if x.dim() > 1 else x for x in xs]
+                got, want = call(xs), fn(*xs)
+                for g_, w_ in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+                    torch.testing.assert_close(g_, w_, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("inference", [True, False], ids=["inference", "training-forward"])
 def test_conv_block_channels_last_layout(inference):
     """The layout choice is the lowering's, so Triton kernels get it too: an inference graph's batch norm, relu,
