@@ -597,6 +597,12 @@ def value_key(x: TensorBox, stride: tuple) -> tuple | None:
     return x.loader(idx), x.dtype, want
 
 
+def same_strides(size, a, b) -> bool:
+    """Whether strides a and b lay out a tensor of `size` alike: a dim of size 1 has no step, so its stride does
+    not matter (resnet50's 1x1 convolution weights are channels-last as they are: they were copied each call)."""
+    return all(int(x) == int(y) for n, x, y in zip(size, a, b) if int(n) != 1)
+
+
 class Graph:
     """The lowering context: buffers made so far. ember.decomp.prims reaches it as ir.GRAPH."""
 
@@ -630,7 +636,7 @@ class Graph:
         argument, which only reads it: a buffer made for another call's argument holding the same values at
         the same storage offsets is taken instead (GPT-2's backward stored a layer norm's gradient twice, for
         the two products reading it and its transpose)."""
-        if x.strided is not None and (stride is None or tuple(x.strided[1]) == tuple(stride)):
+        if x.strided is not None and (stride is None or same_strides(x.size, x.strided[1], stride)):
             return x
         if stride is None and self._reads_cl(x.size, lambda idx: x.loader(idx)):
             stride = channels_last_strides(x.size)
@@ -700,7 +706,7 @@ class Graph:
         if conv_cl:  # input and weight channels-last (oneDNN: 36 ms vs 49 ms with an NCHW weight, 8x64x56x56)
             def to_cl(x):
                 if isinstance(x, TensorBox) and x.ndim == 4 and (
-                        x.strided is None or tuple(x.strided[1]) != channels_last_strides(x.size)):
+                        x.strided is None or not same_strides(x.size, x.strided[1], channels_last_strides(x.size))):
                     return self.realize(TensorBox(x.size, x.dtype, x.loader), stride=channels_last_strides(x.size))
                 return x
             args = pytree.tree_map(to_cl, args, is_leaf=lambda x: isinstance(x, TensorBox))
@@ -712,7 +718,7 @@ class Graph:
                 # an ATen op sees the layout eager gives it (some kernels assume what their callers ensure);
                 # a channels-last convolution's input and weight are channels-last (above)
                 want = None if (conv_cl and x.ndim == 4) or out_stride is not None else getattr(x, "eager_stride", None)
-                if want is not None and (x.strided is None or tuple(int(s) for s in x.strided[1]) != want):
+                if want is not None and (x.strided is None or not same_strides(x.size, x.strided[1], want)):
                     x = self.realize(x, stride=want, share=True) if x.strided is None else \
                         self.realize(TensorBox(x.size, x.dtype, x.loader), stride=want, share=True)
                 x = self.realize(x, share=True)

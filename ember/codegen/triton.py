@@ -381,7 +381,8 @@ def overwrite_dying_inputs(sched: Schedule) -> None:
     resnet50's batch norm + relu after a convolution at 64x56x56 (25.7 MB) took 23.7 us a launch into a fresh
     buffer, where Inductor's, in place, took 13 (H100, 2026-11-26). Safe where every element is read only by
     the thread that overwrites it: each load of the input in the group is at the member's store offset over
-    the same loops, and a flat kernel stores after all its loads."""
+    the same loops and in the member's range (a horizontally fused kernel runs one range per size and block,
+    each on programs of its own), and a range stores after all its loads."""
     from ember.codegen.ir import ExternBuffer, Pointwise
     from ember.codegen.wrapper import CONV_RESULTS, OUT_VARIANTS
     items = sched.items
@@ -410,18 +411,18 @@ def overwrite_dying_inputs(sched: Schedule) -> None:
         return tuple(int(x) for x in b.size), tuple(int(x) for x in b.stride), int(b.offset), b.dtype
     taken: set = set()
     for j, it in enumerate(items):
-        if not isinstance(it, FusedGroup) or int(it.numel) <= 1 or group_shape(it) != FLAT:
+        if not isinstance(it, FusedGroup) or group_shape(it) not in (FLAT, FOREACH):
             continue
         for m in it.members:
             b = m.buf
-            if m.local or m.dest or m.body is None or not isinstance(b, Pointwise):
+            if m.local or m.dest or m.body is None or not isinstance(b, Pointwise) or ir.prod(b.size) == 1:
                 continue
             for r in sorted(m.reads):
                 rb = sched.buffers.get(r)
                 if r in taken or r not in fresh or r in pinned or last.get(r) != j or rb is None \
                         or layout(rb) != layout(b) or int(b.offset) != 0:
                     continue
-                if all(tuple(x.inner) == tuple(m.inner) and all(
+                if all(tuple(x.inner) == tuple(m.inner) and (x.block, _rsize(x)) == (m.block, _rsize(m)) and all(
                         sympy.expand(e.args[1] - m.store) == 0 for e in x.body.walk()
                         if e.op == "load" and e.args[0] == r) for x in it.members if r in x.reads):
                     m.dest = r

@@ -409,8 +409,8 @@ def test_horizontal_fusion_of_many_parameters_is_chunked():
 
 def test_batch_norm_relu_overwrites_the_convolution_result_it_reads_last():
     """resnet's eval batch norm + relu after a convolution stores over the convolution's result (dead after it):
-    one activation's memory, not two. Not where the result is read again later, nor where an element is read
-    by another thread than the one overwriting it (a flipped read)."""
+    one activation's memory, not two; also inside a horizontally fused kernel. Not where the result is read
+    again later, nor where an element is read by another thread than the one overwriting it (a flipped read)."""
     import torch.nn.functional as F
 
     from ember.codegen.triton import compile_aten
@@ -424,22 +424,31 @@ def test_batch_norm_relu_overwrites_the_convolution_result_it_reads_last():
 
     def kept(x, w, rm, rv, g, b):
         y = F.conv2d(x, w, padding=1)
-        return torch.relu(bn(y, rm, rv, g, b)), y.sum()
+        return torch.relu(bn(y, rm, rv, g, b)), y   # (a sum of y ran first: the batch norm read y last)
 
     def flipped(a, b):
         h = a @ b
         return h.flip(0) * 0.5 + h
+
+    def two_convs(x, w1, w3):   # the relu shares a horizontally fused kernel with w3's channels-last copy
+        return F.conv2d(torch.relu(F.conv2d(x, w1)), w3, padding=1)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for fn, xs, overwrites in (
+                (two_convs, [rand(2, 64, 8, 8).to(memory_format=torch.channels_last), rand(32, 64, 1, 1),
+                             rand(32, 32, 3, 3)], True),
                 (block, [rand(2, 8, 16, 16), rand(8, 8, 3, 3), rand(8), rand(8).abs() + 0.5, rand(8), rand(8)], True),
                 (kept, [rand(2, 8, 16, 16), rand(8, 8, 3, 3), rand(8), rand(8).abs() + 0.5, rand(8), rand(8)], False),
                 (flipped, [rand(64, 32), rand(32, 64)], False)):
             gm, ref = trace_aten(fn, xs)
+            gm.meta["ember_inference"] = fn is two_convs   # (channels-last convolutions)
             call = compile_aten(gm, xs).compiled
             assert bool(call.sched.takes_over) == overwrites, (fn.__name__, call.sched.takes_over)
+            if fn is two_convs:   # a 1x1 weight is channels-last as it is: passed as it comes, not copied
+                assert "(arg0, arg1, None," in call.source, call.source
             assert ("# overwrites" in call.source) == overwrites
             for _ in range(2):
-                xs = [rand(*x.shape) if x.dim() > 1 else x for x in xs]
+                xs = [rand(*x.shape).to(memory_format=torch.channels_last) if x.dim() == 4 and fn is two_convs
+                      else rand(*x.shape) if x.dim() > 1 else x for x in xs]
                 got, want = call(xs), fn(*xs)
                 for g_, w_ in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
                     torch.testing.assert_close(g_, w_, atol=1e-4, rtol=1e-4)
