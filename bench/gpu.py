@@ -5,7 +5,10 @@
     python bench/gpu.py --json out.json      # also write every number
 
 Times are medians of per-step CUDA-event times after warm-up (events bracket each step as the CPU issues it,
-so launch gaps count). "compile" is the cold cost: the wall time of the first calls (until the compiled code
+so launch gaps count). A row's columns are built and timed one after the other, then timed again in turns
+(--rounds, 5 by default, each round starting at the next column); the table shows the median of those
+timings: timed only once each, a later column met a warmer card (GPT-2's same matmuls ran ~1% slower in the
+column timed second, 2026-11-26). "compile" is the cold cost: the wall time of the first calls (until the compiled code
 and any CUDA graphs are recorded) minus as many steady steps, not counting the model's construction;
 Inductor's, Triton's and ember's caches are pointed at fresh directories so each compiles from nothing (rows
 later in a run may find kernels an earlier row compiled: both compilers alike). A failing column prints the error class and the run goes on.
@@ -377,7 +380,7 @@ def measure(w: Workload, column: str, compiler) -> dict:
             print("  (30 steps)")
             pstats.Stats(pr).sort_stats("tottime").print_stats(14)
             pstats.Stats(pr).sort_stats("cumulative").print_stats(r"ember|triton", 20)
-    return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out}
+    return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out, "step": step}
 
 
 def profile(step: Callable, label: str, steps: int = 5, top: int = int(os.environ.get("PROFILE_TOP", "16"))) -> None:
@@ -422,6 +425,9 @@ def main() -> None:
     ap.add_argument("--compile-profile", default="", help="workloads (substrings) whose ember cold compile is profiled")
     ap.add_argument("--sweep-blocks", action="store_true", help="time the pointwise chain under other BLOCKs")
     ap.add_argument("--phases", action="store_true", help="time the pipeline's stages in ember's cold compiles")
+    ap.add_argument("--rounds", type=int, default=5, help="after a row's columns are built and timed, time them "
+                    "again this many rounds in turns (each round starting at the next column) and report the "
+                    "median: a column timed later in the run (on a warmer card) is not at a disadvantage")
     args = ap.parse_args()
     PROFILE.extend(k.rstrip("$") for k in args.profile.lower().split(",") if k)
     COMPILE_PROFILE.extend(k.rstrip("$") for k in args.compile_profile.lower().split(",") if k)
@@ -467,9 +473,25 @@ def main() -> None:
                 r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
                 traceback.print_exc(limit=3, file=sys.stdout)
             row[col] = r
-            print(f"  {w.name} [{col}] {dict((k, v) for k, v in r.items() if k != 'out')}", flush=True)
-            if col.startswith("inductor"):
-                torch._dynamo.reset()
+            print(f"  {w.name} [{col}] {dict((k, v) for k, v in r.items() if k not in ('out', 'step'))}", flush=True)
+            if args.rounds <= 0:
+                r.pop("step", None)
+                if col.startswith("inductor"):
+                    torch._dynamo.reset()
+                torch.cuda.empty_cache()
+        timed = [c for c in cols if isinstance(row.get(c), dict) and "step" in row[c]]
+        for k in range(args.rounds):   # in turns: the order of the columns is not the order of the card's warmth
+            for c in timed[k % len(timed):] + timed[:k % len(timed)]:
+                row[c].setdefault("rounds", [row[c]["ms"]]).append(steady_ms(row[c]["step"], w.iters))
+        for c in timed:
+            r = row[c]
+            del r["step"]
+            if "rounds" in r:
+                r["ms"] = statistics.median(r["rounds"])
+                print(f"  {w.name} [{c}] rounds (ms): {' '.join(f'{t:.3f}' for t in r.pop('rounds'))}"
+                      f" -> median {r['ms']:.3f}", flush=True)
+        if args.rounds > 0:
+            torch._dynamo.reset()
             torch.cuda.empty_cache()
         if w.name.startswith("Adam step, 10x") and "eager" in cols:
             try:
