@@ -413,6 +413,9 @@ def cpu_threads() -> int:
     return os.cpu_count() or 1   # what cpp.py's OpenMP loops share their work among
 
 
+GPU_COLUMN_STRIP = 8   # columns a Triton program takes at least in a column reduction (triton.column_config)
+
+
 def reduction_parts(out: int, rnumel: int, column: bool, target: str) -> int:
     """Into how many parts to split a reduction of `rnumel` elements for each of `out` results (1: none), so the
     partial reductions fill the machine the printer's loops leave idle. column: the reduction runs down columns
@@ -430,7 +433,8 @@ def reduction_parts(out: int, rnumel: int, column: bool, target: str) -> int:
     if target == "gpu":
         sms = gpu_sm_count()
         if column:
-            busy, want, min_chunk = math.ceil(out / 8), math.ceil(4 * sms * 8 / out), 32
+            strip = GPU_COLUMN_STRIP
+            busy, want, min_chunk = math.ceil(out / strip), math.ceil(4 * sms * strip / out), 32
             if busy >= 2 * sms or rnumel < 256:
                 return 1
         else:
@@ -776,6 +780,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
     inputs = []
     constants: dict = {}
     users = {n: len(n.users) for n in gm.graph.nodes}
+    stored = stores_whole(gm)
     fusions = plan_conv_fusions(gm, g.channels_last)
     fusions.update(plan_linear_fusions(gm))
     g.cat_chains = plan_cat_chains(gm) if g.channels_last else {}
@@ -864,8 +869,14 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                         b.origin_names = g.origins
                         if _dense(v) and b.size and any(s != 1 for s in v.shape):
                             b.eager_stride = tuple(v.stride())
-                if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and out.cost() > 3:
-                    out = g.realize(out)
+                if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and (
+                        out.cost() > 3 or stored.get(node, 0) > 1):
+                    # in eager's layout where ember keeps eager's (GPT-2's key/value cache: a concatenation of
+                    # the heads' view, laid out [b, s, h, d] as the projection it copies; contiguous, its copy
+                    # ran 2.3x slower and attention read it in another layout than eager's)
+                    want = getattr(out, "eager_stride", None)
+                    keep = want is not None and not g.reads_layout_changed(out)
+                    out = g.realize(out, stride=want if keep else None)
                     out.origin_names = g.origins
                 env[node] = out
             elif node.op == "output":
@@ -893,6 +904,24 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
     finally:
         ir.GRAPH = None
     raise Unsupported("graph has no output")
+
+
+def stores_whole(gm: torch.fx.GraphModule) -> dict:
+    """{node: how many readers store its value whole}: graph outputs (each place the output lists it) and
+    library calls. Read by two of them, a value however cheap is stored once where it is computed: GPT-2's
+    key/value cache (a concatenation that is one copy) was stored three times, for attention, for the cache
+    returned and for the backward."""
+    from ember.decomp.table import EXTERN
+    counts: dict = {}
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            for a in pytree.tree_leaves(n.args[0]):
+                if isinstance(a, torch.fx.Node):
+                    counts[a] = counts.get(a, 0) + 1
+        elif n.op == "call_function" and n.target in EXTERN:
+            for a in {a for a in pytree.tree_leaves((n.args, n.kwargs)) if isinstance(a, torch.fx.Node)}:
+                counts[a] = counts.get(a, 0) + 1
+    return counts
 
 
 def _dense(v) -> bool:

@@ -583,7 +583,8 @@ def column_config(rows: int, rmax: int) -> dict:
     matrix). One column per program read each row's element alone, a 32-byte sector for 4 bytes (GPT-2's
     backward: 47 us for three sums over 2048 x 768); here a program takes a strip of at least 8 columns, so
     each row's piece is whole sectors, as many strips as fill the GPU, and loops down the rows."""
-    xblock = 8
+    from ember.codegen.lower import GPU_COLUMN_STRIP
+    xblock = GPU_COLUMN_STRIP
     while xblock < 64 and math.ceil(rows / (xblock * 2)) >= 2 * _sm_count():
         xblock *= 2
     rblock = max(1, min(triton_next_pow2(rmax), 4096 // xblock))

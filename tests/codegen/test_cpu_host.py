@@ -157,6 +157,28 @@ def test_attention_reads_query_key_value_as_views_of_one_projection():
             torch.testing.assert_close(f(x), fn(x))
 
 
+def test_a_value_returned_and_read_by_a_library_call_is_stored_once():
+    """A cheap value (a concatenation that is one copy: GPT-2's key/value cache) that the graph returns and a
+    library call reads is stored once where it is computed (lower.stores_whole), not once for each reader."""
+    from ember.codegen import lower
+    from ember.codegen.ir import Pointwise
+    from tests.codegen.aten_trace import trace_aten
+
+    def fn(x):
+        c = torch.cat([torch.empty(4, 0, 8), x.transpose(1, 2)], 1)
+        return c, torch.bmm(c, x)
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 16)
+    gm, _ = trace_aten(fn, [x])
+    low, _, _ = lower.lower(gm, [x])
+    assert sum(isinstance(b, Pointwise) for b in low.buffers) == 1
+    f = ember.compile(fn)
+    for _ in range(2):
+        x = torch.randn(4, 8, 16)
+        for got, want in zip(f(x), fn(x)):
+            torch.testing.assert_close(got, want)
+
+
 def test_view_strides_match_torch_view():
     """prims.view_strides: the strides torch's view gives a window, or None where view would raise."""
     import random
