@@ -78,6 +78,9 @@ def _binary(op, float_only=False, int_ok=True):
         d = odt()
         if not floaty(d) and not int_ok:
             return NotImplemented
+        if op == "add" and alpha == 1 and isinstance(a, TensorBox) and isinstance(b, TensorBox) and (
+                hasattr(a, "scattered_rows") or hasattr(b, "scattered_rows")):
+            return _add_scattered_rows(a, b)
         if alpha != 1:
             b = P.mul(b, alpha, dtype=d)
         return P.pointwise(op, a, b, dtype=d)
@@ -565,6 +568,46 @@ def _gather(x, dim, idx, sparse_grad=False):
 @reg(aten.embedding.default)
 def _embedding(w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return P.index(w, [idx, None])
+
+
+@reg(aten.embedding_dense_backward.default)
+def _embedding_dense_backward(grad, idx, num_weights, padding_idx, scale_grad_by_freq):
+    """An embedding's weight gradient that one add reads, added to another gradient of the weight (GPT-2's
+    tied token embedding and LM head): not zeros with the rows scattered in, then the sum (passes over the
+    whole [50257, 768] table: a fill, ATen's kernel, the add: 0.15 ms of them the add alone, H100), but the
+    rows added into a copy of the other gradient (`_add_scattered_rows`: ATen's index_put with accumulate,
+    which adds a token's rows in order, deterministically; eager sums them first, a rounding's difference).
+    Any other embedding backward is ATen's."""
+    node, v = ir.GRAPH.node, out()
+    user = next(iter(node.users)) if node is not None and len(node.users) == 1 else None
+    if scale_grad_by_freq or padding_idx != -1 or user is None or user.target is not aten.add.Tensor \
+            or len(user.args) != 2 or user.kwargs or user.args[0] is user.args[1]:
+        return NotImplemented
+    other = user.args[1] if user.args[0] is node else user.args[0]
+    ov, uv = getattr(other, "meta", {}).get("val"), user.meta.get("val")
+    if not all(isinstance(t, torch.Tensor) and t.shape == v.shape and t.dtype == v.dtype for t in (ov, uv)):
+        return NotImplemented
+
+    def unread(idx):
+        raise lower_unsupported("an embedding gradient read other than by its add")
+    box = TensorBox(v.shape, v.dtype, unread)
+    box.scattered_rows = (grad, idx)
+    return box
+
+
+def lower_unsupported(why: str):
+    from ember.codegen.lower import Unsupported
+    return Unsupported(why)
+
+
+def _add_scattered_rows(a: TensorBox, b: TensorBox):
+    """other + (rows scattered into zeros) as index_put(other, [idx], rows, accumulate=True)."""
+    rows, other = (a, b) if hasattr(a, "scattered_rows") else (b, a)
+    grad, idx = rows.scattered_rows
+    n = ir.prod(idx.size)
+    flat_idx = P.reshape(idx, [n])
+    flat_grad = P.reshape(grad, [n, grad.size[-1]])
+    return ir.GRAPH.extern(aten.index_put.default, (other, [flat_idx], flat_grad, True), {}, fallback=False)
 
 
 # ------------------------------------------------------------------------------------------------ reductions

@@ -179,6 +179,42 @@ def test_a_value_returned_and_read_by_a_library_call_is_stored_once():
             torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_tied_embedding_gradient_adds_its_rows_into_the_head_gradient(padding_idx):
+    """GPT-2's tied token embedding: the weight's gradient is the LM head's product plus the embedding's scattered
+    rows, added by index_put (accumulate) into the product, with no table of zeros and no pass adding two tables
+    (table._embedding_dense_backward). A padding index keeps ATen's embedding backward."""
+    from ember.codegen import lower
+    from ember.codegen.ir import ExternBuffer
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 16, padding_idx=padding_idx)
+
+    def f(idx):
+        return (emb(idx) @ emb.weight.t()).logsumexp(-1).sum()
+    externs, orig = [], lower.lower
+
+    def rec(gm, ex, target="cpu"):
+        r = orig(gm, ex, target)
+        externs.extend(str(b.target) for b in r[0].buffers if isinstance(b, ExternBuffer))
+        return r
+    cf = ember.compile(f)
+    lower.lower = rec
+    try:
+        for _ in range(2):
+            idx = torch.randint(0, 50, (4, 7))
+            idx[0, :3] = idx[1, 0]    # repeated tokens: rows added to one row
+            emb.weight.grad = None
+            cf(idx).backward()
+            got = emb.weight.grad.clone()
+            emb.weight.grad = None
+            f(idx).backward()
+            torch.testing.assert_close(got, emb.weight.grad)
+    finally:
+        lower.lower = orig
+    assert ("aten.index_put.default" in externs) == (padding_idx is None), externs
+    assert ("aten.embedding_dense_backward.default" in externs) == (padding_idx is not None), externs
+
+
 def test_view_strides_match_torch_view():
     """prims.view_strides: the strides torch's view gives a window, or None where view would raise."""
     import random
