@@ -179,15 +179,17 @@ def test_a_value_returned_and_read_by_a_library_call_is_stored_once():
             torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the Triton backend's case needs a GPU (device runs)"))])
 @pytest.mark.parametrize("padding_idx", [None, 3])
-def test_tied_embedding_gradient_adds_its_rows_into_the_head_gradient(padding_idx):
+def test_tied_embedding_gradient_adds_its_rows_into_the_head_gradient(padding_idx, device):
     """GPT-2's tied token embedding: the weight's gradient is the LM head's product plus the embedding's scattered
     rows, added by index_put (accumulate) into the product, with no table of zeros and no pass adding two tables
     (table._embedding_dense_backward). A padding index keeps ATen's embedding backward."""
     from ember.codegen import lower
     from ember.codegen.ir import ExternBuffer
     torch.manual_seed(0)
-    emb = torch.nn.Embedding(50, 16, padding_idx=padding_idx)
+    emb = torch.nn.Embedding(50, 16, padding_idx=padding_idx, device=device)
 
     def f(idx):
         return (emb(idx) @ emb.weight.t()).logsumexp(-1).sum()
@@ -201,7 +203,7 @@ def test_tied_embedding_gradient_adds_its_rows_into_the_head_gradient(padding_id
     lower.lower = rec
     try:
         for _ in range(2):
-            idx = torch.randint(0, 50, (4, 7))
+            idx = torch.randint(0, 50, (4, 7), device=device)
             idx[0, :3] = idx[1, 0]    # repeated tokens: rows added to one row
             emb.weight.grad = None
             cf(idx).backward()
