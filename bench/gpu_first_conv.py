@@ -6,24 +6,18 @@ compiler could hand it: eager's NCHW, channels-last, and channels-last with the 
     python bench/gpu_first_conv.py          # on the GPU machine (the device tool)
 """
 import datetime
-import statistics
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu import steady_ms  # noqa: E402
 
-def ms(fn, n=30) -> float:
-    for _ in range(3):
-        fn()
-    ev = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        ev.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
+
+def ms(fn) -> float:
+    return steady_ms(fn, 30)
 
 
 def main() -> None:

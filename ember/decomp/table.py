@@ -589,15 +589,11 @@ def _embedding_dense_backward(grad, idx, num_weights, padding_idx, scale_grad_by
         return NotImplemented
 
     def unread(idx):
-        raise lower_unsupported("an embedding gradient read other than by its add")
+        from ember.codegen.lower import Unsupported
+        raise Unsupported("an embedding gradient read other than by its add")
     box = TensorBox(v.shape, v.dtype, unread)
     box.scattered_rows = (grad, idx)
     return box
-
-
-def lower_unsupported(why: str):
-    from ember.codegen.lower import Unsupported
-    return Unsupported(why)
 
 
 def _add_scattered_rows(a: TensorBox, b: TensorBox):
@@ -1242,13 +1238,18 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
     v = out()
     if beta != 1 or alpha != 1 or not floaty(v.dtype) or not isinstance(bias, TensorBox) or bias.dtype != v.dtype \
             or (v.device.type == "cuda" and (v.dtype != torch.float32 or _returned(ir.GRAPH.node))) \
-            or v.device.type not in ("cpu", "cuda") or _library_reads_part(ir.GRAPH.node):
+            or v.device.type not in ("cpu", "cuda"):
         return NotImplemented
     from ember.codegen.lower import cpu_matmul
     row_bias = bias.ndim == 1 and int(bias.size[0]) == int(v.shape[-1])  # what oneDNN's bias is: one per column
+    parts = _library_reads_part(ir.GRAPH.node)   # (oneDNN's product with the bias inside serves them as it is)
+    if parts and not row_bias:
+        return NotImplemented
     prod = cpu_matmul(ir.GRAPH, a, b, bias if row_bias else None)
     if prod is not None and row_bias:
         return prod
+    if parts:
+        return NotImplemented
     if prod is None:
         prod = ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False)
     return P.add(prod, bias, dtype=v.dtype)
