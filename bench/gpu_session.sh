@@ -7,4 +7,4 @@ export PYTHONPATH=/tmp/site:$PWD EMBER_CACHE_DIR=/tmp/ember_cache PYTHONUNBUFFER
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider tests/frontend tests/test_rules.py tests/codegen/test_triton.py \
   tests/runtime 2>&1 | tee "$OUT/tests.log" | tail -25
-timeout 420 python3 bench/gpu.py ${1:+--only "$1"} 2>&1 | tee "$OUT/bench.log" | tail -25
+timeout 420 python3 bench/gpu.py --rounds 3 ${1:+--only "$1"} 2>&1 | tee "$OUT/bench.log" | tail -25
