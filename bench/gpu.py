@@ -249,6 +249,17 @@ def steady_ms(step: Callable, iters: int, warmup: int = 3) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in times)
 
 
+def in_turns(steps: dict, iters: int, rounds: int) -> dict:
+    """{key: [ms of each round]}: the steps timed `rounds` times in turns, each round starting at the next step,
+    so the order of the steps is not the order of the card's warmth."""
+    keys = list(steps)
+    times: dict = {k: [] for k in keys}
+    for r in range(rounds if keys else 0):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            times[k].append(steady_ms(steps[k], iters))
+    return times
+
+
 def sweep_flat_blocks() -> None:
     """Diagnostic: the pointwise chain's one Triton kernel under other flat block sizes (for launch_config)."""
     from ember.autograd import trace_forward
@@ -480,16 +491,15 @@ def main() -> None:
                     torch._dynamo.reset()
                 torch.cuda.empty_cache()
         timed = [c for c in cols if isinstance(row.get(c), dict) and "step" in row[c]]
-        for k in range(args.rounds):   # in turns: the order of the columns is not the order of the card's warmth
-            for c in timed[k % len(timed):] + timed[:k % len(timed)]:
-                row[c].setdefault("rounds", [row[c]["ms"]]).append(steady_ms(row[c]["step"], w.iters))
+        more = in_turns({c: row[c]["step"] for c in timed}, w.iters, args.rounds)
         for c in timed:
             r = row[c]
             del r["step"]
-            if "rounds" in r:
-                r["ms"] = statistics.median(r["rounds"])
-                print(f"  {w.name} [{c}] rounds (ms): {' '.join(f'{t:.3f}' for t in r.pop('rounds'))}"
-                      f" -> median {r['ms']:.3f}", flush=True)
+            if more[c]:
+                ts = [r["ms"], *more[c]]
+                r["ms"] = statistics.median(ts)
+                print(f"  {w.name} [{c}] rounds (ms): {' '.join(f'{t:.3f}' for t in ts)} -> median {r['ms']:.3f}",
+                      flush=True)
         if args.rounds > 0:
             torch._dynamo.reset()
             torch.cuda.empty_cache()

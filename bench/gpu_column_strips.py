@@ -37,10 +37,7 @@ def main() -> None:
             steps[w] = step
         finally:
             lower.GPU_COLUMN_STRIP = default
-    times = {w: [] for w in steps}
-    for _ in range(ROUNDS):
-        for w, step in steps.items():
-            times[w].append(gpu.steady_ms(step, iters))
+    times = gpu.in_turns(steps, iters, ROUNDS)
     print("  ".join(f"strip {w}: {statistics.median(ts):.3f} ms" for w, ts in times.items()), flush=True)
 
 

@@ -44,10 +44,7 @@ def main() -> None:
                 steps[(block, warps)] = step
             finally:
                 tr.launch_config = default
-        times = {k: [] for k in steps}
-        for _ in range(ROUNDS):
-            for k, step in steps.items():
-                times[k].append(gpu.steady_ms(step, iters))
+        times = gpu.in_turns(steps, iters, ROUNDS)
         print(f"{row:10s} " + "  ".join(f"BLOCK={b} warps={w}: {statistics.median(ts):.4f} ms" for (b, w), ts in
                                         times.items()), flush=True)
         del steps

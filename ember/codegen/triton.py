@@ -384,31 +384,17 @@ def overwrite_dying_inputs(sched: Schedule) -> None:
     the same loops and in the member's range (a horizontally fused kernel runs one range per size and block,
     each on programs of its own), and a range stores after all its loads."""
     from ember.codegen.ir import ExternBuffer, Pointwise
-    from ember.codegen.wrapper import CONV_RESULTS, OUT_VARIANTS
+    from ember.codegen.wrapper import CONV_RESULTS, OUT_VARIANTS, buffer_layout, lifetimes
     items = sched.items
-    pinned = {o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg)}
-    last: dict = {}
+    last, pinned = lifetimes(sched)
     fresh: set = set()   # intermediates whose memory is theirs alone
-    for j, it in enumerate(items):
+    for it in items:
         if isinstance(it, ExternBuffer):
-            for r in it.inputs:
-                last[r] = j
-            if it.fallback:
-                pinned |= set(it.inputs)
-            elif (it.target in CONV_RESULTS or it.target in OUT_VARIANTS) and len(it.outputs) == 1 \
-                    and it.outputs[0] is not None and it.outputs[0].name == it.name:
+            if not it.fallback and (it.target in CONV_RESULTS or it.target in OUT_VARIANTS) and \
+                    len(it.outputs) == 1 and it.outputs[0] is not None and it.outputs[0].name == it.name:
                 fresh.add(it.name)
         else:
-            for m in it.members:
-                for r in m.reads:
-                    last[r] = j
-                if not m.local and not m.dest:
-                    fresh.add(m.buf.name)
-            for r in getattr(it, "extra_reads", ()):
-                last[r] = j
-
-    def layout(b) -> tuple:
-        return tuple(int(x) for x in b.size), tuple(int(x) for x in b.stride), int(b.offset), b.dtype
+            fresh.update(m.buf.name for m in it.members if not m.local and not m.dest)
     taken: set = set()
     for j, it in enumerate(items):
         if not isinstance(it, FusedGroup) or group_shape(it) not in (FLAT, FOREACH):
@@ -420,7 +406,7 @@ def overwrite_dying_inputs(sched: Schedule) -> None:
             for r in sorted(m.reads):
                 rb = sched.buffers.get(r)
                 if r in taken or r not in fresh or r in pinned or last.get(r) != j or rb is None \
-                        or layout(rb) != layout(b) or int(b.offset) != 0:
+                        or buffer_layout(rb) != buffer_layout(b) or int(rb.offset) != 0 or int(b.offset) != 0:
                     continue
                 if all(tuple(x.inner) == tuple(m.inner) and (x.block, _rsize(x)) == (m.block, _rsize(m)) and all(
                         sympy.expand(e.args[1] - m.store) == 0 for e in x.body.walk()

@@ -136,7 +136,21 @@ class _Overlap:
         return False
 
 
-def _layout(b) -> tuple:
+def lifetimes(sched: Schedule) -> tuple[dict, set]:
+    """(the index of the last item reading each buffer, the buffers that never die: graph outputs and what
+    ATen fallbacks saw, whose results may be views of it)."""
+    last, pinned = {}, {o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg)}
+    for j, it in enumerate(sched.items):
+        reads = it.inputs if isinstance(it, ExternBuffer) else \
+            set().union(*(m.reads for m in it.members), getattr(it, "extra_reads", ()))
+        for r in reads:
+            last[r] = j
+        if isinstance(it, ExternBuffer) and it.fallback:
+            pinned |= set(it.inputs)
+    return last, pinned
+
+
+def buffer_layout(b) -> tuple:
     """(size, stride, dtype) of a buffer: what a dead buffer must match to be reused."""
     return tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype
 
@@ -233,7 +247,7 @@ def _residual_donor(w: "Wrapper", it, j: int, o, last: dict, pinned: set, ours: 
     r = a.buffer
     if last.get(r) != j or r in pinned or not (r in ours or r in conv_results):
         return None
-    if _layout(w.sched.buffers[r]) != _layout(o):
+    if buffer_layout(w.sched.buffers[r]) != buffer_layout(o):
         return None
     if any(isinstance(x, TensorArg) and x.buffer == r for k, x in enumerate(it.args) if k != 1):
         return None
@@ -283,15 +297,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
         else:
             L.append(f"    if {b.name}.stride() != {stride}: {b.name} = _restride({b.name}, {stride})")
 
-    # lifetimes: the last item that reads each buffer; outputs and buffers fallbacks saw never die
-    last, pinned = {}, {o.buffer for o in low.outputs if isinstance(o, TensorArg)}
-    for j, it in enumerate(sched.items):
-        reads = it.inputs if isinstance(it, ExternBuffer) else \
-            set().union(*(m.reads for m in it.members), getattr(it, "extra_reads", ()))
-        for r in reads:
-            last[r] = j
-        if isinstance(it, ExternBuffer) and it.fallback:
-            pinned |= set(it.inputs)
+    last, pinned = lifetimes(sched)
     free: dict = {}
     ours: set = set()
     library: set = set()  # results that library calls allocated
@@ -300,7 +306,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     body: list[str] = []
 
     def alloc(b, indent="    "):
-        key = _layout(b)
+        key = buffer_layout(b)
         keep = persistent and b.name not in pinned  # pinned buffers may be (views of) what the call returns
         if free.get((key, keep)):
             body.append(f"{indent}{b.name} = {free[(key, keep)].pop()}  # reuses a dead buffer")
@@ -374,7 +380,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
         dead = []
         for r, lj in last.items():
             if lj == j and r in ours and r not in pinned:
-                free.setdefault((_layout(sched.buffers[r]), persistent), []).append(r)
+                free.setdefault((buffer_layout(sched.buffers[r]), persistent), []).append(r)
             elif lj == j and r in library and r not in pinned:
                 dead.append(r)
         if dead:

@@ -78,9 +78,6 @@ def _binary(op, float_only=False, int_ok=True):
         d = odt()
         if not floaty(d) and not int_ok:
             return NotImplemented
-        if op == "add" and alpha == 1 and isinstance(a, TensorBox) and isinstance(b, TensorBox) and (
-                hasattr(a, "scattered_rows") or hasattr(b, "scattered_rows")):
-            return _add_scattered_rows(a, b)
         if alpha != 1:
             b = P.mul(b, alpha, dtype=d)
         return P.pointwise(op, a, b, dtype=d)
@@ -596,8 +593,15 @@ def _embedding_dense_backward(grad, idx, num_weights, padding_idx, scale_grad_by
     return box
 
 
-def _add_scattered_rows(a: TensorBox, b: TensorBox):
-    """other + (rows scattered into zeros) as index_put(other, [idx], rows, accumulate=True)."""
+_add_tensor = TABLE[aten.add.Tensor]
+
+
+@reg(aten.add.Tensor)
+def _add_scattered_rows(a, b, *, alpha=1):
+    """other + (rows scattered into zeros) as index_put(other, [idx], rows, accumulate=True); any other add as
+    the other binary ops."""
+    if not any(hasattr(x, "scattered_rows") for x in (a, b)):
+        return _add_tensor(a, b, alpha=alpha)
     rows, other = (a, b) if hasattr(a, "scattered_rows") else (b, a)
     grad, idx = rows.scattered_rows
     n = ir.prod(idx.size)
