@@ -61,6 +61,7 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 PERSISTENT_MAX_R = 4096     # longest row kept whole in registers
 FOREACH_SHARED_MAX = 32     # ranges (parameters) at most that share one printed body (a where-chain of pointers)
 ONLINE_SOFTMAX = True       # False: a looped sum of exp(x - max) waits for the max's loop (A/B timing, tests)
+OWN_SINCOS = True           # False: float32 sin and cos print libdevice's, each its own range reduction (A/B, tests)
 FLAT = "flat"
 FOREACH = "foreach"
 ROWS = "rows"
@@ -137,6 +138,50 @@ def _floordiv_i(a, b):
 def _remainder_i(a, b):
     r = a % b
     return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _fma(a, b, c):  # (the interpreter's tl.fma rounds the product: load_module gives it an exact one)
+    return tl.fma(a, b, c)
+
+
+@triton.jit
+def _sincos_fast(x):  # float32 sin(x), cos(x) from one range reduction, right while |x| < 105615 (OWN_SINCOS)
+    # x = j * pi/2 + r, |r| <= pi/4: pi/2 in three float32 parts, exact in that range
+    j = libdevice.rint(x * 0.6366197466850281)
+    r = _fma(j, -1.570796251296997, x)
+    r = _fma(j, -7.549789415861596e-08, r)
+    r = _fma(j, -5.390302953474238e-15, r)
+    q = j.to(tl.int32)
+    r2 = r * r
+    # the minimax polynomials of CUDA's sinf / cosf, evaluated in the same order: eager's bits
+    ps = _fma(r2, _fma(r2, -0.00019574658654164523, 0.00833270326256752), -0.16666662693023682)
+    pc = _fma(r2, _fma(r2, _fma(r2, 2.4279579520225525e-05, -0.0013887860113754869), 0.041666727513074875),
+              -0.4999999701976776)
+    sin_r = _fma(_fma(r2, r, 0.0), ps, r)
+    cos_r = _fma(r2, pc, 1.0)
+    s = tl.where((q & 1) != 0, cos_r, sin_r)
+    s = tl.where((q & 2) != 0, 0.0 - s, s)
+    c = tl.where((q & 1) != 0, sin_r, cos_r)
+    c = tl.where(((q + 1) & 2) != 0, 0.0 - c, c)
+    return s, c
+
+
+@triton.jit
+def _sincos(x):  # _sincos_fast, and libdevice's (Payne-Hanek) for a block holding a larger |x| (or inf)
+    s, c = _sincos_fast(x)
+    big = tl.abs(x) >= 105615.0
+    if tl.max(big.to(tl.int32)) > 0:
+        s = tl.where(big, tl.sin(x), s)
+        c = tl.where(big, tl.cos(x), c)
+    return s, c
+
+
+@triton.jit
+def _sincos_flagged(x, flag):  # _sincos_fast, raising the flag for a larger |x|: the kernel's _fixup redoes it
+    s, c = _sincos_fast(x)
+    tl.store(flag + tl.zeros(x.shape, tl.int32), 1, mask=tl.abs(x) >= 105615.0)
+    return s, c
 '''
 
 UNARY_FLOAT = {"exp": "tl.exp({})", "exp2": "tl.exp2({})", "log": "tl.log({})", "log2": "tl.log2({})",
@@ -229,6 +274,8 @@ class Body:
         self.lines: list[str] = []
         self.names: dict = {}
         self.stored: dict = {}   # (buffer, offset) -> the variable this program stored there (read back as is)
+        self.sincos: dict = {}   # id(argument Expr) -> (sin, cos) variables of one _sincos call
+        self.sincos_call = "_sincos({})"   # or _sincos_flagged's (a flagged flat kernel), None: libdevice's
 
     def emit(self, e: Expr) -> str:
         for x in e.walk():
@@ -254,6 +301,16 @@ class Body:
         if e.dtype in LOW_PRECISION and e.op not in ("load", "const"):
             v = f"({v}).to({TL[e.dtype]}).to(tl.float32)"
         return v
+
+    def _sincos(self, arg: Expr, name: str) -> tuple:
+        """sin and cos of one value share _sincos's range reduction (the pointwise chain's sin(y) * cos(y):
+        libdevice's sinf and cosf each reduce, and the two were half the chain's arithmetic); the one not used
+        is dead code to Triton."""
+        if id(arg) not in self.sincos:
+            n = f"{self.prefix}{len(self.lines)}"
+            self.lines.append(f"{self.indent}{n}s, {n}c = {self.sincos_call.format(name)}")
+            self.sincos[id(arg)] = (f"{n}s", f"{n}c")
+        return self.sincos[id(arg)]
 
     def offset(self, off) -> str:
         ind = dict(self.index_names)
@@ -316,6 +373,8 @@ class Body:
                 f = UNARY_INT[x.op]
             elif x.op in UNARY_ANY:
                 f = UNARY_ANY[x.op]
+            elif x.op in ("sin", "cos") and OWN_SINCOS and t == "tl.float32" and self.sincos_call:
+                return self._sincos(x.args[0], a[0])[x.op == "cos"]
             elif arg_dtype.is_floating_point:
                 f = UNARY_FLOAT[x.op]
             else:
@@ -642,8 +701,11 @@ def _replace_loads(e: Expr, name: str, value: Expr) -> Expr:
     return ir.rewrite(e, lambda x, go: value if x.op == "load" and x.args[0] == name else None)
 
 
-def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, list[str], dict, int]:
-    """(source of one @triton.jit kernel, argument buffer names, launch config, number of programs)."""
+def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = False) \
+        -> tuple[str, list[str], dict, int]:
+    """(source of one @triton.jit kernel, argument buffer names, launch config, number of programs). With
+    `fixup`, a flat kernel computing float32 sin or cos may come as a flagged pair (_flagged_sincos): its
+    config's "fixup" is then the second kernel's number of programs."""
     group, _ = inline_locals(group)
     args, writes = kernel_args(group)
     shape = group_shape(group)
@@ -657,7 +719,11 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str) -> tuple[str, l
                                    for a in args if sched.buffers[a].size])
     i64 = largest >= 2 ** 31 - 1
     extents = {a: _extent(sched.buffers[a]) for a in args}
-    if shape == FLAT:
+    if shape == FLAT and fixup and _flagged_sincos(group):
+        cfg = {**cfg, "BLOCK": max(cfg["BLOCK"], 1024), "fixup": 4 * _sm_count()}
+        grid = math.ceil(rows * rmax / cfg["BLOCK"])
+        src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"], grid)
+    elif shape == FLAT:
         src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"])
         grid = math.ceil(rows * rmax / cfg["BLOCK"])
     elif shape == FOREACH:
@@ -699,14 +765,48 @@ def _store(m: Member, value: str, offset: str, mask: str, shape: str) -> str:
     return f"tl.store({m.target} + {offset}, ({value}).to({t}), {mask})"
 
 
-def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int) -> list[str]:
-    L = _header(group, name, args, ["BLOCK"])
+def _flagged_sincos(group: FusedGroup) -> bool:
+    """Whether a flat kernel computes float32 sin or cos and may run twice over the same inputs: _sincos's test
+    for an argument past the fast path, a block-wide max, cost the pointwise chain 15% (0.215 against 0.183 ms,
+    bench/gpu_pointwise_bound.py, H100, 2026-11-26); a flagged kernel skips it and raises a flag instead, and
+    a second kernel, which returns at once unless the flag is up, redoes the whole range with _sincos (~2 us a
+    call). Not where the kernel stores over memory it reads (an in-place update, or a result
+    taking over a dying input): running it again would read its own results."""
+    if not OWN_SINCOS or any(m.dest for m in group.members):
+        return False
+    stored = {m.buf.name for m in group.members if not m.local}
+    if any(r in stored for m in group.members for r in m.reads):
+        return False
+    return any(e.op in ("sin", "cos") and compute_type(e.args[0].dtype) == "tl.float32"
+               for m in group.members if m.body is not None for e in m.body.walk())
+
+
+def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int, flagged_grid: int = 0) -> list[str]:
+    """One program a block of the flat range; with `flagged_grid` (its number of programs) the flagged pair of
+    _flagged_sincos: the kernel, its sin and cos from _sincos_flagged, and KERNEL_fixup, the same range in a
+    loop over those program ids with _sincos's (libdevice's in blocks holding a large argument: the values
+    of the others stay the same bits), which lowers the flag when all have run."""
+    if not flagged_grid:
+        L = _header(group, name, args, ["BLOCK"])
+        pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
+        return L + _flat_range(group.members, pid, rows, rsize, extents, "    ", block=block)
+    L = _header(group, name, args + ["sincos_flag"], ["BLOCK"])
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
-    return L + _flat_range(group.members, pid, rows, rsize, extents, "    ", block=block)
+    L += _flat_range(group.members, pid, rows, rsize, extents, "    ", block=block,
+                     sincos_call="_sincos_flagged({}, sincos_flag)")
+    L += ["", ""] + _header(group, f"{name}_fixup", args + ["sincos_flag"], ["BLOCK"])[1:]
+    L += ["    if tl.load(sincos_flag) != 0:",
+          f"        for pid in range({'tl.program_id(0).to(tl.int64)' if i64 else 'tl.program_id(0)'}, "
+          f"{flagged_grid}, tl.num_programs(0)):"]
+    L += _flat_range(group.members, "pid", rows, rsize, extents, " " * 12, block=block)
+    L += ["        if tl.atomic_add(sincos_flag + 1, 1) == tl.num_programs(0) - 1:   # every program has read it",
+          "            tl.store(sincos_flag, 0)",
+          "            tl.store(sincos_flag + 1, 0)"]
+    return L
 
 
 def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str = "t",
-                block: int | None = None) -> list[str]:
+                block: int | None = None, sincos_call: str | None = "_sincos({})") -> list[str]:
     """Members over rows x rsize as one flat range, program `pid` taking BLOCK elements of it. When `block`
     (BLOCK's value) divides the range, every lane is in it: a mask of constants, which Triton folds away (no
     compare, no predicated loads and stores: the pointwise chain is bound by its arithmetic)."""
@@ -717,7 +817,7 @@ def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str =
     i = sympy.Symbol("xindex", integer=True, nonnegative=True)
     ranges = {i: total}
     b = Body({}, "xmask", ind, ranges, extents)  # one body: members share their loads (CSE)
-    b.prefix = prefix
+    b.prefix, b.sincos_call = prefix, sincos_call
     stores = []
     values: dict = {}  # member name -> its value Expr: an elementwise group's members read each other's element
     for m in members:
@@ -1111,7 +1211,7 @@ def _generate(sched: Schedule) -> tuple[str, list]:
                 parts.append(text)
             kernels.append((it, name, args, cfg, grid))
         elif isinstance(it, FusedGroup) and not is_empty(it):
-            src, args, cfg, grid = kernel_source(it, sched, "KERNEL")
+            src, args, cfg, grid = kernel_source(it, sched, "KERNEL", fixup=True)
             name, text = _canonical(src, args + [m.buf.name for m in it.members])
             if name not in seen:   # identical kernels (repeated layers) are compiled once
                 seen.add(name)
@@ -1128,7 +1228,7 @@ def _canonical(src: list[str], buffers: list[str]) -> tuple[str, str]:
         names = "|".join(map(re.escape, sorted(new, key=len, reverse=True)))
         body = re.sub(rf"\b({names})(?=\b|_)", lambda m: new[m.group(1)], body)
     name = "k_" + hashlib.sha256(body.encode()).hexdigest()[:16]
-    return name, comment + "\n" + body.replace("def KERNEL(", f"def {name}(")
+    return name, comment + "\n" + body.replace("def KERNEL(", f"def {name}(").replace("def KERNEL_", f"def {name}_")
 
 
 class _InterpretedLibdevice:
@@ -1136,8 +1236,8 @@ class _InterpretedLibdevice:
     GPU): Triton's interpreter patches triton.language but not libdevice's externs."""
     NUMPY = {"log10": "log10", "tan": "tan", "asin": "arcsin", "acos": "arccos", "atan": "arctan",
              "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "asinh": "arcsinh", "acosh": "arccosh",
-             "atanh": "arctanh", "log1p": "log1p", "expm1": "expm1", "nearbyint": "rint", "trunc": "trunc",
-             "signbit": "signbit", "atan2": "arctan2", "copysign": "copysign", "hypot": "hypot", "pow": "power",
+             "atanh": "arctanh", "log1p": "log1p", "expm1": "expm1", "nearbyint": "rint", "rint": "rint",
+             "trunc": "trunc", "signbit": "signbit", "atan2": "arctan2", "copysign": "copysign", "hypot": "hypot", "pow": "power",
              "fmod": "fmod", "nextafter": "nextafter"}
 
     def __getattr__(self, name):
@@ -1146,6 +1246,9 @@ class _InterpretedLibdevice:
         from triton.runtime.interpreter import TensorHandle
         if name == "rsqrt":
             f = lambda x: (1 / np.sqrt(x)).astype(x.dtype)  # noqa: E731
+        elif name == "fma":   # the product exact in float64, as a fused multiply-add's (_sincos's reduction;
+            # libdevice's own fma flushes denormals, eager's kernels do not)
+            f = lambda a, b, c: a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)  # noqa: E731
         elif name in ("erfc", "lgamma"):
             fn = math.erfc if name == "erfc" else math.lgamma
             f = lambda x: np.vectorize(fn, otypes=[x.dtype])(x)  # noqa: E731
@@ -1190,6 +1293,7 @@ def load_module(source: str):
     if os.environ.get("TRITON_INTERPRET") == "1":
         mod.libdevice = _InterpretedLibdevice()
         mod._rsqrt = mod.libdevice.rsqrt    # (the interpreter runs no inline PTX)
+        mod._fma = mod.libdevice.fma
     sys.modules[name] = mod
     return mod
 
@@ -1217,10 +1321,10 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> di
     jobs = {}
     for _, name, args, cfg, _grid in kernels:
         if name not in jobs:
-            meta = {k: v for k, v in cfg.items() if k != "persistent"}
-            dtypes = [sched.buffers[a].dtype for a in args]
-            jobs[name] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, meta, device,
-                                              in_workers)
+            dtypes = [sched.buffers[a].dtype for a in args] + ([torch.int32] if "fixup" in cfg else [])
+            for kname in [name] + ([f"{name}_fixup"] if "fixup" in cfg else []):
+                jobs[kname] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, kname), dtypes, launch_meta(cfg),
+                                                   device, in_workers)
     loaded = {}
     for name, job in jobs.items():
         try:
@@ -1230,6 +1334,11 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> di
     STATS["compile_s"] += time.perf_counter() - t0
     code_log.debug("compiled %d Triton kernels in %.2fs", len(jobs), time.perf_counter() - t0)
     return {k: v for k, v in loaded.items() if getattr(v, "function", None) is not None}
+
+
+def launch_meta(cfg: dict) -> dict:
+    """A launch config's Triton meta-parameters (BLOCK..., num_warps), without ember's own keys."""
+    return {k: v for k, v in cfg.items() if k not in ("persistent", "fixup")}
 
 
 def _compile_and_load(fn, dtypes: list, meta: dict, device: torch.device, module_path: str | None = None):
@@ -1344,27 +1453,33 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
     source, kernels = generate(sched)
     mod = load_module(source)
     launch = {}
-    for group, name, args, cfg, grid in kernels:
-        meta = {k: v for k, v in cfg.items() if k != "persistent"}
-        launch[group.name] = (name, args, grid, meta)
     globs = {}
     for group, name, args, cfg, grid in kernels:
-        meta = {k: v for k, v in cfg.items() if k != "persistent"}
-        globs[f"_launch_{group.name}"] = Launcher(getattr(mod, name), grid, meta, device)
+        launch[group.name] = (name, args, grid, "fixup" in cfg)
+        globs[f"_launch_{group.name}"] = Launcher(getattr(mod, name), grid, launch_meta(cfg), device)
+        if "fixup" in cfg:   # a flagged pair (_flagged_sincos): its flag and counter, zero between calls
+            globs[f"_flag_{group.name}"] = torch.zeros(2, dtype=torch.int32, device=device)
+            globs[f"_fixup_{group.name}"] = Launcher(getattr(mod, f"{name}_fixup"), cfg["fixup"], launch_meta(cfg),
+                                                     device)
     for group, *_ in kernels:   # rows the schedule keeps local but a Triton tile cannot: one buffer each
         for b in inline_locals(group)[1]:
             buf = sched.buffers[b]
             globs[b] = torch.empty_strided(tuple(int(x) for x in buf.size), tuple(int(x) for x in buf.stride),
                                            dtype=buf.dtype, device=device)
-    for name, kernel in _precompile(mod, kernels, sched, device).items():
-        for group, kname, *_ in kernels:
-            if kname == name:
-                globs[f"_launch_{group.name}"].preloaded(kernel)
+    loaded = _precompile(mod, kernels, sched, device)
+    for group, name, *_ in kernels:
+        if name in loaded:
+            globs[f"_launch_{group.name}"].preloaded(loaded[name])
+        if f"{name}_fixup" in loaded:
+            globs[f"_fixup_{group.name}"].preloaded(loaded[f"{name}_fixup"])
 
     def kernel_call(group: FusedGroup) -> str:
         if group.name not in launch:
             return "pass  # empty"
-        name, args, grid, meta = launch[group.name]
+        name, args, grid, flagged = launch[group.name]
+        if flagged:
+            a = ", ".join(args + [f"_flag_{group.name}"])
+            return f"_launch_{group.name}({a}); _fixup_{group.name}({a})  # {name}[({grid},)] and its fixup"
         return f"_launch_{group.name}({', '.join(args)})  # {name}[({grid},)]"
 
     globs["_fallback"] = fallback

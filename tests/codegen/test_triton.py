@@ -667,10 +667,14 @@ def test_addmm_returned_and_read_by_pointwise_ops():
 
 
 def test_large_flat_kernels_bound_by_arithmetic_get_smaller_blocks():
-    """A flat kernel of many transcendental ops an element (the pointwise chain) gets 512-element blocks, a
-    memory-bound one (an affine map) 1024; both give eager's values, and a range their block divides has no
-    bounds mask (all lanes are in it)."""
+    """A flat kernel of many transcendental ops an element gets 512-element blocks, a memory-bound one (an affine
+    map) 1024, and so does a flagged one (its sin and cos: _flagged_sincos); all give eager's values, and a
+    range their block divides has no bounds mask (all lanes are in it)."""
     def chain(x):
+        y = torch.exp(x * 1.5 + 0.5) * torch.erf(x * 1.5 + 0.5)
+        return torch.tanh(torch.relu(y) + torch.sigmoid(x))
+
+    def sincos_chain(x):
         y = torch.sin(x * 1.5 + 0.5) * torch.cos(x * 1.5 + 0.5)
         return torch.tanh(torch.relu(y) + torch.sigmoid(x))
 
@@ -679,6 +683,8 @@ def test_large_flat_kernels_bound_by_arithmetic_get_smaller_blocks():
     x = rand(1 << 20)
     heavy, light = compile_and_check(chain, x), compile_and_check(affine, x)
     assert heavy.kernels[0][3]["BLOCK"] == 512 and light.kernels[0][3]["BLOCK"] == 1024
+    flagged = compile_and_check(sincos_chain, x).kernels[0][3]
+    assert flagged["BLOCK"] == 1024 and flagged["fixup"] > 0
     assert "xmask = tl.full([BLOCK], True, tl.int1)" in heavy.kernel_source
     assert "xmask = xindex < " in compile_and_check(affine, rand(1000)).kernel_source
 
@@ -780,8 +786,9 @@ def test_values_read_only_in_their_kernel_are_not_stored():
         gy = g @ w
         inner = torch.ops.aten.tanh_backward(gy * x * 0.5, t) * 0.7978845608028654
         return inner * (1 + 0.134145 * x * x) + inner.exp() * 1e-3 + (t + 1) * 0.5 * gy
+    from ember.codegen.triton import PRELUDE
     call = compile_and_check(f, rand(64, 96), rand(32, 96), rand(64, 32))
-    assert call.kernel_source.count("tl.store(") == 1, call.kernel_source
+    assert call.kernel_source[len(PRELUDE):].count("tl.store(") == 1, call.kernel_source
 
 
 # ------------------------------------------------------------------------ online softmax in looped reductions
@@ -1007,3 +1014,64 @@ def test_pooling_gradients_gather_over_the_windows(k, s, p, shape):
     call = compile_and_check(lambda da, x: torch.ops.aten.avg_pool2d_backward(da, x, [k, k], [s, s], [p, p], False,
                                                                               True, None), da, x, may_fall_back=k > s)
     assert bool(aten_calls(call)) == (k > s)
+
+
+def _sincos_inputs() -> torch.Tensor:
+    """float32 values of every kind sin and cos meet: randn-sized, multiples of pi/2 and their neighbours (the
+    reduction's hardest cases), the last fast-path values and past them (Payne-Hanek's), denormals, +-0, inf, NaN."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
+    parts = [torch.randn(4096, generator=g) * s for s in (1.0, 10.0, 1e3, 1e5, 1e7, 1e30)]
+    k = torch.arange(-2000, 2000, dtype=torch.float64) * (math.pi / 2)
+    parts += [k.float(), torch.nextafter(k.float(), torch.tensor(math.inf)), torch.nextafter(k.float(),
+                                                                                          torch.tensor(-math.inf))]
+    parts.append(torch.tensor([105614.99, 105615.0, 105616.0, -105615.0, 1e-40, -1e-40, 0.0, -0.0, math.inf,
+                               -math.inf, math.nan]))
+    x = torch.cat(parts)
+    return x[torch.randperm(x.numel(), generator=g)].to(DEV)
+
+
+def test_sin_and_cos_share_one_reduction_and_the_fixup_redoes_large_arguments():
+    """A flat kernel's sin and cos come from one _sincos_flagged; a value past its fast path raises the flag and
+    the fixup kernel redoes the range with libdevice's. The flag is down again after each call."""
+    call = compile_and_check(lambda x: (torch.sin(x) * torch.cos(x), torch.cos(x * 2) + 1), _sincos_inputs())
+    main, fixup = call.kernel_source.split("def k_")[-2:]
+    assert main.count(" = _sincos_flagged(") == 2 and "tl.sin(" not in main, main
+    assert "_fixup(" in fixup and "tl.sin(" in fixup and "tl.cos(" in fixup, fixup
+    flags = [v for k, v in call.namespace.items() if k.startswith("_flag_")]
+    assert len(flags) == 1 and not flags[0].any()
+    small = torch.randn(4096, device=DEV)   # no flag raised: the fixup returns at once
+    want = (torch.sin(small) * torch.cos(small), torch.cos(small * 2) + 1)
+    for got, w in zip(call([small]), want):
+        torch.testing.assert_close(got, w, atol=1e-5, rtol=1.3e-5)
+    assert not flags[0].any()
+
+
+def test_sin_in_a_reduction_tests_its_block_for_large_arguments():
+    """Kernels other than flat ones (here a row reduction) keep _sincos's block test: no flag, no fixup."""
+    from ember.codegen.triton import PRELUDE
+    x = _sincos_inputs()[:36000].reshape(120, 300)
+    call = compile_and_check(lambda x: torch.sin(x).sum(1), x)
+    kernels = call.kernel_source[len(PRELUDE):]
+    assert " = _sincos(" in kernels and "_fixup" not in kernels, kernels
+
+
+def test_a_kernel_storing_over_what_it_reads_is_not_flagged():
+    """Running such a kernel again (the fixup) would read its own results: it keeps _sincos's block test."""
+    from ember.codegen import triton as tr
+    call = compile_and_check(lambda x: torch.cos(x) + 1, rand(4096))
+    (group, *_), = call.kernels
+    assert tr._flagged_sincos(group)
+    m = group.members[0]
+    m.dest = sorted(m.reads)[0]   # as schedule.inplace and overwrite_dying_inputs mark a store over an input
+    assert not tr._flagged_sincos(group)
+
+
+@pytest.mark.skipif(not CUDA, reason="bit-for-bit against eager's CUDA kernels (the interpreter's sin is numpy's)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sin_and_cos_are_eagers_bits_on_cuda(dtype):
+    x = _sincos_inputs().to(dtype)
+    from ember.codegen.triton import compile_aten
+    gm, (s_ref, c_ref) = trace_aten(lambda x: (torch.sin(x), torch.cos(x)), [x])
+    s, c = compile_aten(gm, [x])(x)
+    torch.testing.assert_close(s, s_ref, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(c, c_ref, atol=0, rtol=0, equal_nan=True)
