@@ -1076,3 +1076,18 @@ def test_sin_and_cos_are_eagers_bits_on_cuda(dtype):
     s, c = compile_aten(gm, [x])(x)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(c, c_ref, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs replay the flagged pair (mode='reduce-overhead')")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_flagged_pair_over_calls_with_and_without_large_arguments(mode):
+    """The flag a call raises is down for the next: calls alternating small and large arguments (launched
+    directly, and replayed from one CUDA graph) each give eager's values."""
+    import ember
+
+    def f(x):
+        return torch.sin(x * 3.0) * torch.cos(x) + 1
+    fn = ember.compile(f, mode=mode)
+    for scale in (1.0, 1e6, 1.0, 1.0, 1e30, 1.0):
+        x = torch.randn(1 << 16, device=DEV) * scale
+        torch.testing.assert_close(fn(x), f(x), atol=1e-5, rtol=1.3e-5)
