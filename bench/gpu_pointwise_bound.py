@@ -56,46 +56,6 @@ def k_copy(p0, p1, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def k_chain_libdevice(p0, p1, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(p0 + i)
-    y = x * 1.5 + 0.5
-    tl.store(p1 + i, _rest(x, tl.sin(y), tl.cos(y)))
-
-
-@triton.jit
-def k_chain_sincos(p0, p1, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(p0 + i)
-    s, c = _sincos(x * 1.5 + 0.5)
-    tl.store(p1 + i, _rest(x, s, c))
-
-
-@triton.jit
-def k_chain_sincos_no_check(p0, p1, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(p0 + i)
-    s, c = _sincos_fast(x * 1.5 + 0.5)
-    tl.store(p1 + i, _rest(x, s, c))
-
-
-@triton.jit
-def k_chain_sincos_nan_slow(p0, p1, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(p0 + i)
-    s, c = _sincos_nan_slow(x * 1.5 + 0.5)
-    tl.store(p1 + i, _rest(x, s, c))
-
-
-@triton.jit
-def k_chain_sincos_flag(p0, p1, flag, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(p0 + i)
-    s, c = _sincos_flagged(x * 1.5 + 0.5, flag)
-    tl.store(p1 + i, _rest(x, s, c))
-
-
-@triton.jit
 def k_fixup(flag):   # what follows a flagged kernel: nothing, unless an argument was past the fast path
     if tl.load(flag) != 0:
         tl.store(flag, 0)
@@ -123,6 +83,21 @@ def k_math_only_sincos(p0, p1, BLOCK: tl.constexpr):
 def k_empty(p0, p1, BLOCK: tl.constexpr):
     pass
 
+'''
+# the chain's kernels: name -> (extra parameters, how its sin and cos of y are computed)
+CHAINS = {"libdevice": ("", "tl.sin(y), tl.cos(y)"), "sincos": ("", "_sincos(y)"),
+          "sincos_no_check": ("", "_sincos_fast(y)"), "sincos_nan_slow": ("", "_sincos_nan_slow(y)"),
+          "sincos_flag": ("flag, ", "_sincos_flagged(y, flag)")}
+for name, (params, call) in CHAINS.items():
+    SOURCE += f'''
+
+@triton.jit
+def k_chain_{name}(p0, p1, {params}BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(p0 + i)
+    y = x * 1.5 + 0.5
+    s, c = {call}
+    tl.store(p1 + i, _rest(x, s, c))
 '''
 # one op on four made values an element: name -> the expression of `v`
 X4 = {"index": "{v}", "sin*cos libdevice": "tl.sin({v}) * tl.cos({v})", "sin*cos _sincos": "_mul(_sincos({v}))",
