@@ -275,7 +275,7 @@ class Body:
         self.names: dict = {}
         self.stored: dict = {}   # (buffer, offset) -> the variable this program stored there (read back as is)
         self.sincos: dict = {}   # id(argument Expr) -> (sin, cos) variables of one _sincos call
-        self.sincos_call = "_sincos({})"   # or _sincos_flagged's (a flagged flat kernel), None: libdevice's
+        self.sincos_call = "_sincos({})"   # or _sincos_flagged's (a flagged flat kernel)
 
     def emit(self, e: Expr) -> str:
         for x in e.walk():
@@ -373,7 +373,7 @@ class Body:
                 f = UNARY_INT[x.op]
             elif x.op in UNARY_ANY:
                 f = UNARY_ANY[x.op]
-            elif x.op in ("sin", "cos") and OWN_SINCOS and t == "tl.float32" and self.sincos_call:
+            elif x.op in ("sin", "cos") and OWN_SINCOS and t == "tl.float32":
                 return self._sincos(x.args[0], a[0])[x.op == "cos"]
             elif arg_dtype.is_floating_point:
                 f = UNARY_FLOAT[x.op]
@@ -719,7 +719,7 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
                                    for a in args if sched.buffers[a].size])
     i64 = largest >= 2 ** 31 - 1
     extents = {a: _extent(sched.buffers[a]) for a in args}
-    if shape == FLAT and fixup and _flagged_sincos(group):
+    if shape == FLAT and fixup and rows * rmax >= FLAGGED_MIN and _flagged_sincos(group):
         cfg = {**cfg, "BLOCK": max(cfg["BLOCK"], 1024), "fixup": 4 * _sm_count()}
         grid = math.ceil(rows * rmax / cfg["BLOCK"])
         src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"], flagged=True)
@@ -781,6 +781,8 @@ def _flagged_sincos(group: FusedGroup) -> bool:
                for m in group.members if m.body is not None for e in m.body.walk())
 
 
+FLAGGED_MIN = 1 << 22   # elements from which a flat kernel is flagged: the block test costs ~0.5 ns an element
+# (0.03 ms of the chain's 64M), a fixup ~2 us of the GPU's and a launch of the host's
 FIXUP_META = {"BLOCK": 128, "num_warps": 4}   # a fixup kernel's: one element a thread, so libdevice's sin and
 # cos are inlined once, not once per element a thread holds (the pointwise chain's compiled in 0.15 s, not 0.27)
 
@@ -811,7 +813,7 @@ def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int, flagg
 
 
 def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str = "t",
-                block: int | None = None, sincos_call: str | None = "_sincos({})") -> list[str]:
+                block: int | None = None, sincos_call: str = "_sincos({})") -> list[str]:
     """Members over rows x rsize as one flat range, program `pid` taking BLOCK elements of it. When `block`
     (BLOCK's value) divides the range, every lane is in it: a mask of constants, which Triton folds away (no
     compare, no predicated loads and stores: the pointwise chain is bound by its arithmetic)."""
@@ -1242,8 +1244,8 @@ class _InterpretedLibdevice:
     NUMPY = {"log10": "log10", "tan": "tan", "asin": "arcsin", "acos": "arccos", "atan": "arctan",
              "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "asinh": "arcsinh", "acosh": "arccosh",
              "atanh": "arctanh", "log1p": "log1p", "expm1": "expm1", "nearbyint": "rint", "rint": "rint",
-             "trunc": "trunc", "signbit": "signbit", "atan2": "arctan2", "copysign": "copysign", "hypot": "hypot", "pow": "power",
-             "fmod": "fmod", "nextafter": "nextafter"}
+             "trunc": "trunc", "signbit": "signbit", "atan2": "arctan2", "copysign": "copysign", "hypot": "hypot",
+             "pow": "power", "fmod": "fmod", "nextafter": "nextafter"}
 
     def __getattr__(self, name):
         import numpy as np

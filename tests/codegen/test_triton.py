@@ -683,7 +683,7 @@ def test_large_flat_kernels_bound_by_arithmetic_get_smaller_blocks():
     x = rand(1 << 20)
     heavy, light = compile_and_check(chain, x), compile_and_check(affine, x)
     assert heavy.kernels[0][3]["BLOCK"] == 512 and light.kernels[0][3]["BLOCK"] == 1024
-    flagged = compile_and_check(sincos_chain, x).kernels[0][3]
+    flagged = compile_and_check(sincos_chain, rand(1 << 22)).kernels[0][3]
     assert flagged["BLOCK"] == 1024 and flagged["fixup"] > 0
     assert "xmask = tl.full([BLOCK], True, tl.int1)" in heavy.kernel_source
     assert "xmask = xindex < " in compile_and_check(affine, rand(1000)).kernel_source
@@ -1030,7 +1030,14 @@ def _sincos_inputs() -> torch.Tensor:
     return x[torch.randperm(x.numel(), generator=g)].to(DEV)
 
 
-def test_sin_and_cos_share_one_reduction_and_the_fixup_redoes_large_arguments():
+@pytest.fixture
+def flag_small_kernels(monkeypatch):
+    """Flat kernels of any size flagged (FLAGGED_MIN: 4M elements), so the pair runs on the tests' sizes."""
+    from ember.codegen import triton as tr
+    monkeypatch.setattr(tr, "FLAGGED_MIN", 0)
+
+
+def test_sin_and_cos_share_one_reduction_and_the_fixup_redoes_large_arguments(flag_small_kernels):
     """A flat kernel's sin and cos come from one _sincos_flagged; a value past its fast path raises the flag and
     the fixup kernel redoes the range with _sincos (libdevice's in blocks holding one). The flag is down again
     after each call."""
@@ -1047,7 +1054,7 @@ def test_sin_and_cos_share_one_reduction_and_the_fixup_redoes_large_arguments():
     assert not flags[0].any()
 
 
-def test_sin_in_a_reduction_tests_its_block_for_large_arguments():
+def test_sin_in_a_reduction_tests_its_block_for_large_arguments(flag_small_kernels):
     """Kernels other than flat ones (here a row reduction) keep _sincos's block test: no flag, no fixup."""
     from ember.codegen.triton import PRELUDE
     x = _sincos_inputs()[:36000].reshape(120, 300)
@@ -1056,7 +1063,15 @@ def test_sin_in_a_reduction_tests_its_block_for_large_arguments():
     assert " = _sincos(" in kernels and "_fixup" not in kernels, kernels
 
 
-def test_a_kernel_storing_over_what_it_reads_is_not_flagged():
+def test_small_flat_kernels_test_their_block_instead_of_a_flag():
+    """Under FLAGGED_MIN elements a fixup's launch would cost more than the block test it saves."""
+    from ember.codegen.triton import PRELUDE
+    call = compile_and_check(lambda x: torch.sin(x) * torch.cos(x), _sincos_inputs())
+    kernels = call.kernel_source[len(PRELUDE):]
+    assert kernels.count(" = _sincos(") == 1 and "_fixup" not in kernels, kernels
+
+
+def test_a_kernel_storing_over_what_it_reads_is_not_flagged(flag_small_kernels):
     """Running such a kernel again (the fixup) would read its own results: it keeps _sincos's block test."""
     from ember.codegen import triton as tr
     call = compile_and_check(lambda x: torch.cos(x) + 1, rand(4096))
@@ -1069,18 +1084,24 @@ def test_a_kernel_storing_over_what_it_reads_is_not_flagged():
 
 @pytest.mark.skipif(not CUDA, reason="bit-for-bit against eager's CUDA kernels (the interpreter's sin is numpy's)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sin_and_cos_are_eagers_bits_on_cuda(dtype):
+@pytest.mark.parametrize("flagged", [False, True])
+def test_sin_and_cos_are_eagers_bits_on_cuda(dtype, flagged, monkeypatch):
+    """Both ways: the block test (_sincos), and the flagged pair whose fixup redoes the range (the inputs hold
+    values past the fast path)."""
+    from ember.codegen import triton as tr
+    monkeypatch.setattr(tr, "FLAGGED_MIN", 0 if flagged else 1 << 40)
     x = _sincos_inputs().to(dtype)
-    from ember.codegen.triton import compile_aten
     gm, (s_ref, c_ref) = trace_aten(lambda x: (torch.sin(x), torch.cos(x)), [x])
-    s, c = compile_aten(gm, [x])(x)
+    call = tr.compile_aten(gm, [x])
+    assert ("_fixup(" in call.compiled.kernel_source) == flagged
+    s, c = call(x)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(c, c_ref, atol=0, rtol=0, equal_nan=True)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs replay the flagged pair (mode='reduce-overhead')")
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
-def test_flagged_pair_over_calls_with_and_without_large_arguments(mode):
+def test_flagged_pair_over_calls_with_and_without_large_arguments(mode, flag_small_kernels):
     """The flag a call raises is down for the next: calls alternating small and large arguments (launched
     directly, and replayed from one CUDA graph) each give eager's values."""
     import ember
