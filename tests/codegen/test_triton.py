@@ -1112,3 +1112,15 @@ def test_flagged_pair_over_calls_with_and_without_large_arguments(mode, flag_sma
     for scale in (1.0, 1e6, 1.0, 1.0, 1e30, 1.0):
         x = torch.randn(1 << 16, device=DEV) * scale
         torch.testing.assert_close(fn(x), f(x), atol=1e-5, rtol=1.3e-5)
+
+
+def test_two_flagged_kernels_have_a_flag_each(flag_small_kernels):
+    """sin before a product and cos after it: two flat kernels, each its own flag; the second's arguments (y's
+    large values) raise its flag alone, and both are down after the call. (The product is returned too: a
+    kernel storing over it, its last reader otherwise, would not be flagged.)"""
+    def f(x, w, y):
+        p = torch.sin(x) @ w
+        return torch.cos(y) * p, p
+    call = compile_and_check(f, rand(64, 32), rand(32, 16), rand(64, 16) * 1e6)
+    flags = [v for k, v in call.namespace.items() if k.startswith("_flag_")]
+    assert len(flags) == 2 and not any(f.any() for f in flags)
