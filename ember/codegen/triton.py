@@ -802,10 +802,10 @@ def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int, flagg
                      sincos_call="_sincos_flagged({}, sincos_flag)")
     L += ["", ""] + _header(group, f"{name}_fixup", args + ["sincos_flag"], ["BLOCK"])[1:]
     fix_block = FIXUP_META["BLOCK"]
+    # (an int64 start makes the loop's variable int64: Triton promotes it to the widest of start, end and step)
     L += ["    if tl.load(sincos_flag) != 0:",
-          f"        for pid in range(tl.program_id(0), {math.ceil(rows * rsize / fix_block)}, tl.num_programs(0)):"]
-    L += _flat_range(group.members, "pid.to(tl.int64)" if i64 else "pid", rows, rsize, extents, " " * 12,
-                     block=fix_block)
+          f"        for pid in range({pid}, {math.ceil(rows * rsize / fix_block)}, tl.num_programs(0)):"]
+    L += _flat_range(group.members, "pid", rows, rsize, extents, " " * 12, block=fix_block)
     L += ["        if tl.atomic_add(sincos_flag + 1, 1) == tl.num_programs(0) - 1:   # every program has read it",
           "            tl.store(sincos_flag, 0)",
           "            tl.store(sincos_flag + 1, 0)"]
