@@ -14,6 +14,12 @@ Times are the process's CPU time (time.process_time), robust to other jobs on a 
 The Triton printer runs on the CPU graphs (no GPU needed, no kernel is built); the C++-only convolution
 fusions are turned off for it (lower.FUSE_CONVOLUTIONS = False), as on a GPU, where they do not apply.
 
+--build (Triton only) also compiles every kernel the printer wrote for an H100 (sm_90) on this machine, one
+after the other in this process (Triton compiles without a GPU when given the target): the "build" column is
+that CPU time, the cost of Triton's own passes, LLVM, libdevice's linking and ptxas, which a GPU machine spreads
+over worker processes (ember.runtime.triton_workers). Pointer alignment is not specialized, as on a GPU it is.
+It is wall time (ptxas runs in processes of its own), so the machine's load shows in it.
+
 --base DIR runs the same with the ember package found in DIR (e.g. `git archive <commit> | tar -x -C DIR`),
 alternating base and current processes round by round, and checks that both generate the same sources
 (sha256 of the C++/Triton source and the host program of every graph): the A/B of a compile-time change that
@@ -212,7 +218,40 @@ def phases(gm, example_inputs, backend: str) -> tuple[dict, dict]:
         open(os.path.join(d, f"{k}_wrapper.txt"), "w").write(call.source)
     hashes["source"] = hashlib.sha256(source.encode()).hexdigest()[:16]
     hashes["wrapper"] = hashlib.sha256(call.source.encode()).hexdigest()[:16]
+    if backend == "triton" and BUILD:
+        t = time.perf_counter()   # wall time: ptxas runs in processes of its own
+        build_for_sm90(source, kernels, sched)
+        times["build"] = time.perf_counter() - t
     return times, hashes
+
+
+BUILD = False   # --build
+TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64",
+                "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
+
+
+def build_for_sm90(source: str, kernels: list, sched) -> None:
+    """Every kernel of a printed module (and a flagged kernel's fixup) compiled by Triton for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ember.codegen import triton as tr
+    mod, target, seen = tr.load_module(source), GPUTarget("cuda", 90, 32), set()
+    for _, name, args, cfg, _grid in kernels:
+        if name in seen:
+            continue
+        seen.add(name)
+        types = [f"*{TRITON_TYPES[str(sched.buffers[a].dtype).removeprefix('torch.')]}" for a in args]
+        jobs = [(name, tr.launch_meta(cfg))] + ([(f"{name}_fixup", tr.FIXUP_META)] if "fixup" in cfg else [])
+        for kname, meta in jobs:
+            fn = getattr(mod, kname)
+            names = [n for n in fn.arg_names if n not in meta]
+            sig = dict(zip(names, types + ["*i32"] * (len(names) - len(types))))
+            consts = {k: v for k, v in meta.items() if k != "num_warps"}
+            sig.update({k: "constexpr" for k in consts})
+            triton.compile(ASTSource(fn, sig, constexprs=consts), target=target,
+                           options={"num_warps": meta.get("num_warps", 4)})
 
 
 def child(model_name: str, backend: str, profile: bool) -> None:
@@ -250,7 +289,12 @@ def child(model_name: str, backend: str, profile: bool) -> None:
 # ------------------------------------------------------------------------------------------------ driver
 def run_child(root: str, model: str, backend: str) -> dict:
     env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")  # set orders reach the host program
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", f"{model}:{backend}"],
+    if BUILD:   # cold: Triton's and ember's caches fresh for each process
+        import tempfile
+        env.update(TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton_cold_"), EMBER_CACHE_DIR=tempfile.mkdtemp(
+            prefix="ember_cold_"))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", f"{model}:{backend}"] +
+                         (["--build"] if BUILD else []),
                          env=env, cwd=root, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{model}:{backend} under {root} failed:\n{out.stderr[-3000:]}")
@@ -267,7 +311,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--child", default="")
     ap.add_argument("--profile", default="", help="MODEL:BACKEND: a cProfile of its phases, in this process")
+    ap.add_argument("--build", action="store_true", help="Triton: also compile the kernels for sm_90")
     args = ap.parse_args()
+    global BUILD
+    BUILD = args.build
     if args.child or args.profile:
         model, backend = (args.child or args.profile).split(":")
         child(model, backend, bool(args.profile))
@@ -285,13 +332,13 @@ def main() -> None:
     load = os.getloadavg()
     print(f"# ember compile phases, seconds (median of {args.rounds} fresh processes each), "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {load[0]:.1f}/{load[1]:.1f}")
-    cols = ["lower", "schedule", "print", "wrapper", "total"]
+    cols = ["lower", "schedule", "print", "wrapper"] + (["build"] if args.build else []) + ["total"]
     print(f"{'model':12s} {'backend':7s} {'code':5s} graphs " + " ".join(f"{c:>8s}" for c in cols) + "  same code")
     for model in args.models.split(","):
         for backend in args.backends.split(","):
             for label, _ in roots:
                 runs = results[(model, backend, label)]
-                med = {c: statistics.median(x["times"][c] for x in runs) for c in cols}
+                med = {c: statistics.median(x["times"].get(c, 0.0) for x in runs) for c in cols}
                 same = ""
                 if label == "base":
                     same = "yes" if runs[0]["hashes"] == results[(model, backend, "new")][0]["hashes"] else "NO"
