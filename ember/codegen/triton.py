@@ -719,12 +719,11 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
                                    for a in args if sched.buffers[a].size])
     i64 = largest >= 2 ** 31 - 1
     extents = {a: _extent(sched.buffers[a]) for a in args}
-    if shape == FLAT and fixup and rows * rmax >= FLAGGED_MIN and _flagged_sincos(group):
-        cfg = {**cfg, "BLOCK": max(cfg["BLOCK"], 1024), "fixup": 4 * _sm_count()}
-        grid = math.ceil(rows * rmax / cfg["BLOCK"])
-        src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"], flagged=True)
-    elif shape == FLAT:
-        src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"])
+    if shape == FLAT:
+        flagged = fixup and _flagged_sincos(group, rows * rmax)
+        if flagged:
+            cfg = {**cfg, "BLOCK": max(cfg["BLOCK"], 1024), "fixup": 4 * _sm_count()}
+        src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"], flagged)
         grid = math.ceil(rows * rmax / cfg["BLOCK"])
     elif shape == FOREACH:
         src, grid = _foreach_kernel(group, name, args, rows, cfg["BLOCK"], i64, extents)
@@ -765,14 +764,14 @@ def _store(m: Member, value: str, offset: str, mask: str, shape: str) -> str:
     return f"tl.store({m.target} + {offset}, ({value}).to({t}), {mask})"
 
 
-def _flagged_sincos(group: FusedGroup) -> bool:
-    """Whether a flat kernel computes float32 sin or cos and may run twice over the same inputs: _sincos's test
-    for an argument past the fast path, a block-wide max, cost the pointwise chain 15% (0.215 against 0.183 ms,
-    bench/gpu_pointwise_bound.py, H100, 2026-11-26); a flagged kernel skips it and raises a flag instead, and
-    a second kernel, which returns at once unless the flag is up, redoes the whole range with _sincos (~2 us a
-    call). Not where the kernel stores over memory it reads (an in-place update, or a result
-    taking over a dying input): running it again would read its own results."""
-    if not OWN_SINCOS or any(m.dest for m in group.members):
+def _flagged_sincos(group: FusedGroup, elements: int) -> bool:
+    """Whether a flat kernel of `elements` (FLAGGED_MIN or more) computes float32 sin or cos and may run twice
+    over the same inputs: _sincos's test for an argument past the fast path, a block-wide max, cost the
+    pointwise chain 15% (0.215 against 0.183 ms, bench/gpu_pointwise_bound.py, H100, 2026-11-26); a flagged
+    kernel skips it and raises a flag instead, and a second kernel, which returns at once unless the flag is
+    up, redoes the whole range with _sincos (~2 us a call). Not where the kernel stores over memory it reads
+    (an in-place update, or a result taking over a dying input): running it again would read its own results."""
+    if not OWN_SINCOS or elements < FLAGGED_MIN or any(m.dest for m in group.members):
         return False
     stored = {m.buf.name for m in group.members if not m.local}
     if any(r in stored for m in group.members for r in m.reads):
@@ -792,12 +791,11 @@ def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int, flagg
     and cos from _sincos_flagged, and KERNEL_fixup, the range in a loop over its blocks of FIXUP_META's size,
     with _sincos's sin and cos (libdevice's in blocks holding a large argument: the values of the others stay
     the same bits), which lowers the flag when all its programs have run."""
-    if not flagged:
-        L = _header(group, name, args, ["BLOCK"])
-        pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
-        return L + _flat_range(group.members, pid, rows, rsize, extents, "    ", block=block)
-    L = _header(group, name, args + ["sincos_flag"], ["BLOCK"])
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
+    if not flagged:
+        return _header(group, name, args, ["BLOCK"]) + _flat_range(group.members, pid, rows, rsize, extents, "    ",
+                                                                  block=block)
+    L = _header(group, name, args + ["sincos_flag"], ["BLOCK"])
     L += _flat_range(group.members, pid, rows, rsize, extents, "    ", block=block,
                      sincos_call="_sincos_flagged({}, sincos_flag)")
     L += ["", ""] + _header(group, f"{name}_fixup", args + ["sincos_flag"], ["BLOCK"])[1:]
@@ -813,7 +811,7 @@ def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int, flagg
 
 
 def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str = "t",
-                block: int | None = None, sincos_call: str = "_sincos({})") -> list[str]:
+                block: int | None = None, sincos_call: str | None = None) -> list[str]:
     """Members over rows x rsize as one flat range, program `pid` taking BLOCK elements of it. When `block`
     (BLOCK's value) divides the range, every lane is in it: a mask of constants, which Triton folds away (no
     compare, no predicated loads and stores: the pointwise chain is bound by its arithmetic)."""
@@ -824,7 +822,9 @@ def _flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str =
     i = sympy.Symbol("xindex", integer=True, nonnegative=True)
     ranges = {i: total}
     b = Body({}, "xmask", ind, ranges, extents)  # one body: members share their loads (CSE)
-    b.prefix, b.sincos_call = prefix, sincos_call
+    b.prefix = prefix
+    if sincos_call:
+        b.sincos_call = sincos_call
     stores = []
     values: dict = {}  # member name -> its value Expr: an elementwise group's members read each other's element
     for m in members:

@@ -277,7 +277,7 @@ def view_strides(old_size, old_stride, new_size):
     merged into new dims exactly."""
     if not all(isinstance(v, (int, sympy.Integer)) for v in (*old_size, *old_stride, *new_size)):
         return None
-    old_size, old_stride, new_size = [int(v) for v in old_size], [int(v) for v in old_stride], [int(v) for v in new_size]
+    old_size, old_stride, new_size = ([int(v) for v in vs] for vs in (old_size, old_stride, new_size))
     if not old_size or 0 in old_size:
         return None
     new_stride = [0] * len(new_size)

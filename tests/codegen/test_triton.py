@@ -1076,10 +1076,10 @@ def test_a_kernel_storing_over_what_it_reads_is_not_flagged(flag_small_kernels):
     from ember.codegen import triton as tr
     call = compile_and_check(lambda x: torch.cos(x) + 1, rand(4096))
     (group, *_), = call.kernels
-    assert tr._flagged_sincos(group)
+    assert tr._flagged_sincos(group, 4096)
     m = group.members[0]
     m.dest = sorted(m.reads)[0]   # as schedule.inplace and overwrite_dying_inputs mark a store over an input
-    assert not tr._flagged_sincos(group)
+    assert not tr._flagged_sincos(group, 4096)
 
 
 @pytest.mark.skipif(not CUDA, reason="bit-for-bit against eager's CUDA kernels (the interpreter's sin is numpy's)")
