@@ -416,12 +416,18 @@ def cpu_threads() -> int:
 GPU_COLUMN_STRIP = 8   # columns a Triton program takes at least in a column reduction (triton.column_config)
 
 
+# GPU row reductions of >= 16384 elements are split while fewer than this many SMs' worth of rows: one program a row
+# over 256 rows of 16384 (densenet121's first dense block, batch-norm backward sums) streamed 1.6 TB/s
+LONG_ROWS_SPLIT_BELOW = 2
+
+
 def reduction_parts(out: int, rnumel: int, column: bool, target: str) -> int:
     """Into how many parts to split a reduction of `rnumel` elements for each of `out` results (1: none), so the
     partial reductions fill the machine the printer's loops leave idle. column: the reduction runs down columns
     (adjacent results adjacent in memory, the reduced index strides over rows).
     - gpu (Triton): a row reduction is one program per result, a column one a strip of >= 8 columns per program
-      (triton.column_config); fewer than the 132 SMs (rows) / 2x that (strips) leave SMs idle: the GPT-2
+      (triton.column_config); fewer than the 132 SMs (rows; 2x that for rows of >= 16384 elements,
+      LONG_ROWS_SPLIT_BELOW) / 2x that (strips) leave SMs idle: the GPT-2
       layer-norm backward's column sums over 2048 x 768 ran on 96 programs, 20 us per layer against the 9 of
       Inductor's split. Parts are chosen for ~4 programs per SM, each part at least 32 rows (columns) or 1024
       elements (rows).
@@ -439,7 +445,7 @@ def reduction_parts(out: int, rnumel: int, column: bool, target: str) -> int:
                 return 1
         else:
             busy, want, min_chunk = out, math.ceil(4 * sms / out), 1024
-            if busy >= sms or rnumel < 8192:
+            if rnumel < 8192 or busy >= sms * (LONG_ROWS_SPLIT_BELOW if rnumel >= 16384 else 1):
                 return 1
     else:
         threads = cpu_threads()

@@ -679,6 +679,14 @@ def recompute_scalars(sched: Schedule, mutations: list | None, linked: frozenset
         sched.items = kept
 
 
+def _reads_only(x, name: str, m) -> bool:
+    """Whether member x reads buffer `name` only at the element member m stores, over m's loops (a row's
+    epilogue reading the value its row just stored: Adam's update of a batch norm's weight reads the new
+    moments its row computed in the kernel of the batch norm's backward sums)."""
+    return tuple(x.inner) == tuple(m.inner) and x.body is not None and all(
+        sympy.expand(e.args[1] - m.store) == 0 for e in x.body.walk() if e.op == "load" and e.args[0] == name)
+
+
 def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
     """Let the kernel computing graph output `oi`, the new value of input `ii`, store into the input itself
     (no fresh buffer, no copy after the graph) when nothing can tell the difference:
@@ -689,7 +697,8 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
     - inside the group, every member reading the input reads exactly the element being written, over the
       same loops, and runs no later than the writer or shares its block in an `elementwise` group (so each
       element is read before it is overwritten, by the same thread / program); a member reading the new
-      value shares the writer's block there (it takes the value from a register)."""
+      value shares the writer's block there (it takes the value from a register), or, in a group of rows,
+      runs after the writer and reads only the element written, over the same loops (`_reads_only`)."""
     found = _updating_member(sched, ii, oi, member_of)
     if found is None:
         return
@@ -716,7 +725,8 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
     group = sched.items[j]
     pos = group.members.index(m)
     for k, x in enumerate(group.members):
-        if b.name in x.reads and not (group.elementwise and x.block == m.block):
+        if b.name in x.reads and not (group.elementwise and x.block == m.block) and not (
+                not group.elementwise and k > pos and _reads_only(x, b.name, m)):
             return
         if inp.name not in x.reads:
             continue

@@ -92,6 +92,9 @@ def test_split_factors_from_sizes():
     assert gpu(2048, 768, False) == 1         # a layer norm's row sums
     assert gpu(1, 4096, False) == 1           # too short to be worth a second kernel
     assert gpu(100, 3000, True) == 50         # 3000 rows: a divisor (no ragged part), parts of >= 32 rows
+    assert gpu(256, 16384, False) == 4        # 256 long rows (densenet's first block, 1.6 TB/s unsplit): 1024 parts
+    assert gpu(256, 8192, False) == 1         # shorter ones: one program a row
+    assert gpu(300, 16384, False) == 1        # >= 2x the SMs' rows (LONG_ROWS_SPLIT_BELOW)
     cpu = lambda out, r, col, threads: lower.reduction_parts(out, r, col, "cpu") if not setattr(  # noqa: E731
         lower, "cpu_threads", lambda: threads) else None
     try:

@@ -274,6 +274,32 @@ def test_new_value_read_by_an_extern_after_the_in_place_write():
     assert forward_of(run).sched.inplace     # nothing needs the old x after its update
 
 
+@pytest.mark.parametrize("on_triton", [False, pytest.param(True, marks=needs_triton)], ids=["cpp", "triton"])
+def test_row_epilogues_write_moments_in_place_and_read_the_new_ones(on_triton, monkeypatch, tmp_path):
+    """An optimizer's update of a per-channel parameter in the kernel of the sums giving its gradient (a batch
+    norm's backward): the moments' new values are written over the old ones and the parameter's update, later in
+    the same row, reads the new moments at the element its row wrote; every input updated in place, as eager."""
+    def f(x, p, m, v):
+        g = x.sum(1)
+        m.lerp_(g, 0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        p.add_(m / (v.sqrt() + 1e-8), alpha=-0.01)
+        return g
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    dev = "cuda" if CUDA and on_triton else "cpu"
+    x, p, m, v = (torch.randn(24, 2000, device=dev), torch.randn(24, device=dev), torch.randn(24, device=dev),
+                  torch.rand(24, device=dev) + 0.5)
+    args = [x, p, m, v]
+    run = (triton_compile if on_triton else ember_backend.compile_graph)(torch.fx.symbolic_trace(f),
+                                                                         [a.clone() for a in args])
+    mine, ref = [a.clone() for a in args], [a.clone() for a in args]
+    torch.testing.assert_close(run(*mine), f(*ref), rtol=1e-5, atol=1e-4)   # sums of 2000 in another order
+    for a, b in zip(mine[1:], ref[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert len(forward_of(run).sched.inplace) == 3     # p, m and v: no copies back
+
+
 def test_overlapping_inputs_run_the_functional_graph():
     """Two arguments sharing memory at run time (not at compile time): the kernels would read values already
     overwritten, so the call runs the functional graph instead and copies back, as before in-place writes."""
