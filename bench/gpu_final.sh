@@ -6,12 +6,17 @@
 #   bash bench/gpu_final.sh train   # the densenet121 training row (Inductor's compile alone takes ~3 minutes)
 #   (bench/gpu.py --only splits at commas: a row name with a comma is matched by a part of it; the table
 #   rows are timed in 3 more rounds in turns, the diagnostic modes below time once: --rounds 0)
+#   bash bench/gpu_final.sh table   # bench, then the training row with Inductor's column, in one command
 #   bash bench/gpu_final.sh final   # all of it in one command (tests of what changed, bench, training row)
 #   bash bench/gpu_final.sh profile # where the time goes: eager and ember on the model rows, kernel and host profiles
 #   bash bench/gpu_final.sh diag    # host split and cold-compile profiles of the host-bound rows, Triton pool
 #   bash bench/gpu_final.sh quick   # while working: optimizer/CUDA-graph tests, Adam rows with a kernel profile
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+# ember's bytecode compiled ahead, as `pip install` does for an installed package (torch's and Triton's are): the
+# tree copied to the device machine has no __pycache__, and each lazily imported module was compiled from source
+# inside the cold compile of the first row that imported it
+python3 -m compileall -q ember > /dev/null
 export PYTHONPATH=/tmp/site:$PWD EMBER_CACHE_DIR=/tmp/ember_cache PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 case "${1:-tests}" in
@@ -26,6 +31,14 @@ bench)
 train)
   timeout 580 python3 bench/gpu.py --rounds 3 --only "train step" --columns "${2:-eager,inductor-train,ember}" 2>&1 | tee "$OUT/train.log" \
     | grep -v -i warn | tail -8 ;;
+table)   # the closing table in one command of under 10 minutes: every row, then the training row with Inductor's
+  # column (its compile alone takes ~2.7 minutes), each bench/gpu.py with its log and JSON
+  timeout 300 python3 bench/gpu.py --rounds 3 --only pointwise,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2 \
+    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  grep -E "^\||^#|Error" "$OUT/bench.log" | tail -14
+  timeout 285 python3 bench/gpu.py --rounds 3 --only "train step" --columns eager,inductor-train,ember \
+    --json "$OUT/train.json" > "$OUT/train.log" 2>&1
+  grep -E "^\||rounds|Error" "$OUT/train.log" | tail -8 ;;
 final)   # one command for a session's last ~10 device minutes: the GPU tests of what changed, then every bench row
   # (the training row without Inductor's column: its compile alone takes ~3.5 minutes; `train` with
   # --columns eager,inductor-train,ember measures it)
