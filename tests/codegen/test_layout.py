@@ -1,6 +1,6 @@
 """Channels-last layout of inference graphs with 4-D convolutions (ember.codegen.lower.wants_channels_last):
 results and strides equal eager's, the convolutions and the kernels between them run channels-last, training
-graphs keep eager's layouts; the pooling decompositions index correctly in either layout."""
+graphs (and a training step in one graph) keep eager's layouts; the pooling decompositions index correctly in either layout."""
 import copy
 
 import pytest
@@ -172,6 +172,50 @@ def test_training_graphs_keep_eager_layouts():
     sched = _forward(run).sched
     assert not any(_is_cl(b) and int(b.size[1]) > 1 and int(b.size[2]) * int(b.size[3]) > 1
                    for b in sched.buffers.values())
+
+
+def test_training_step_in_one_graph_keeps_eager_layouts(monkeypatch):
+    """A training step whose backward is inside its graph (the GPU's default; here forced on the CPU) goes down
+    the inference path but keeps eager's layouts (wants_channels_last: no convolution's backward): every value of
+    the step as eager's, gradients with eager's strides, no channels-last buffer."""
+    from ember.frontend import interpreter
+    monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cpu", "cuda"})
+    lowered = []
+    real_lower = lower.lower
+
+    def spy(gm, example_inputs, target="cpu"):
+        out = real_lower(gm, example_inputs, target)
+        lowered.append((gm, out[2]))
+        return out
+    monkeypatch.setattr(lower, "lower", spy)
+    torch.manual_seed(0)
+    m = Block().train()
+    ref = copy.deepcopy(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01, momentum=0.9)
+
+    def step(model, o, x):
+        o.zero_grad(set_to_none=True)
+        out, y = model(x)
+        loss = out.square().mean() + y.mean()
+        loss.backward()
+        o.step()
+        return loss.detach()
+    compiled = ember.compile(step)
+    for _ in range(3):
+        x = torch.randn(2, 3, 40, 36)
+        torch.testing.assert_close(compiled(m, opt, x), step(ref, ref_opt, x), rtol=1e-4, atol=1e-5)
+    for (n, p), q in zip(ref.named_parameters(), m.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=lambda s: f"{n}: {s}")
+        assert q.grad.stride() == p.grad.stride(), n
+    for b, rb in zip(m.buffers(), ref.buffers()):
+        torch.testing.assert_close(b, rb, rtol=1e-4, atol=1e-5)
+    one_graph = [g for gm, g in lowered if any(nd.target is torch.ops.aten.convolution_backward.default
+                                               for nd in gm.graph.nodes)]
+    assert one_graph and all(gm.meta.get("ember_inference") for gm, g in lowered if g in one_graph)
+    assert all(not g.channels_last and not g.cl for g in one_graph)
+    assert not any(_is_cl(b) and int(b.size[1]) > 1 and int(b.size[2]) * int(b.size[3]) > 1
+                   for g in one_graph for b in g.buffers)
 
 
 POOLS = [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2), dict(kernel_size=(3, 2), stride=(2, 1)),
