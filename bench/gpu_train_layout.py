@@ -5,10 +5,14 @@ torch.contiguous_format and in torch.channels_last, GPU time per step by kernel 
     python bench/gpu_train_layout.py
 """
 import datetime
-import statistics
+import os
+import sys
 
 import torch
 import torchvision
+
+sys.path.insert(0, os.path.dirname(__file__))
+import gpu  # noqa: E402  (its step timing: events around each step, the median)
 
 
 TOP: list = []
@@ -46,18 +50,7 @@ def main() -> None:
         def step():
             model.zero_grad(set_to_none=True)
             torch.nn.functional.cross_entropy(model(x), y).backward()
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(20):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            times.append((a, b))
-        torch.cuda.synchronize()
-        ms = statistics.median(a.elapsed_time(b) for a, b in times)
+        ms = gpu.steady_ms(step, 20, warmup=5)
         TOP.clear()
         classes = kernel_classes(step)
         print(f"{str(fmt):28s} step {ms:.3f} ms; GPU ms by class: "
