@@ -585,3 +585,47 @@ def test_triton_a_loss_and_many_counters_updated_in_place_split_into_kernels(mon
     groups = [g for g in call.sched.items if isinstance(g, tr.FusedGroup)]
     sizes = sorted(len(g.members) for g in groups)
     assert len(groups) >= 3 and sizes[-1] <= tr.MAX_BLOCKS_PER_KERNEL + 8, sizes
+
+
+def test_training_step_in_one_graph_updates_batch_norm_moments_in_place(monkeypatch):
+    """Adam over a conv/batch-norm network, its backward inside the step's graph (the GPU's default; forced on the
+    CPU here): each batch norm's weight and bias moments are updated in the kernel of the backward's sums, written
+    over the old moments (read by nothing after), and the moments and parameters match eager's."""
+    import copy
+
+    import ember
+    from ember.codegen import schedule
+    from ember.frontend import interpreter
+    from tests.codegen.test_layout import Block
+    monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cpu", "cuda"})
+    scheds = []
+    real = schedule.schedule
+
+    def spy(*args, **kwargs):
+        scheds.append(real(*args, **kwargs))
+        return scheds[-1]
+    monkeypatch.setattr(schedule, "schedule", spy)
+    torch.manual_seed(0)
+    m = Block().train()
+    ref = copy.deepcopy(m)
+    opt, ref_opt = torch.optim.Adam(m.parameters(), lr=1e-3), torch.optim.Adam(ref.parameters(), lr=1e-3)
+
+    def step(model, o, x):
+        o.zero_grad(set_to_none=True)
+        out, y = model(x)
+        (out.square().mean() + y.mean()).backward()
+        o.step()
+    compiled = ember.compile(step)
+    for _ in range(4):
+        x = torch.randn(4, 3, 40, 36)
+        step(ref, ref_opt, x)
+        compiled(m, opt, x)
+    for (n, p), q in zip(ref.named_parameters(), m.parameters()):
+        want, got = ref_opt.state[p], opt.state[q]
+        torch.testing.assert_close(got["exp_avg"], want["exp_avg"], rtol=1e-4, atol=1e-6, msg=lambda s: f"{n}: {s}")
+        torch.testing.assert_close(got["exp_avg_sq"], want["exp_avg_sq"], rtol=1e-4, atol=1e-9)
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6)
+    # a moment written in place inside a group of rows (a reduction's kernel), where a later member reads it
+    rows_writes = [it for s in scheds for it in s.items if not getattr(it, "elementwise", True)
+                   for mb in it.members if mb.dest and any(mb.buf.name in x.reads for x in it.members)]
+    assert rows_writes
