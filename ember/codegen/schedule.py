@@ -17,6 +17,7 @@ Extern calls are scheduled between groups, and dead buffers are dropped.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from typing import Callable
@@ -454,8 +455,9 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool =
                     if scratch + size <= SCRATCH_BYTES:
                         m.local, scratch = True, scratch + size
     sched = Schedule(items, lowered, buffers)
+    readers = _Readers(sched)
     for ii, oi in mutations or []:
-        _write_in_place(sched, ii, oi, where, member_of)
+        _write_in_place(sched, ii, oi, where, member_of, readers)
     return sched
 
 
@@ -527,14 +529,34 @@ def _members_by_buffer(items: list) -> tuple[dict, dict]:
     return where, member_of
 
 
+class _Readers:
+    """Which items read each buffer (groups with a member reading it, extern calls taking it) and how often each
+    buffer is a graph output: what `_write_in_place` asks for every mutation, looked up instead of walking every
+    item each time (densenet121's training step: 1,819 mutations over ~1,300 items, 1.3 s of its schedule)."""
+
+    def __init__(self, sched: Schedule):
+        self.groups: dict = {}    # buffer name -> indices of the groups reading it, ascending
+        self.externs: dict = {}   # buffer name -> indices of the extern calls reading it, ascending
+        for k, it in enumerate(sched.items):
+            if isinstance(it, ExternBuffer):
+                for n in dict.fromkeys(it.inputs):
+                    self.externs.setdefault(n, []).append(k)
+            else:
+                for n in set().union(*(x.reads for x in it.members)):
+                    self.groups.setdefault(n, []).append(k)
+        self.outputs = collections.Counter(o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg))
+
+
 def write_in_place(sched: Schedule, mutations: list | None) -> None:
     """`_write_in_place` again, over a schedule whose groups a backend has split: a group that held an
     optimizer's step counters (one element each, read by every update) was not `elementwise`, and its
     parameters and moments were written to fresh buffers and copied back; without them it is."""
     where, member_of = _members_by_buffer(sched.items)
+    readers = _Readers(sched)
     for ii, oi in mutations or []:
-        _read_stored_scalar(sched, ii, oi, where, member_of)
-        _write_in_place(sched, ii, oi, where, member_of)
+        if _read_stored_scalar(sched, ii, oi, where, member_of):
+            readers = _Readers(sched)   # some members read other buffers now
+        _write_in_place(sched, ii, oi, where, member_of, readers)
 
 
 def _updating_member(sched: Schedule, ii: int, oi: int, member_of: dict) -> tuple | None:
@@ -565,7 +587,7 @@ def _stored_scalar(sched: Schedule, ii: int, oi: int, member_of: dict) -> tuple 
     return inp, m, Expr("load", (m.buf.name, m.store), m.buf.dtype)
 
 
-def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
+def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> bool:
     """Later kernels that recompute a one-element update's new value from the input's old element read the
     stored new value instead (`_stored_scalar`). A capturable optimizer's step counter: the first kernel stores
     `step + 1`, the parameters' kernel recomputed `step + 1` inside each bias correction from the old counter,
@@ -573,15 +595,18 @@ def _read_stored_scalar(sched: Schedule, ii: int, oi: int, where: dict, member_o
     back, each call)."""
     found = _stored_scalar(sched, ii, oi, member_of)
     if found is None:
-        return
+        return False
     inp, m, stored = found
     body = m.body
+    changed = False
     for it in sched.items[where[m.buf.name] + 1:]:
         if isinstance(it, FusedGroup):
             for x in it.members:
                 if inp.name in x.reads and x.body is not None and any(e is body for e in x.body.walk()):
                     x.body = ir.rewrite(x.body, lambda y, go: stored if y is body else None)
                     x.reads = reads_of(x.body)
+                    changed = True
+    return changed
 
 
 MAX_RECOMPUTED_COST = 32   # compute nodes (ir.compute_cost) of a one-element value its readers recompute
@@ -687,7 +712,7 @@ def _reads_only(x, name: str, m) -> bool:
         sympy.expand(e.args[1] - m.store) == 0 for e in x.body.walk() if e.op == "load" and e.args[0] == name)
 
 
-def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict) -> None:
+def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: dict, readers: _Readers) -> None:
     """Let the kernel computing graph output `oi`, the new value of input `ii`, store into the input itself
     (no fresh buffer, no copy after the graph) when nothing can tell the difference:
     - the output is a buffer a group computes, with the input's layout, returned once and as a whole;
@@ -712,15 +737,14 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
             or layout[:2] != (tuple(int(s) for s in inp.size), tuple(int(s) for s in inp.stride)) \
             or inp.name in sched.inplace.values():
         return
-    outs = [o.buffer for o in low.outputs if isinstance(o, TensorArg)]
-    if outs.count(b.name) != 1 or inp.name in outs:
+    if readers.outputs[b.name] != 1 or readers.outputs[inp.name]:
         return
     j = where[b.name]
-    for k, it in enumerate(sched.items):
-        if isinstance(it, ExternBuffer):
-            if inp.name in it.inputs and (k > j or it.fallback or it.aliases_input):
-                return
-        elif k > j and any(inp.name in x.reads for x in it.members):
+    if readers.groups.get(inp.name, [-1])[-1] > j:
+        return
+    for k in readers.externs.get(inp.name, ()):
+        it = sched.items[k]
+        if k > j or it.fallback or it.aliases_input:
             return
     group = sched.items[j]
     pos = group.members.index(m)
