@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import math
 import operator
 import os
@@ -852,8 +853,9 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 if fused is None and node.target._schema.is_mutable:
                     raise Unsupported(f"{node.target} mutates its inputs (graphs must be functional)")
                 boxes = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorBox)]
-                g.origins = tuple(dict.fromkeys(sum((b.origin_names for b in boxes if b.strided is None
-                                                     and hasattr(b, "origin_names")), ()) + (node.name,)))
+                # (chained, not summed: tuples added one to the next took 1.2 s of densenet121's training step)
+                g.origins = tuple(dict.fromkeys(itertools.chain(*(b.origin_names for b in boxes if b.strided is None
+                                                                  and hasattr(b, "origin_names")), (node.name,))))
                 op = node.target
                 g.op_name = str(op)
                 fn = TABLE.get(op)
