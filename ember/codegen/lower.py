@@ -85,14 +85,16 @@ def wants_channels_last(gm: torch.fx.GraphModule) -> bool:
     forward channels-last each convolution's backward would convert its arguments back."""
     if not (isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_inference")):
         return False
-    if any(n.op == "call_function" and n.target is aten.convolution_backward.default for n in gm.graph.nodes):
-        return False
+    conv = False
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in CONVOLUTIONS:
+        if n.op != "call_function":
+            continue
+        if n.target is aten.convolution_backward.default:
+            return False
+        if n.target in CONVOLUTIONS and not conv:
             v = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
-            if isinstance(v, torch.Tensor) and v.ndim == 4 and v.dtype in CHANNELS_LAST_DTYPES and not n.args[6]:
-                return True
-    return False
+            conv = isinstance(v, torch.Tensor) and v.ndim == 4 and v.dtype in CHANNELS_LAST_DTYPES and not n.args[6]
+    return conv
 
 
 def _mkldnn_op(name: str):

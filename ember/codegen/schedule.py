@@ -529,21 +529,29 @@ def _members_by_buffer(items: list) -> tuple[dict, dict]:
     return where, member_of
 
 
+def lifetimes(sched: Schedule) -> tuple[dict, set]:
+    """(the index of the last item reading each buffer, the buffers that never die: graph outputs and what
+    ATen fallbacks saw, whose results may be views of it)."""
+    last, pinned = {}, {o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg)}
+    for j, it in enumerate(sched.items):
+        reads = it.inputs if isinstance(it, ExternBuffer) else \
+            set().union(*(m.reads for m in it.members), getattr(it, "extra_reads", ()))
+        for r in reads:
+            last[r] = j
+        if isinstance(it, ExternBuffer) and it.fallback:
+            pinned |= set(it.inputs)
+    return last, pinned
+
+
 class _Readers:
-    """Which items read each buffer (groups with a member reading it, extern calls taking it) and how often each
-    buffer is a graph output: what `_write_in_place` asks for every mutation, looked up instead of walking every
-    item each time (densenet121's training step: 1,819 mutations over ~1,300 items, 1.3 s of its schedule)."""
+    """What `_write_in_place` asks of every mutation, looked up instead of walking every item each time
+    (densenet121's training step: 1,819 mutations over ~1,300 items, 1.3 s of its schedule): the last item reading
+    each buffer and the buffers that never die (`lifetimes`), the inputs of extern calls whose results may alias
+    them, and how often each buffer is a graph output."""
 
     def __init__(self, sched: Schedule):
-        self.groups: dict = {}    # buffer name -> indices of the groups reading it, ascending
-        self.externs: dict = {}   # buffer name -> indices of the extern calls reading it, ascending
-        for k, it in enumerate(sched.items):
-            if isinstance(it, ExternBuffer):
-                for n in dict.fromkeys(it.inputs):
-                    self.externs.setdefault(n, []).append(k)
-            else:
-                for n in set().union(*(x.reads for x in it.members)):
-                    self.groups.setdefault(n, []).append(k)
+        self.last, self.pinned = lifetimes(sched)
+        self.aliased = {r for it in sched.items if isinstance(it, ExternBuffer) and it.aliases_input for r in it.inputs}
         self.outputs = collections.Counter(o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg))
 
 
@@ -737,15 +745,11 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
             or layout[:2] != (tuple(int(s) for s in inp.size), tuple(int(s) for s in inp.stride)) \
             or inp.name in sched.inplace.values():
         return
-    if readers.outputs[b.name] != 1 or readers.outputs[inp.name]:
-        return
     j = where[b.name]
-    if readers.groups.get(inp.name, [-1])[-1] > j:
+    # (pinned: a graph output, or read by an ATen fallback, whose result may be a view of it)
+    if readers.outputs[b.name] != 1 or inp.name in readers.pinned or inp.name in readers.aliased \
+            or readers.last.get(inp.name, -1) > j:
         return
-    for k in readers.externs.get(inp.name, ()):
-        it = sched.items[k]
-        if k > j or it.fallback or it.aliases_input:
-            return
     group = sched.items[j]
     pos = group.members.index(m)
     for k, x in enumerate(group.members):

@@ -44,7 +44,8 @@ import torch
 from ember.codegen import ir
 from ember.codegen.ir import Expr, FloorDiv, ModIndex, TensorArg
 from ember.codegen.wrapper import fast_unflatten
-from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, order_elementwise, rvars, split_elementwise
+from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, lifetimes, order_elementwise, rvars, \
+    split_elementwise
 from ember.frontend import native_guards
 from ember.runtime import cuda_launch, triton_workers
 from ember.tools import collector
@@ -443,7 +444,7 @@ def overwrite_dying_inputs(sched: Schedule) -> None:
     the same loops and in the member's range (a horizontally fused kernel runs one range per size and block,
     each on programs of its own), and a range stores after all its loads."""
     from ember.codegen.ir import ExternBuffer, Pointwise
-    from ember.codegen.wrapper import CONV_RESULTS, OUT_VARIANTS, buffer_layout, lifetimes
+    from ember.codegen.wrapper import CONV_RESULTS, OUT_VARIANTS, buffer_layout
     items = sched.items
     last, pinned = lifetimes(sched)
     fresh: set = set()   # intermediates whose memory is theirs alone

@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.codegen.ir import ExternBuffer, TensorArg
-from ember.codegen.schedule import FusedGroup, Schedule
+from ember.codegen.schedule import FusedGroup, Schedule, lifetimes
 from ember.frontend import native_guards
 
 
@@ -134,20 +134,6 @@ class _Overlap:
             if self.is_written[i]:
                 end_written = max(end_written, hi)
         return False
-
-
-def lifetimes(sched: Schedule) -> tuple[dict, set]:
-    """(the index of the last item reading each buffer, the buffers that never die: graph outputs and what
-    ATen fallbacks saw, whose results may be views of it)."""
-    last, pinned = {}, {o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg)}
-    for j, it in enumerate(sched.items):
-        reads = it.inputs if isinstance(it, ExternBuffer) else \
-            set().union(*(m.reads for m in it.members), getattr(it, "extra_reads", ()))
-        for r in reads:
-            last[r] = j
-        if isinstance(it, ExternBuffer) and it.fallback:
-            pinned |= set(it.inputs)
-    return last, pinned
 
 
 def buffer_layout(b) -> tuple:
