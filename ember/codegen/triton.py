@@ -598,11 +598,22 @@ def _sm_count() -> int:
 ARITHMETIC_BOUND = 3   # transcendental ops an element of a flat kernel (ir.EXPENSIVE) from which it gets smaller blocks
 
 
-def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0) -> dict:
+def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reduces: bool = True) -> dict:
     """Block sizes and warps from the sizes (the heuristics). A large flat kernel doing at least
     ARITHMETIC_BOUND transcendental ops an element is bound by its arithmetic, not memory: 512-element blocks
     (one 16-byte vector a thread) ran the pointwise chain (sin, cos, sigmoid, tanh) 1.7% faster than 1024,
-    and resnet50's memory-bound batch-norm kernels 3% slower (bench/gpu_flat_blocks.py, H100, 2026-11-25)."""
+    and resnet50's memory-bound batch-norm kernels 3% slower (bench/gpu_flat_blocks.py, H100, 2026-11-25).
+
+    Row kernels, from each kernel of GPT-2's, BERT's and densenet121's training steps timed alone under ~30
+    configs (bench/gpu_kernel_configs.py, H100, 2026-11-26; bench/results/gpu_2026-11-26_s16_h100_configs_*):
+    - a row padded to its power of two (GPT-2's and BERT's layer norms, 768 in 1024) runs one row a program on
+      8 warps: 10.0 us against 11.5 for two rows on 8 warps over GPT-2's 2048 rows;
+    - rows of 2048 to 4096 elements, at least 3 SMs' worth of them, loop in 256-element steps on 8 warps instead
+      of holding the row in registers: 5.4 us against 6.4 for densenet121's 1024 rows of 2048 (batch-norm
+      backward); fewer rows, or a group without a reduction (members reading each other's rows), keep the
+      persistent kernel, as fast or faster there;
+    - longer rows loop one row a program in 2048-element steps on 16 warps: GPT-2's cross-entropy over 2048
+      rows of 50257, 151 us against 192 for two rows a program in 1024-element steps on 8 warps."""
     if shape in (FLAT, FOREACH):
         total = rows * rmax
         big = 512 if shape == FLAT and expensive >= ARITHMETIC_BOUND else 1024
@@ -612,8 +623,13 @@ def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0) -> dict:
     if rmax <= 1:
         xblock = max(1, min(1024, triton_next_pow2(rows)))
         return {"XBLOCK": xblock, "RBLOCK": 1, "num_warps": 4 if xblock >= 512 else 2, "persistent": True}
-    persistent = rmax <= PERSISTENT_MAX_R
-    rblock = triton_next_pow2(rmax) if persistent else 1024
+    if rmax > PERSISTENT_MAX_R:
+        return {"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 16, "persistent": False}
+    if reduces and rmax >= 2048 and rows >= 3 * _sm_count():
+        return {"XBLOCK": 1, "RBLOCK": 256, "num_warps": 8, "persistent": False}
+    rblock = triton_next_pow2(rmax)
+    if rmax < rblock and rblock >= 1024:
+        return {"XBLOCK": 1, "RBLOCK": rblock, "num_warps": 8, "persistent": True}
     # enough programs to fill the GPU before making tiles taller
     xblock = 1
     while xblock * rblock < 2048 and xblock * 2 <= triton_next_pow2(rows) and \
@@ -621,20 +637,25 @@ def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0) -> dict:
         xblock *= 2
     tile = xblock * rblock
     warps = 16 if tile >= 8192 else 8 if tile >= 2048 else 4 if tile >= 512 else 2 if tile >= 128 else 1
-    return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps, "persistent": persistent}
+    return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps, "persistent": True}
 
 
 def column_config(rows: int, rmax: int) -> dict:
     """Reductions down columns (a bias or layer-norm weight gradient: a sum over the rows of a row-major
     matrix). One column per program read each row's element alone, a 32-byte sector for 4 bytes (GPT-2's
     backward: 47 us for three sums over 2048 x 768); here a program takes a strip of at least 8 columns, so
-    each row's piece is whole sectors, as many strips as fill the GPU, and loops down the rows."""
+    each row's piece is whole sectors, as many strips as fill the GPU, and loops down the rows. A strip that
+    loops takes 16 columns or more in tiles of 1024 on 8 warps: GPT-2's column sums of 768 x 2048 ran 4.5 us
+    against 8.2 with tiles of 8 x 512 on 4 warps (bench/gpu_kernel_configs.py, H100, 2026-11-26)."""
     from ember.codegen.lower import GPU_COLUMN_STRIP
     xblock = GPU_COLUMN_STRIP
     while xblock < 64 and math.ceil(rows / (xblock * 2)) >= 2 * _sm_count():
         xblock *= 2
     rblock = max(1, min(triton_next_pow2(rmax), 4096 // xblock))
-    return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": 4, "persistent": rmax <= rblock}
+    if rmax <= rblock:
+        return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": 4, "persistent": True}
+    xblock = max(xblock, 16)
+    return {"XBLOCK": xblock, "RBLOCK": 1024 // xblock, "num_warps": 8, "persistent": False}
 
 
 def is_columnwise(group: FusedGroup) -> bool:
@@ -715,7 +736,7 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
     expensive = sum(e.op in ir.EXPENSIVE for m in group.members if m.body is not None for e in m.body.walk()) \
         if shape == FLAT else 0
     cfg = column_config(rows, rmax) if shape == ROWS and rmax > 1 and is_columnwise(group) else \
-        launch_config(shape, rows, rmax, expensive)
+        launch_config(shape, rows, rmax, expensive, any(m.is_reduction for m in group.members))
     largest = max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
                                    for a in args if sched.buffers[a].size])
     i64 = largest >= 2 ** 31 - 1

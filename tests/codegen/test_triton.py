@@ -407,6 +407,30 @@ def test_horizontal_fusion_of_many_parameters_is_chunked():
     assert tb.MAX_BLOCKS_PER_KERNEL == 32
 
 
+# (case, fn, input, the config launch_config / column_config must pick): the rules from bench/gpu_kernel_configs.py
+LAUNCH_CASES = [
+    ("padded_row", lambda x: torch.nn.functional.layer_norm(x, (768,)), (8, 768),
+     {"XBLOCK": 1, "RBLOCK": 1024, "num_warps": 8, "persistent": True}),
+    ("long_rows_loop", lambda x: x.var(1), (16, 2500), {"XBLOCK": 1, "RBLOCK": 256, "num_warps": 8, "persistent": False}),
+    ("very_long_rows", lambda x: x.logsumexp(1), (3, 5000),
+     {"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 16, "persistent": False}),
+    # 2003 rows (prime): not split in parts, so the strip loops down them
+    ("looped_columns", lambda x: (x * x).sum(0), (2003, 40),
+     {"XBLOCK": 16, "RBLOCK": 64, "num_warps": 8, "persistent": False}),
+]
+
+
+@pytest.mark.parametrize("case,fn,shape,config", LAUNCH_CASES, ids=[c[0] for c in LAUNCH_CASES])
+def test_launch_configs_from_the_kernel_sweep_match_eager(case, fn, shape, config, monkeypatch):
+    """Each branch of the row and column heuristics (padded rows on 8 warps, looped long rows, one very long row
+    a program, strips looping in tiles of 1024) prints a kernel that computes what eager does. Four SMs stand
+    for the H100's 132, so that small inputs take the branches for many rows."""
+    from ember.codegen import triton as tb
+    monkeypatch.setattr(tb, "_sm_count", lambda: 4)
+    compiled = compile_and_check(fn, rand(*shape), atol=1e-4, rtol=1e-5)
+    assert config in [cfg for *_, cfg, _ in compiled.kernels]
+
+
 def test_batch_norm_relu_overwrites_the_convolution_result_it_reads_last():
     """resnet's eval batch norm + relu after a convolution stores over the convolution's result (dead after it):
     one activation's memory, not two; also inside a horizontally fused kernel. Not where the result is read
