@@ -2,7 +2,10 @@
 config launch_config/column_config chose and under the others of a grid, each alone in a CUDA graph of 20
 launches (so host launch cost is not timed), with the arguments of its first launch.
 
-    python bench/gpu_kernel_configs.py [densenet_train|gpt2|bert|resnet50] [TOP] [--json FILE]
+    python bench/gpu_kernel_configs.py [densenet_train|gpt2|bert|resnet50] [TOP] [--json FILE] [--cold]
+
+--cold: L2 emptied before each launch (a write of 128 MB): the time of a kernel whose inputs were made long
+before it in the step.
 
 Prints per kernel (the TOP heaviest searched): launches a step, shape, rows x row length, the chosen config and
 its time, the best config and its time; then the step's Triton time under the chosen and the best configs. The
@@ -26,14 +29,10 @@ from ember.codegen import triton as tr  # noqa: E402
 REPEAT = 20
 
 
-def graph_us(launch, args) -> float:
-    """Mean GPU time (us) of one launch, from a CUDA graph of REPEAT launches replayed 5 times."""
-    launch(*args)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPEAT):
-            launch(*args)
+_FLUSH = []   # with --cold: a buffer larger than the H100's 50 MB L2, written before each launch
+
+
+def _replay_us(g) -> float:
     g.replay()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -43,6 +42,30 @@ def graph_us(launch, args) -> float:
     e1.record()
     torch.cuda.synchronize()
     return e0.elapsed_time(e1) * 1e3 / (5 * REPEAT)
+
+
+def graph_us(launch, args) -> float:
+    """Mean GPU time (us) of one launch, from a CUDA graph of REPEAT launches replayed 5 times. With --cold, each
+    launch follows a write of 128 MB (its inputs come from memory, as those made long before in a step do), whose
+    own time, a graph of the writes alone, is subtracted."""
+    launch(*args)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(REPEAT):
+            if _FLUSH:
+                _FLUSH[0].zero_()
+            launch(*args)
+    us = _replay_us(g)
+    if _FLUSH:
+        if len(_FLUSH) == 1:
+            f = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(f):
+                for _ in range(REPEAT):
+                    _FLUSH[0].zero_()
+            _FLUSH.append(_replay_us(f))
+        us -= _FLUSH[1]
+    return us
 
 
 def candidates(shape: str, cfg: dict, rows: int, rmax: int, column: bool) -> list[dict]:
@@ -100,6 +123,9 @@ def main() -> None:
         k = argv.index("--json")
         out_json = argv[k + 1]
         del argv[k:k + 2]
+    if "--cold" in argv:
+        argv.remove("--cold")
+        _FLUSH.append(torch.empty(32 << 20, device="cuda"))
     row = argv[0] if argv else "densenet_train"
     top = int(argv[1]) if len(argv) > 1 else 40
     build = {"gpt2": gpu.gpt2_train, "resnet50": gpu.resnet50, "bert": gpu.bert,
@@ -187,10 +213,10 @@ def main() -> None:
     rows_json = []
     print(f"# bench/gpu_kernel_configs.py {row}, {torch.cuda.get_device_name()}, {now:%Y-%m-%d %H:%M} UTC: "
           f"{len(by_name)} kernels, {sum(v[5] for v in by_name.values())} launches a step, {total / 1e3:.3f} ms of "
-          f"Triton time a step (each kernel alone in a CUDA graph); the {len(searched)} heaviest searched over "
+          f"Triton time a step (each kernel alone in a CUDA graph{', L2 emptied before each launch' if _FLUSH else ''}); the {len(searched)} heaviest searched over "
           f"{len(jobs)} configs")
     print(f"{'kernel':20} {'n':>3} {'shape':>5} {'rows x r':>14} {'chosen':>28} {'us':>7} {'best':>28} {'us':>7}"
-          f" {'gain us/step':>12}")
+          f" {'gain us/step':>12} {'MB':>6} {'GB/s':>6}")
 
     def short(c):
         return "/".join(str(c[k]) for k in ("BLOCK", "XBLOCK", "RBLOCK", "num_warps") if k in c) + \
@@ -202,10 +228,13 @@ def main() -> None:
         shape = tr.group_shape(group)
         column = shape == tr.ROWS and rmax > 1 and tr.is_columnwise(group)
         best_us, best_c = min(results[name] + [(chosen[name], cfg)], key=lambda t: t[0])
+        # the arguments' bytes (each storage once): what one launch moves at most, for its bandwidth
+        mb = sum({a.untyped_storage().data_ptr(): a.untyped_storage().nbytes() for a in args
+                  if isinstance(a, torch.Tensor)}.values()) / 1e6
         gain = (chosen[name] - best_us) * n
         best_total -= gain
         print(f"{name:20} {n:3d} {shape + ('/col' if column else ''):>5} {f'{rows}x{rmax}':>14} {short(cfg):>28} "
-              f"{chosen[name]:7.2f} {short(best_c):>28} {best_us:7.2f} {gain:12.2f}")
+              f"{chosen[name]:7.2f} {short(best_c):>28} {best_us:7.2f} {gain:12.2f} {mb:6.2f} {mb * 1e3 / chosen[name]:6.0f}")
         rows_json.append({"kernel": name, "launches": n, "shape": shape, "column": column, "rows": rows,
                           "rmax": rmax, "members": len(group.members),
                           "reductions": sum(m.is_reduction for m in group.members),

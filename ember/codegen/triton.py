@@ -598,7 +598,7 @@ def _sm_count() -> int:
 ARITHMETIC_BOUND = 3   # transcendental ops an element of a flat kernel (ir.EXPENSIVE) from which it gets smaller blocks
 
 
-def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reduces: bool = True) -> dict:
+def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reductions: str = "all") -> dict:
     """Block sizes and warps from the sizes (the heuristics). A large flat kernel doing at least
     ARITHMETIC_BOUND transcendental ops an element is bound by its arithmetic, not memory: 512-element blocks
     (one 16-byte vector a thread) ran the pointwise chain (sin, cos, sigmoid, tanh) 1.7% faster than 1024,
@@ -608,10 +608,12 @@ def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reduces:
     configs (bench/gpu_kernel_configs.py, H100, 2026-11-26; bench/results/gpu_2026-11-26_s16_h100_configs_*):
     - a row padded to its power of two (GPT-2's and BERT's layer norms, 768 in 1024) runs one row a program on
       8 warps: 10.0 us against 11.5 for two rows on 8 warps over GPT-2's 2048 rows;
-    - rows of 2048 to 4096 elements, at least 3 SMs' worth of them, loop in 256-element steps on 8 warps instead
-      of holding the row in registers: 5.4 us against 6.4 for densenet121's 1024 rows of 2048 (batch-norm
-      backward); fewer rows, or a group without a reduction (members reading each other's rows), keep the
-      persistent kernel, as fast or faster there;
+    - rows of 2048 to 4096 elements, at least 3 SMs' worth of them, loop instead of holding the row in
+      registers: reductions alone (`reductions` "all") in 256-element steps on 8 warps, 5.4 us against 6.4 for
+      densenet121's 1024 rows of 2048 (batch-norm backward sums); with an epilogue ("some": the input gradient
+      after them) in 512-element steps on 16 warps, 10.3 us against 12.8 over 512 rows of 4096, 18.6 against
+      19.5 with L2 emptied before each launch (--cold). Fewer rows, or a group without a reduction ("none":
+      members reading each other's rows), keep the persistent kernel, as fast or faster there;
     - longer rows loop one row a program in 2048-element steps on 16 warps: GPT-2's cross-entropy over 2048
       rows of 50257, 151 us against 192 for two rows a program in 1024-element steps on 8 warps."""
     if shape in (FLAT, FOREACH):
@@ -625,8 +627,9 @@ def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reduces:
         return {"XBLOCK": xblock, "RBLOCK": 1, "num_warps": 4 if xblock >= 512 else 2, "persistent": True}
     if rmax > PERSISTENT_MAX_R:
         return {"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 16, "persistent": False}
-    if reduces and rmax >= 2048 and rows >= 3 * _sm_count():
-        return {"XBLOCK": 1, "RBLOCK": 256, "num_warps": 8, "persistent": False}
+    if reductions != "none" and rmax >= 2048 and rows >= 3 * _sm_count():
+        return {"XBLOCK": 1, "RBLOCK": 256, "num_warps": 8, "persistent": False} if reductions == "all" else \
+            {"XBLOCK": 1, "RBLOCK": 512, "num_warps": 16, "persistent": False}
     rblock = triton_next_pow2(rmax)
     if rmax < rblock and rblock >= 1024:
         return {"XBLOCK": 1, "RBLOCK": rblock, "num_warps": 8, "persistent": True}
@@ -638,6 +641,12 @@ def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reduces:
     tile = xblock * rblock
     warps = 16 if tile >= 8192 else 8 if tile >= 2048 else 4 if tile >= 512 else 2 if tile >= 128 else 1
     return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps, "persistent": True}
+
+
+def _reductions(group: FusedGroup) -> str:
+    """Whether "all", "some" or "none" of a group's members are reductions (launch_config's rows)."""
+    n = sum(m.is_reduction for m in group.members)
+    return "all" if n == len(group.members) else "some" if n else "none"
 
 
 def column_config(rows: int, rmax: int) -> dict:
@@ -736,7 +745,7 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
     expensive = sum(e.op in ir.EXPENSIVE for m in group.members if m.body is not None for e in m.body.walk()) \
         if shape == FLAT else 0
     cfg = column_config(rows, rmax) if shape == ROWS and rmax > 1 and is_columnwise(group) else \
-        launch_config(shape, rows, rmax, expensive, any(m.is_reduction for m in group.members))
+        launch_config(shape, rows, rmax, expensive, _reductions(group))
     largest = max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
                                    for a in args if sched.buffers[a].size])
     i64 = largest >= 2 ** 31 - 1

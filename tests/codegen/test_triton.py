@@ -411,7 +411,9 @@ def test_horizontal_fusion_of_many_parameters_is_chunked():
 LAUNCH_CASES = [
     ("padded_row", lambda x: torch.nn.functional.layer_norm(x, (768,)), (8, 768),
      {"XBLOCK": 1, "RBLOCK": 1024, "num_warps": 8, "persistent": True}),
-    ("long_rows_loop", lambda x: x.var(1), (16, 2500), {"XBLOCK": 1, "RBLOCK": 256, "num_warps": 8, "persistent": False}),
+    ("long_rows_loop", lambda x: (x.sum(1), x.amax(1)), (16, 2500), {"XBLOCK": 1, "RBLOCK": 256, "num_warps": 8, "persistent": False}),
+    ("long_rows_loop_epilogue", lambda x: torch.softmax(x, 1), (16, 2500),
+     {"XBLOCK": 1, "RBLOCK": 512, "num_warps": 16, "persistent": False}),
     ("very_long_rows", lambda x: x.logsumexp(1), (3, 5000),
      {"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 16, "persistent": False}),
     # 2003 rows (prime): not split in parts, so the strip loops down them
