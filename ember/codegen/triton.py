@@ -615,11 +615,16 @@ def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reductio
       19.5 with L2 emptied before each launch (--cold). Fewer rows, or a group without a reduction ("none":
       members reading each other's rows), keep the persistent kernel, as fast or faster there;
     - longer rows loop one row a program in 2048-element steps on 16 warps: GPT-2's cross-entropy over 2048
-      rows of 50257, 151 us against 192 for two rows a program in 1024-element steps on 8 warps."""
+      rows of 50257, 151 us against 192 for two rows a program in 1024-element steps on 8 warps.
+    A flat kernel of under 1M elements takes smaller blocks, down to 128, until it has 2 programs an SM:
+    densenet121's backward sums 24 gradient slices of 32768 elements for each concatenated feature map, 8 us
+    (0.4 TB/s) in 32 programs of 1024."""
     if shape in (FLAT, FOREACH):
         total = rows * rmax
         big = 512 if shape == FLAT and expensive >= ARITHMETIC_BOUND else 1024
         block = big if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
+        while shape == FLAT and block > 128 and math.ceil(total / block) < 2 * _sm_count():
+            block //= 2   # few programs stream at a fraction of the bandwidth (below)
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
         return {"BLOCK": block, "num_warps": warps}
     if rmax <= 1:
@@ -1347,8 +1352,8 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> di
     worker processes (triton_workers) and only loads here. Loaded for ember's launcher (cuda_launch) where it
     fits: Triton 3.6's own launcher is a C stub built for each new argument signature (~0.3 s of gcc each;
     resnet50 has 8, a third of its cold compile when built serially at first launch). Argument dtypes stand in
-    for tensors (Triton's warmup takes them). Returns {kernel name: the loaded kernel (cuda_launch.Loaded, or
-    Triton's compiled kernel)} for those that loaded."""
+    for tensors (Triton's warmup takes them). Returns {_compiled_key (with "fixup" first for a fixup kernel): the
+    loaded kernel (cuda_launch.Loaded, or Triton's compiled kernel)} for those that loaded."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return {}
     t0 = time.perf_counter()
@@ -1358,22 +1363,31 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> di
     in_workers = mod.__file__ if device.type == "cuda" and len(names) >= WORKERS_FROM else None
     jobs = {}
     for _, name, args, cfg, _grid in kernels:
-        if name not in jobs:
-            dtypes = [sched.buffers[a].dtype for a in args] + ([torch.int32] if "fixup" in cfg else [])
-            jobs[name] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, launch_meta(cfg), device,
-                                              in_workers)
+        key = _compiled_key(name, args, cfg, sched)
+        if key not in jobs:
+            dtypes = list(key[2])
+            jobs[key] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, launch_meta(cfg), device,
+                                             in_workers)
             if "fixup" in cfg:
-                jobs[f"{name}_fixup"] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, f"{name}_fixup"), dtypes,
-                                                             FIXUP_META, device, in_workers)
+                jobs[("fixup", *key)] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, f"{name}_fixup"),
+                                                             dtypes, FIXUP_META, device, in_workers)
     loaded = {}
-    for name, job in jobs.items():
+    for key, job in jobs.items():
         try:
-            loaded[name] = job.result()
+            loaded[key] = job.result()
         except Exception as e:  # compiled again (and any error raised) at the first launch
-            code_log.debug("precompiling %s failed: %s: %s", name, type(e).__name__, e)
+            code_log.debug("precompiling %s failed: %s: %s", key[0], type(e).__name__, e)
     STATS["compile_s"] += time.perf_counter() - t0
     code_log.debug("compiled %d Triton kernels in %.2fs", len(jobs), time.perf_counter() - t0)
     return {k: v for k, v in loaded.items() if getattr(v, "function", None) is not None}
+
+
+def _compiled_key(name: str, args: list, cfg: dict, sched: Schedule) -> tuple:
+    """What one compiled kernel is for: its source (name), block sizes and argument dtypes. Groups printing the
+    same source may launch it with other block sizes (a full-mask flat kernel's text does not hold its size: one
+    compiled for 256-element blocks, launched on a grid counted in 128s, wrote past its output)."""
+    dtypes = tuple(sched.buffers[a].dtype for a in args) + ((torch.int32,) if "fixup" in cfg else ())
+    return name, tuple(sorted(launch_meta(cfg).items())), dtypes
 
 
 def launch_meta(cfg: dict) -> dict:
@@ -1506,11 +1520,12 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
             globs[b] = torch.empty_strided(tuple(int(x) for x in buf.size), tuple(int(x) for x in buf.stride),
                                            dtype=buf.dtype, device=device)
     loaded = _precompile(mod, kernels, sched, device)
-    for group, name, *_ in kernels:
-        if name in loaded:
-            globs[f"_launch_{group.name}"].preloaded(loaded[name])
-        if f"{name}_fixup" in loaded:
-            globs[f"_fixup_{group.name}"].preloaded(loaded[f"{name}_fixup"])
+    for group, name, args, cfg, _ in kernels:
+        key = _compiled_key(name, args, cfg, sched)
+        if key in loaded:
+            globs[f"_launch_{group.name}"].preloaded(loaded[key])
+        if ("fixup", *key) in loaded:
+            globs[f"_fixup_{group.name}"].preloaded(loaded[("fixup", *key)])
 
     def kernel_call(group: FusedGroup) -> str:
         if group.name not in launch:

@@ -433,6 +433,23 @@ def test_launch_configs_from_the_kernel_sweep_match_eager(case, fn, shape, confi
     assert config in [cfg for *_, cfg, _ in compiled.kernels]
 
 
+@pytest.mark.skipif(not CUDA, reason="kernels are compiled ahead of their launch (_precompile) only on a GPU")
+@pytest.mark.parametrize("small_first", [True, False])
+def test_one_source_at_two_block_sizes_is_compiled_for_each(small_first):
+    """Two flat kernels of one printed source (a full mask holds no size), on either side of a matmul, get
+    blocks of 128 and 1024: each launch runs the kernel compiled for its own block (one compiled for 256 and
+    launched on a grid counted in 128s wrote past its output: densenet121's inference)."""
+    from ember.codegen import triton as tb
+    a, w = (rand(64, 64), rand(64, 16384)) if small_first else (rand(16384, 64), rand(64, 4))
+
+    def f(a, w):
+        h = (a * 2 + 1) @ w
+        return h, h * 2 + 1
+    compiled = compile_and_check(f, a, w, atol=1e-4, rtol=1e-5)
+    kernels = [(name, cfg["BLOCK"]) for _, name, _, cfg, _ in compiled.kernels]
+    assert len({n for n, _ in kernels}) == 1 and {b for _, b in kernels} == {128, 1024}, kernels
+
+
 def test_batch_norm_relu_overwrites_the_convolution_result_it_reads_last():
     """resnet's eval batch norm + relu after a convolution stores over the convolution's result (dead after it):
     one activation's memory, not two; also inside a horizontally fused kernel. Not where the result is read
