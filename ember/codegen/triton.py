@@ -624,7 +624,7 @@ def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reductio
         big = 512 if shape == FLAT and expensive >= ARITHMETIC_BOUND else 1024
         block = big if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
         while shape == FLAT and block > 128 and math.ceil(total / block) < 2 * _sm_count():
-            block //= 2   # few programs stream at a fraction of the bandwidth (below)
+            block //= 2   # few programs stream at a fraction of the bandwidth (the docstring's last case)
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
         return {"BLOCK": block, "num_warps": warps}
     if rmax <= 1:
