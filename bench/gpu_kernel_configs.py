@@ -23,16 +23,23 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import gpu  # noqa: E402
+from gpu_top_kernels import STEPS  # noqa: E402
 
 from ember.codegen import triton as tr  # noqa: E402
 
 REPEAT = 20
 
 
-_FLUSH = []   # with --cold: a buffer larger than the H100's 50 MB L2, written before each launch
+# --cold: "buffer", 128 MB (more than the H100's 50 MB L2) written before each launch; "us", that write's time
+COLD: dict = {}
 
 
-def _replay_us(g) -> float:
+def _graph_us(body) -> float:
+    """Mean GPU time (us) of `body`'s launches, from a CUDA graph of REPEAT calls replayed 5 times."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(REPEAT):
+            body()
     g.replay()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -45,27 +52,15 @@ def _replay_us(g) -> float:
 
 
 def graph_us(launch, args) -> float:
-    """Mean GPU time (us) of one launch, from a CUDA graph of REPEAT launches replayed 5 times. With --cold, each
-    launch follows a write of 128 MB (its inputs come from memory, as those made long before in a step do), whose
-    own time, a graph of the writes alone, is subtracted."""
+    """Mean GPU time (us) of one launch. With --cold, each launch follows the write of COLD's buffer (its inputs
+    come from memory, as those made long before in a step do), whose own time is subtracted."""
     launch(*args)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPEAT):
-            if _FLUSH:
-                _FLUSH[0].zero_()
-            launch(*args)
-    us = _replay_us(g)
-    if _FLUSH:
-        if len(_FLUSH) == 1:
-            f = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(f):
-                for _ in range(REPEAT):
-                    _FLUSH[0].zero_()
-            _FLUSH.append(_replay_us(f))
-        us -= _FLUSH[1]
-    return us
+    if "buffer" not in COLD:
+        return _graph_us(lambda: launch(*args))
+    if "us" not in COLD:
+        COLD["us"] = _graph_us(COLD["buffer"].zero_)
+    return _graph_us(lambda: (COLD["buffer"].zero_(), launch(*args))) - COLD["us"]
 
 
 def candidates(shape: str, cfg: dict, rows: int, rmax: int, column: bool) -> list[dict]:
@@ -89,12 +84,10 @@ def candidates(shape: str, cfg: dict, rows: int, rmax: int, column: bool) -> lis
                         out.append({"XBLOCK": x, "RBLOCK": min(r, p2(rmax)), "num_warps": w, "persistent": rmax <= r})
         return [dict(t) for t in {tuple(sorted(c.items())) for c in out}]
     r_whole = p2(rmax)
-    for r in (256, 512, 1024, 2048, 4096, r_whole):
-        if r > r_whole or r > tr.PERSISTENT_MAX_R and r != 1024 and r != 2048:
+    for r in {256, 512, 1024, 2048, 4096, r_whole}:
+        if r > min(r_whole, tr.PERSISTENT_MAX_R):
             continue
         persistent = r >= rmax
-        if persistent and rmax > tr.PERSISTENT_MAX_R:
-            continue
         for x in (1, 2, 4, 8, 16, 32, 64):
             if x > p2(rows) or x * r > 16384:
                 continue
@@ -125,11 +118,10 @@ def main() -> None:
         del argv[k:k + 2]
     if "--cold" in argv:
         argv.remove("--cold")
-        _FLUSH.append(torch.empty(32 << 20, device="cuda"))
+        COLD["buffer"] = torch.empty(32 << 20, device="cuda")
     row = argv[0] if argv else "densenet_train"
     top = int(argv[1]) if len(argv) > 1 else 40
-    build = {"gpt2": gpu.gpt2_train, "resnet50": gpu.resnet50, "bert": gpu.bert,
-             "densenet_train": lambda c, m: gpu.densenet_train(c, "reduce-overhead")}[row]
+    build = STEPS[row]
     calls = []
     orig_compile = tr.compile_schedule
 
@@ -213,8 +205,8 @@ def main() -> None:
     rows_json = []
     print(f"# bench/gpu_kernel_configs.py {row}, {torch.cuda.get_device_name()}, {now:%Y-%m-%d %H:%M} UTC: "
           f"{len(by_name)} kernels, {sum(v[5] for v in by_name.values())} launches a step, {total / 1e3:.3f} ms of "
-          f"Triton time a step (each kernel alone in a CUDA graph{', L2 emptied before each launch' if _FLUSH else ''}); the {len(searched)} heaviest searched over "
-          f"{len(jobs)} configs")
+          f"Triton time a step (each kernel alone in a CUDA graph{', L2 emptied before each launch' if COLD else ''}); "
+          f"the {len(searched)} heaviest searched over {len(jobs)} configs")
     print(f"{'kernel':20} {'n':>3} {'shape':>5} {'rows x r':>14} {'chosen':>28} {'us':>7} {'best':>28} {'us':>7}"
           f" {'gain us/step':>12} {'MB':>6} {'GB/s':>6}")
 
@@ -234,7 +226,8 @@ def main() -> None:
         gain = (chosen[name] - best_us) * n
         best_total -= gain
         print(f"{name:20} {n:3d} {shape + ('/col' if column else ''):>5} {f'{rows}x{rmax}':>14} {short(cfg):>28} "
-              f"{chosen[name]:7.2f} {short(best_c):>28} {best_us:7.2f} {gain:12.2f} {mb:6.2f} {mb * 1e3 / chosen[name]:6.0f}")
+              f"{chosen[name]:7.2f} {short(best_c):>28} {best_us:7.2f} {gain:12.2f} {mb:6.2f} "
+              f"{mb * 1e3 / chosen[name]:6.0f}")
         rows_json.append({"kernel": name, "launches": n, "shape": shape, "column": column, "rows": rows,
                           "rmax": rmax, "members": len(group.members),
                           "reductions": sum(m.is_reduction for m in group.members),

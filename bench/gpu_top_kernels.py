@@ -18,6 +18,11 @@ import gpu  # noqa: E402
 from ember.codegen import triton as tr  # noqa: E402
 
 
+# the rows this script and gpu_kernel_configs.py take: (compiler, mode) -> one step
+STEPS = {"gpt2": gpu.gpt2_train, "resnet50": gpu.resnet50, "bert": gpu.bert,
+         "densenet_train": lambda c, m: gpu.densenet_train(c, "reduce-overhead")}
+
+
 def main() -> None:
     if "--bn-aten" in sys.argv:
         from ember.decomp import table
@@ -25,8 +30,7 @@ def main() -> None:
         table.TRAIN_BATCH_NORM_DECOMPOSED.discard("cuda")
     row = sys.argv[1] if len(sys.argv) > 1 else "gpt2"
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-    build = {"gpt2": gpu.gpt2_train, "resnet50": gpu.resnet50, "bert": gpu.bert,
-             "densenet_train": lambda c, m: gpu.densenet_train(c, "reduce-overhead")}[row]
+    build = STEPS[row]
     sources = {}
     orig = tr.compile_aten
 

@@ -1346,48 +1346,46 @@ _COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(8, triton_
 WORKERS_FROM = 4   # kernels in a graph from which they compile in worker processes (starting one costs ~0.2 s)
 
 
-def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> dict:
+def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> list:
     """Compile and load every kernel now, concurrently, instead of one by one at first launch: Triton's passes
     and PTX assembly run outside the GIL, its Python frontend inside it, so a graph of many kernels compiles in
     worker processes (triton_workers) and only loads here. Loaded for ember's launcher (cuda_launch) where it
     fits: Triton 3.6's own launcher is a C stub built for each new argument signature (~0.3 s of gcc each;
     resnet50 has 8, a third of its cold compile when built serially at first launch). Argument dtypes stand in
-    for tensors (Triton's warmup takes them). Returns {_compiled_key (with "fixup" first for a fixup kernel): the
-    loaded kernel (cuda_launch.Loaded, or Triton's compiled kernel)} for those that loaded."""
+    for tensors (Triton's warmup takes them). A kernel is compiled once per source, block sizes and argument
+    dtypes: groups printing one source may launch it with other block sizes (a full-mask flat kernel's text
+    does not hold its size: one compiled for 256-element blocks, launched on a grid counted in 128s, wrote past
+    its output). Returns, per entry of `kernels`, (the loaded kernel, its fixup's): cuda_launch.Loaded or
+    Triton's compiled kernel, None where it did not load."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return {}
+        return [(None, None)] * len(kernels)
     t0 = time.perf_counter()
     if device.type == "cuda":
         cuda_launch.EXTENSION.get()   # (starts its build, once per machine, while Triton compiles)
     names = {name for _, name, *_ in kernels}
     in_workers = mod.__file__ if device.type == "cuda" and len(names) >= WORKERS_FROM else None
-    jobs = {}
+    jobs, keys = {}, []
     for _, name, args, cfg, _grid in kernels:
-        key = _compiled_key(name, args, cfg, sched)
+        dtypes = [sched.buffers[a].dtype for a in args] + ([torch.int32] if "fixup" in cfg else [])
+        key = (name, tuple(sorted(launch_meta(cfg).items())), tuple(dtypes))
+        keys.append(key)
         if key not in jobs:
-            dtypes = list(key[2])
-            jobs[key] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, launch_meta(cfg), device,
-                                             in_workers)
-            if "fixup" in cfg:
-                jobs[("fixup", *key)] = _COMPILE_POOL.submit(_compile_and_load, getattr(mod, f"{name}_fixup"),
-                                                             dtypes, FIXUP_META, device, in_workers)
-    loaded = {}
-    for key, job in jobs.items():
+            jobs[key] = (_COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, launch_meta(cfg), device,
+                                              in_workers),
+                         _COMPILE_POOL.submit(_compile_and_load, getattr(mod, f"{name}_fixup"), dtypes, FIXUP_META,
+                                              device, in_workers) if "fixup" in cfg else None)
+
+    def result(job, name: str):
         try:
-            loaded[key] = job.result()
+            kernel = job.result() if job is not None else None
         except Exception as e:  # compiled again (and any error raised) at the first launch
-            code_log.debug("precompiling %s failed: %s: %s", key[0], type(e).__name__, e)
+            code_log.debug("precompiling %s failed: %s: %s", name, type(e).__name__, e)
+            return None
+        return kernel if getattr(kernel, "function", None) is not None else None
+    loaded = {key: (result(main, key[0]), result(fixup, f"{key[0]}_fixup")) for key, (main, fixup) in jobs.items()}
     STATS["compile_s"] += time.perf_counter() - t0
     code_log.debug("compiled %d Triton kernels in %.2fs", len(jobs), time.perf_counter() - t0)
-    return {k: v for k, v in loaded.items() if getattr(v, "function", None) is not None}
-
-
-def _compiled_key(name: str, args: list, cfg: dict, sched: Schedule) -> tuple:
-    """What one compiled kernel is for: its source (name), block sizes and argument dtypes. Groups printing the
-    same source may launch it with other block sizes (a full-mask flat kernel's text does not hold its size: one
-    compiled for 256-element blocks, launched on a grid counted in 128s, wrote past its output)."""
-    dtypes = tuple(sched.buffers[a].dtype for a in args) + ((torch.int32,) if "fixup" in cfg else ())
-    return name, tuple(sorted(launch_meta(cfg).items())), dtypes
+    return [loaded[key] for key in keys]
 
 
 def launch_meta(cfg: dict) -> dict:
@@ -1519,13 +1517,11 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
             buf = sched.buffers[b]
             globs[b] = torch.empty_strided(tuple(int(x) for x in buf.size), tuple(int(x) for x in buf.stride),
                                            dtype=buf.dtype, device=device)
-    loaded = _precompile(mod, kernels, sched, device)
-    for group, name, args, cfg, _ in kernels:
-        key = _compiled_key(name, args, cfg, sched)
-        if key in loaded:
-            globs[f"_launch_{group.name}"].preloaded(loaded[key])
-        if ("fixup", *key) in loaded:
-            globs[f"_fixup_{group.name}"].preloaded(loaded[("fixup", *key)])
+    for (group, *_), (kernel, fixup) in zip(kernels, _precompile(mod, kernels, sched, device)):
+        if kernel is not None:
+            globs[f"_launch_{group.name}"].preloaded(kernel)
+        if fixup is not None:
+            globs[f"_fixup_{group.name}"].preloaded(fixup)
 
     def kernel_call(group: FusedGroup) -> str:
         if group.name not in launch:

@@ -450,6 +450,30 @@ def test_one_source_at_two_block_sizes_is_compiled_for_each(small_first):
     assert len({n for n, _ in kernels}) == 1 and {b for _, b in kernels} == {128, 1024}, kernels
 
 
+def test_precompile_compiles_a_source_once_per_block_size(monkeypatch):
+    """_precompile (the GPU's ahead-of-launch compile, here with a stand-in compiler) compiles the source the two
+    flat kernels above share once for each block size, and hands each kernel the one compiled for its own."""
+    import types
+    from ember.codegen import triton as tb
+    x = rand(16384, 64)
+
+    def f(a, w):
+        h = (a * 2 + 1) @ w
+        return h, h * 2 + 1
+    call = compile_and_check(f, x, rand(64, 4), atol=1e-4, rtol=1e-5)
+    compiled = []
+
+    def compile_and_load(fn, dtypes, meta, device, module_path=None):
+        compiled.append(meta["BLOCK"])
+        return types.SimpleNamespace(function=object(), block=meta["BLOCK"])
+    monkeypatch.setattr(tb, "_compile_and_load", compile_and_load)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    loaded = tb._precompile(tb.load_module(call.kernel_source), call.kernels, call.sched, torch.device("cpu"))
+    blocks = [cfg["BLOCK"] for *_, cfg, _ in call.kernels]
+    assert len({name for _, name, *_ in call.kernels}) == 1 and sorted(compiled) == sorted(blocks) == [128, 1024]
+    assert [k.block for k, fixup in loaded] == blocks and all(fixup is None for _, fixup in loaded)
+
+
 def test_batch_norm_relu_overwrites_the_convolution_result_it_reads_last():
     """resnet's eval batch norm + relu after a convolution stores over the convolution's result (dead after it):
     one activation's memory, not two; also inside a horizontally fused kernel. Not where the result is read
