@@ -277,6 +277,9 @@ class Body:
         self.stored: dict = {}   # (buffer, offset) -> the variable this program stored there (read back as is)
         self.sincos: dict = {}   # id(argument Expr) -> (sin, cos) variables of one _sincos call
         self.sincos_call = "_sincos({})"   # or _sincos_flagged's (a flagged flat kernel)
+        # a row kernel's mask of the row alone: a load whose index holds no position in the row (a batch norm's
+        # weight, mean) is one [XBLOCK, 1] value under it, not an [XBLOCK, RBLOCK] tile of one address each
+        self.row_mask: str | None = None
 
     def emit(self, e: Expr) -> str:
         for x in e.walk():
@@ -339,6 +342,8 @@ class Body:
                 # so contiguous ones stay vectorized.
                 b = ir.bounds(off, self.ranges) if not ir.indirect_symbols(off) else None
                 mask = self.mask
+                if self.row_mask and b is not None and not any(s.name == "rflat" for s in off.free_symbols):
+                    mask = self.row_mask
                 if b is None or b[0] < 0 or b[1] >= self.extents[name]:
                     mask = f"{mask} & ({code} >= 0) & ({code} < {self.extents[name]})"
                 v = f"tl.load({name} + {code}, {mask}, other=0)"
@@ -1043,6 +1048,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
             if R not in bodies:
                 L.append(f"{ind}rmask{R} = xmask & (rbase < {R})")
                 bodies[R] = Body(scalars, f"rmask{R}", ind, ranges, extents)
+                bodies[R].row_mask = "xmask"
                 bodies[R].prefix = f"r{R}_"
                 bodies[R].stored.update(row_values)
             b = bodies[R]
@@ -1156,6 +1162,7 @@ def _looped_members(ms: list, bodies: list, stores: list, scalars, ind, R, range
     L.append(f"{ii}rflat = roff + tl.arange(0, RBLOCK)[None, :]")
     L.append(f"{ii}mask = xmask & (rflat < {R})")
     b = Body(scalars, "mask", ii, ranges, extents)
+    b.row_mask = "xmask"
     b.prefix = f"{ms[0].buf.name}_t"   # a name reused from an earlier member would be a loop-carried variable to Triton
     after = []
     for m, body, store in zip(ms, bodies, stores):
