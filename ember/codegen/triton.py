@@ -977,12 +977,22 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                    if x.op == "load" and x.args[0] in stored_here)
     run: list = []   # looped reductions of one row length not reading each other: one loop (_looped_members)
     online: dict = {}   # in `run`: a sum of exp(x - max) -> that max (one loop, _online_softmax_max)
+    rflat = sympy.Symbol("rflat", integer=True, nonnegative=True)
+    at_row: dict = {}   # id(member) -> (its row length, ranges, body and store offset at the row x0, rflat)
+    for m in group.members:
+        R = _rsize(m)
+        ranges = {X0: rows, rflat: max(R, 1)}
+        subst = _inner_index(m, rflat) if m.inner else {}
+        at_row[id(m)] = (R, ranges, ir.substitute(m.body, subst, ranges),
+                         ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges))
+    hoisted = _row_loads(group, [b for _, _, b, _ in at_row.values()], rows, scalars, ind, extents)
+    L += hoisted.pop("lines")
 
     def flush():
         if run:
             ms = [r[0] for r in run]
             L.extend(_looped_members(ms, [r[1] for r in run], [r[2] for r in run], scalars, ind, run[0][3],
-                                     run[0][4], extents, online))
+                                     run[0][4], extents, online, hoisted))
             for x in ms:
                 scalars[x.buf.name] = f"{x.buf.name}_v"
                 if not x.local:
@@ -991,7 +1001,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
             online.clear()
 
     for m in group.members:
-        R = _rsize(m)
+        R, ranges, body, store = at_row[id(m)]
         joins = run and not persistent and m.is_reduction and R == run[0][3] and m.inner
         if joins and m.reads & {r[0].buf.name for r in run}:
             mx = _online_softmax_max(m, run, online) if ONLINE_SOFTMAX else None
@@ -1015,15 +1025,11 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                                           "[XBLOCK, 1]"))
                     stored_here.add(m.buf.name)
             continue
-        rflat = sympy.Symbol("rflat", integer=True, nonnegative=True)
-        ranges = {X0: rows, rflat: max(R, 1)}
-        subst = _inner_index(m, rflat) if m.inner else {}
-        body = ir.substitute(m.body, subst, ranges)
-        store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
         if R <= 1 and not m.inner:
             b = Body(scalars, "xmask", ind, ranges, extents)
             b.prefix = f"{m.buf.name}_t"    # names of its own: a later looped member must not reassign them
             b.stored.update(row_values)
+            b.stored.update(hoisted)
             if barrier_at is not None and in_registers(b, body):
                 del L[barrier_at]
             v = b.emit(body)
@@ -1051,6 +1057,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                 bodies[R].row_mask = "xmask"
                 bodies[R].prefix = f"r{R}_"
                 bodies[R].stored.update(row_values)
+                bodies[R].stored.update(hoisted)
             b = bodies[R]
             if barrier_at is not None and in_registers(b, body):
                 del L[barrier_at]   # every value read back is still in a register: no wait for the stores
@@ -1070,7 +1077,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
             run.append((m, body, store, R, ranges))
             continue
         else:
-            L += _looped_member(m, body, store, scalars, ind, R, ranges, extents)
+            L += _looped_members([m], [body], [store], scalars, ind, R, ranges, extents, None, hoisted)
         if not (m.local and m.is_reduction):
             stored_here.add(m.buf.name)
     flush()
@@ -1111,10 +1118,6 @@ def _reduce_tile(m: Member, v: str, ind: str, mask: str, rflat: str, R: int) -> 
     return L
 
 
-def _looped_member(m: Member, body: Expr, store, scalars, ind, R, ranges, extents) -> list[str]:
-    return _looped_members([m], [body], [store], scalars, ind, R, ranges, extents)
-
-
 def _online_softmax_max(m: Member, run: list, online: dict) -> str | None:
     """The max reduction of `run` (looped reductions pending one loop) whose result the sum reduction `m` reads
     as `sum(exp(x - max))`, x being exactly the value the max reduces (the same Expr: the same loads, pointwise
@@ -1141,8 +1144,29 @@ def _online_softmax_max(m: Member, run: list, online: dict) -> str | None:
     return name
 
 
+def _row_loads(group: FusedGroup, bodies: list, rows: int, scalars: dict, ind: str, extents: dict) -> dict:
+    """The loads of one value per row (a batch norm's weight, bias, running statistics) that no member of the
+    group computes, issued at the kernel's start: {(buffer, offset): variable, "lines": their statements}. Where
+    they were first used, after a reduction's barrier, each waited a memory latency of its own. (A graph input
+    a member updates in place is read for its old value, by the thread that overwrites it: earlier is as right.)"""
+    written = {m.buf.name for m in group.members}
+    b = Body(scalars, "xmask", ind, {X0: rows}, extents)
+    b.prefix = "h"
+    got: dict = {}
+    for body in bodies:
+        for x in body.walk():
+            if x.op != "load" or x.args[0] in written or x.args[0] in scalars or (x.args[0], x.args[1]) in got:
+                continue
+            off = x.args[1]
+            if not isinstance(off, sympy.Basic) or not off.free_symbols <= {X0} or ir.indirect_symbols(off):
+                continue
+            got[(x.args[0], off)] = b.emit(x)
+    got["lines"] = b.lines
+    return got
+
+
 def _looped_members(ms: list, bodies: list, stores: list, scalars, ind, R, ranges, extents,
-                    online: dict | None = None) -> list[str]:
+                    online: dict | None = None, hoisted: dict | None = None) -> list[str]:
     """One loop over the row in RBLOCK steps for members of the same row length that do not read each other
     (a pointwise member alone, or several reductions: values they share, e.g. a load, computed once), except
     that a sum of exp(x - max) may read its max (`online`: sum -> max, see `_online_softmax_max`): its
@@ -1163,6 +1187,7 @@ def _looped_members(ms: list, bodies: list, stores: list, scalars, ind, R, range
     L.append(f"{ii}mask = xmask & (rflat < {R})")
     b = Body(scalars, "mask", ii, ranges, extents)
     b.row_mask = "xmask"
+    b.stored.update(hoisted or {})
     b.prefix = f"{ms[0].buf.name}_t"   # a name reused from an earlier member would be a loop-carried variable to Triton
     after = []
     for m, body, store in zip(ms, bodies, stores):

@@ -1191,3 +1191,20 @@ def test_two_flagged_kernels_have_a_flag_each(flag_small_kernels):
     call = compile_and_check(f, rand(64, 32), rand(32, 16), rand(64, 16) * 1e6)
     flags = [v for k, v in call.namespace.items() if k.startswith("_flag_")]
     assert len(flags) == 2 and not any(f.any() for f in flags)
+
+
+def test_row_kernel_reads_per_row_values_once_before_its_reductions():
+    """Training batch norm + relu: the weight, bias and running statistics (one value per row, here a channel)
+    are each one [XBLOCK, 1] load under the row's mask, issued before the first reduction (after it, each waited
+    a memory latency of its own); the running statistics are still updated in place from their old values."""
+    def f(x, w, b, rm, rv):
+        out, mean, rstd, nrm, nrv = torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True,
+                                                                                        0.1, 1e-5)
+        return torch.relu(out), mean, rstd, nrm, nrv
+    x = rand(8, 32, 6, 6)
+    w, b, rm, rv = rand(32), rand(32), rand(32), rand(32).abs()
+    compiled = compile_and_check(f, x, w, b, rm, rv, atol=1e-4, rtol=1e-5)
+    src = compiled.kernel_source[compiled.kernel_source.index("# fused fx nodes"):]
+    row_loads = [line for line in src.splitlines() if "tl.load(" in line and "rflat" not in line]
+    assert len(row_loads) == 4 and all(", xmask, other=0)" in line for line in row_loads), row_loads
+    assert max(src.index(line) for line in row_loads) < src.index("tl.sum("), src
