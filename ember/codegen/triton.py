@@ -985,7 +985,8 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
         subst = _inner_index(m, rflat) if m.inner else {}
         at_row[id(m)] = (R, ranges, ir.substitute(m.body, subst, ranges),
                          ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges))
-    hoisted = _row_loads(group, [b for _, _, b, _ in at_row.values()], rows, scalars, ind, extents)
+    computed = {m.buf.name for m in group.members}
+    hoisted = _row_loads(computed, [b for _, _, b, _ in at_row.values()], rows, scalars, ind, extents)
     L += hoisted.pop("lines")
 
     def flush():
@@ -1058,6 +1059,15 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                 bodies[R].prefix = f"r{R}_"
                 bodies[R].stored.update(row_values)
                 bodies[R].stored.update(hoisted)
+                # every load of the row this group reads but does not compute, issued before the first reduction
+                # (a layer norm's weight and bias were loaded after its two, each waiting a latency of its own)
+                for r_len, _, later, _ in at_row.values():
+                    if r_len == R:
+                        for x in later.walk():
+                            if x.op == "load" and x.args[0] not in computed and x.args[0] not in scalars \
+                                    and isinstance(x.args[1], sympy.Basic) and not ir.indirect_symbols(x.args[1]):
+                                bodies[R].emit(x)
+                L += bodies[R].lines
             b = bodies[R]
             if barrier_at is not None and in_registers(b, body):
                 del L[barrier_at]   # every value read back is still in a register: no wait for the stores
@@ -1144,18 +1154,17 @@ def _online_softmax_max(m: Member, run: list, online: dict) -> str | None:
     return name
 
 
-def _row_loads(group: FusedGroup, bodies: list, rows: int, scalars: dict, ind: str, extents: dict) -> dict:
+def _row_loads(computed: set, bodies: list, rows: int, scalars: dict, ind: str, extents: dict) -> dict:
     """The loads of one value per row (a batch norm's weight, bias, running statistics) that no member of the
     group computes, issued at the kernel's start: {(buffer, offset): variable, "lines": their statements}. Where
     they were first used, after a reduction's barrier, each waited a memory latency of its own. (A graph input
     a member updates in place is read for its old value, by the thread that overwrites it: earlier is as right.)"""
-    written = {m.buf.name for m in group.members}
     b = Body(scalars, "xmask", ind, {X0: rows}, extents)
     b.prefix = "h"
     got: dict = {}
     for body in bodies:
         for x in body.walk():
-            if x.op != "load" or x.args[0] in written or x.args[0] in scalars or (x.args[0], x.args[1]) in got:
+            if x.op != "load" or x.args[0] in computed or x.args[0] in scalars or (x.args[0], x.args[1]) in got:
                 continue
             off = x.args[1]
             if not isinstance(off, sympy.Basic) or not off.free_symbols <= {X0} or ir.indirect_symbols(off):

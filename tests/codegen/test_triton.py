@@ -1208,3 +1208,16 @@ def test_row_kernel_reads_per_row_values_once_before_its_reductions():
     row_loads = [line for line in src.splitlines() if "tl.load(" in line and "rflat" not in line]
     assert len(row_loads) == 4 and all(", xmask, other=0)" in line for line in row_loads), row_loads
     assert max(src.index(line) for line in row_loads) < src.index("tl.sum("), src
+
+
+def test_persistent_row_kernel_loads_its_inputs_before_its_reductions():
+    """A layer norm's weight and bias (read after its two reductions) are loaded with the row, before the first
+    reduction: a load issued after a reduction's barrier waits a memory latency of its own."""
+    import torch.nn.functional as F
+
+    def f(x, r, w, b):
+        return F.layer_norm(x + r, (96,), w, b)
+    compiled = compile_and_check(f, rand(64, 96), rand(64, 96), rand(96), rand(96), atol=1e-4, rtol=1e-5)
+    src = compiled.kernel_source[compiled.kernel_source.index("# fused fx nodes"):]
+    assert "for roff" not in src and src.count("tl.load(") == 4, src
+    assert src.rindex("tl.load(") < src.index("tl.sum("), src
