@@ -391,6 +391,8 @@ def measure(w: Workload, column: str, compiler) -> dict:
             print("  (30 steps)")
             pstats.Stats(pr).sort_stats("tottime").print_stats(14)
             pstats.Stats(pr).sort_stats("cumulative").print_stats(r"ember|triton", 20)
+            # who makes the many small host calls (allocations, copies, views) of a step
+            pstats.Stats(pr).sort_stats("tottime").print_callers(r"empty_strided|copy_|unflatten_dense|narrow", 6)
     return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out, "step": step}
 
 

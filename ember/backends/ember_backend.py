@@ -106,7 +106,8 @@ class CompiledGraph:
         self.lib = lib
         self.call = wrapper.python_wrapper(self.sched, kernel_call, {
             **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)},
-            check_inputs=not self.gm.meta.get("ember_guarded", False), persistent=True)
+            check_inputs=not self.gm.meta.get("ember_guarded", False), persistent=True,
+            consumed_outputs=frozenset(self.gm.meta.get("ember_consumed_outputs", ())))
         if code_log.isEnabledFor(10):
             code_log.debug("host program:\n%s", self.call.source)
 

@@ -201,6 +201,8 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
                                         if out_leaves[o] in once and i in at_dev_in]
     at_host_node = _positions(host_inputs)
     at_sent = {n: len(host_outs) + k for k, n in enumerate(sent)}
+    # the values sent are gathered into a pack as soon as the host part returns: kept from call to call
+    host_gm.meta["ember_consumed_outputs"] = frozenset(at_sent.values())
     plan = {
         "host_inputs": inputs_host,
         "device_inputs": inputs_dev,

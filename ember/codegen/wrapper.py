@@ -241,10 +241,13 @@ def _residual_donor(w: "Wrapper", it, j: int, o, last: dict, pinned: set, ours: 
 
 
 def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], extra_globals: dict,
-                   check_inputs: bool = True, persistent: bool = False) -> Callable:
+                   check_inputs: bool = True, persistent: bool = False,
+                   consumed_outputs: frozenset = frozenset()) -> Callable:
     """Build `call(args) -> outputs`; returns the function (its source is `call.source`). check_inputs=False:
     the caller guarantees the inputs' types, shapes, strides and dtypes (the frontend's guards did check them).
-    persistent: buffers private to a call are kept for the next call (see the module docstring)."""
+    persistent: buffers private to a call are kept for the next call (see the module docstring), and so are
+    the outputs at `consumed_outputs` (indices), which the caller reads before it calls again (host_scalars:
+    the values it sends to the device, a training step's ~1,100 scalars allocated on every call)."""
     w = Wrapper(sched)
     w.globals.update(extra_globals)
     w.globals["_Tensor"] = torch.Tensor  # an input that is None (an unused gradient) runs the graph eagerly
@@ -284,6 +287,12 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
             L.append(f"    if {b.name}.stride() != {stride}: {b.name} = _restride({b.name}, {stride})")
 
     last, pinned = lifetimes(sched)
+    kept_outputs: set = set()
+    if persistent and consumed_outputs:
+        returned = {o.buffer for i, o in enumerate(low.outputs) if isinstance(o, TensorArg) and i not in consumed_outputs}
+        seen_by_aten = set().union(*(it.inputs for it in sched.items if isinstance(it, ExternBuffer)))
+        kept_outputs = {o.buffer for i, o in enumerate(low.outputs) if isinstance(o, TensorArg) and i in consumed_outputs
+                        and o.offset == 0} - returned - seen_by_aten
     free: dict = {}
     ours: set = set()
     library: set = set()  # results that library calls allocated
@@ -293,7 +302,8 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
 
     def alloc(b, indent="    "):
         key = buffer_layout(b)
-        keep = persistent and b.name not in pinned  # pinned buffers may be (views of) what the call returns
+        # pinned buffers may be (views of) what the call returns
+        keep = persistent and (b.name not in pinned or b.name in kept_outputs)
         if free.get((key, keep)):
             body.append(f"{indent}{b.name} = {free[(key, keep)].pop()}  # reuses a dead buffer")
         elif keep:

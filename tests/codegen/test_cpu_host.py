@@ -405,6 +405,53 @@ def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monke
     torch.testing.assert_close(sent[-1][0], 1 - 0.9 ** (step + 1))   # the value sent: computed on the host
 
 
+def test_host_scalars_values_sent_live_in_kept_buffers_and_results_stay_fresh(monkeypatch):
+    """The values the host part computes only to send them (a training step's ~1,100 bias corrections) are
+    written into buffers kept from call to call (not allocated on every call): each call still sends its own
+    values, and the host results returned to the caller (the new step counter) are fresh tensors."""
+    import torch.fx as fx
+
+    from ember.codegen import host_scalars
+    aten = torch.ops.aten
+    sent = []
+
+    class Pack:
+        def __init__(self, dtype, positions, device):
+            self.positions = positions
+
+        def send(self, values):
+            sent.append([values[i].clone() for i in self.positions])
+            return torch.stack([values[i] for i in self.positions]).to("meta")
+    monkeypatch.setattr(host_scalars, "_Pack", Pack)
+    monkeypatch.setattr(host_scalars, "SENT_FROM_HOST_ABOVE", 0)
+    programs = []
+
+    def compile_host(h, ex):
+        run = ember_backend.compile_aten(h, ex)
+        programs.append(run.compiled)
+        return run
+
+    def f(w, step, g):
+        s1 = aten.add.Tensor(step, 1)
+        bc = aten.rsub.Scalar(aten.pow.Scalar(0.9, s1), 1)
+        return (aten.sub.Tensor(w, aten.div.Tensor(aten.mul.Tensor(g, s1), bc)), s1)
+    gm = fx.symbolic_trace(f)
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "call_function"):
+            cpu = n.name in ("step", "add_tensor", "pow_scalar", "rsub_scalar")
+            n.meta["val"] = torch.empty((), device="cpu") if cpu else torch.empty(3, device="meta")
+    w, g = torch.randn(3, device="meta"), torch.randn(3, device="meta")
+    run = host_scalars.compile_split(gm, [w, torch.rand(()) + 1, g], compile_host, lambda d, ex: d.forward)
+    steps = [torch.rand(()) * 5 + 1 for _ in range(3)]
+    outs = [run(w, s, g)[1] for s in steps]
+    assert "_S[" in programs[0].call.source, programs[0].call.source
+    assert len(sent) == 2 * len(steps)   # per call: the step counter packed for the device, then the values sent
+    for s, out, values in zip(steps, outs, sent[1::2]):
+        torch.testing.assert_close(out, s + 1)   # each call's counter, fresh: later calls did not change it
+        torch.testing.assert_close(values[0], 1 - 0.9 ** (s + 1))
+    assert len({o.data_ptr() for o in outs}) == len(outs)
+
+
 def test_adam_over_many_parameters_splits_kernels_under_the_ctypes_argument_limit():
     """An Adam step over 160 parameters fuses horizontally into one group of ~1,100 pointers, above the 1,024
     arguments one ctypes call passes (it raised ArgumentError at the first call): the group is cut between
