@@ -1221,3 +1221,30 @@ def test_persistent_row_kernel_loads_its_inputs_before_its_reductions():
     src = compiled.kernel_source[compiled.kernel_source.index("# fused fx nodes"):]
     assert "for roff" not in src and src.count("tl.load(") == 4, src
     assert src.rindex("tl.load(") < src.index("tl.sum("), src
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_sibling_linears_on_one_input_are_one_library_product(returned):
+    """Query, key and value projections of one input (an inference graph): one matrix product of the input and
+    the three weights concatenated, each projection a slice of it plus its bias. A fourth projection the graph
+    returns takes ATen's addmm (its bias in the product's epilogue) and stays out of the merge."""
+    import torch.nn.functional as F
+
+    from ember.codegen.triton import compile_aten
+
+    def f(x, wq, bq, wk, bk, wv, bv):
+        b, s, d = x.shape
+        q, k, v = (F.linear(x, w, bias).view(b, s, 4, d // 4).transpose(1, 2)
+                   for w, bias in ((wq, bq), (wk, bk), (wv, bv)))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return (out, F.linear(x, wv, bv)) if returned else out
+    xs = [rand(2, 16, 32)] + [t for _ in range(3) for t in (rand(32, 32), rand(32))]
+    gm, ref = trace_aten(f, xs)
+    gm.meta["ember_inference"] = True
+    compiled = compile_aten(gm, xs)
+    for got, want in zip(pytree.tree_leaves(compiled(*xs)), pytree.tree_leaves(ref)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    src = compiled.compiled.source
+    products = src.count("as_strided((32, 32), (32, 1)")   # the input, as each product reads it
+    assert products == (1 if not returned else 2), src
+    assert "as_strided((32, 96), (1, 32)" in src, src   # the concatenated [N, K] weights, read transposed
