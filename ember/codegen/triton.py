@@ -1405,16 +1405,19 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> li
         cuda_launch.EXTENSION.get()   # (starts its build, once per machine, while Triton compiles)
     names = {name for _, name, *_ in kernels}
     in_workers = mod.__file__ if device.type == "cuda" and len(names) >= WORKERS_FROM else None
-    jobs, keys = {}, []
+    keys, wanted = [], {}
     for _, name, args, cfg, _grid in kernels:
         dtypes = [sched.buffers[a].dtype for a in args] + ([torch.int32] if "fixup" in cfg else [])
-        key = (name, tuple(sorted(launch_meta(cfg).items())), tuple(dtypes))
-        keys.append(key)
-        if key not in jobs:
-            jobs[key] = (_COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, launch_meta(cfg), device,
-                                              in_workers),
-                         _COMPILE_POOL.submit(_compile_and_load, getattr(mod, f"{name}_fixup"), dtypes, FIXUP_META,
-                                              device, in_workers) if "fixup" in cfg else None)
+        keys.append((name, tuple(sorted(launch_meta(cfg).items())), tuple(dtypes)))
+        wanted[keys[-1]] = (dtypes, cfg)
+    jobs = {}
+    # the longest sources first (the slowest to compile): one of them started last was the pool's tail
+    for key in sorted(wanted, key=lambda k: -len(getattr(getattr(mod, k[0]), "src", ""))):
+        name, (dtypes, cfg) = key[0], wanted[key]
+        jobs[key] = (_COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, launch_meta(cfg), device,
+                                          in_workers),
+                     _COMPILE_POOL.submit(_compile_and_load, getattr(mod, f"{name}_fixup"), dtypes, FIXUP_META,
+                                          device, in_workers) if "fixup" in cfg else None)
 
     def result(job, name: str):
         try:
