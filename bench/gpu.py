@@ -396,6 +396,19 @@ def measure(w: Workload, column: str, compiler) -> dict:
     return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out, "step": step}
 
 
+def cuda_kernels(step: Callable, steps: int = 5) -> tuple[list, float]:
+    """The CUDA kernels `steps` steps ran (torch.profiler's key_averages: totals over the steps) and their GPU
+    time a step (ms)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    evs = [e for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return evs, sum(e.self_device_time_total for e in evs) / steps / 1e3
+
+
 def profile(step: Callable, label: str, steps: int = 5, top: int = int(os.environ.get("PROFILE_TOP", "16"))) -> None:
     """Print the kernels one step runs, heaviest first (where the GPU time of a column goes)."""
     from torch.profiler import ProfilerActivity

@@ -51,16 +51,10 @@ def kind(fx_nodes: str) -> str:
 
 def kernel_table(step, names: dict, label: str, top: int) -> None:
     """names: kernel name -> its fused ops (ember's fx nodes; Inductor's names say them)."""
-    from torch.profiler import ProfilerActivity, profile
     steps = 5
     step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    evs = [e for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(e.self_device_time_total for e in evs) / steps / 1e3
+    evs, total = gpu.cuda_kernels(step, steps)
     ours = [e for e in evs if e.key in names or e.key.startswith("triton_")]
     by_kind, count = collections.Counter(), collections.Counter()
     for e in ours:

@@ -49,14 +49,8 @@ def main() -> None:
         step()
     torch.cuda.synchronize()
     print("step wall times (ms, synchronized):", " ".join(f"{w:.2f}" for w in gpu.synced_walls(step, 12)))
-    from torch.profiler import ProfilerActivity, profile
     steps = 5
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    evs = [e for e in p.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(e.self_device_time_total for e in evs) / steps / 1e3
+    evs, total = gpu.cuda_kernels(step, steps)
     triton = [e for e in evs if e.key in sources]
     print(f"# bench/gpu_top_kernels.py {row}, {torch.cuda.get_device_name()}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: {total:.3f} ms GPU time a step, "

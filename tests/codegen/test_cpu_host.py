@@ -364,14 +364,10 @@ def test_host_scalars_split_assembles_outputs_in_order(monkeypatch):
     assert out[0].device.type == out[3][1].device.type == "meta" and out[0].shape == (3,)
 
 
-def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monkeypatch):
-    """In a big graph, a CPU value the device reads that would need libdevice there (`1 - 0.9 ** (step + 1)`,
-    Adam's bias correction) is an output of the host graph, which runs first, and reaches the device graph in a
-    pack of its own; the device graph has no pow, and still recomputes the cheap `step + 1` it reads."""
-    import torch.fx as fx
-
+def _recording_packs(monkeypatch) -> list:
+    """host_scalars' packs made to record the values each send carries (the meta device standing in for CUDA),
+    with the host computing the values the device reads that need libdevice (as in a training step's graph)."""
     from ember.codegen import host_scalars
-    aten = torch.ops.aten
     sent = []
 
     class Pack:
@@ -382,7 +378,15 @@ def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monke
             sent.append([values[i].clone() for i in self.positions])
             return torch.stack([values[i] for i in self.positions]).to("meta")
     monkeypatch.setattr(host_scalars, "_Pack", Pack)
-    monkeypatch.setattr(host_scalars, "SENT_FROM_HOST_ABOVE", 0)   # (a training step's graph, not this small one)
+    monkeypatch.setattr(host_scalars, "SENT_FROM_HOST_ABOVE", 0)
+    return sent
+
+
+def _bias_correction_graph():
+    """An Adam-like update: the CPU step counter, its `+ 1` and the bias correction `1 - 0.9 ** (step + 1)` on
+    the host; the parameter ("device": meta) divided by it. Returns (new parameter, new counter, 7)."""
+    import torch.fx as fx
+    aten = torch.ops.aten
 
     def f(w, step, g):
         s1 = aten.add.Tensor(step, 1)
@@ -393,6 +397,17 @@ def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monke
         if n.op in ("placeholder", "call_function"):
             cpu = n.name in ("step", "add_tensor", "pow_scalar", "rsub_scalar")
             n.meta["val"] = torch.empty((), device="cpu") if cpu else torch.empty(3, device="meta")
+    return gm
+
+
+def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monkeypatch):
+    """In a big graph, a CPU value the device reads that would need libdevice there (`1 - 0.9 ** (step + 1)`,
+    Adam's bias correction) is an output of the host graph, which runs first, and reaches the device graph in a
+    pack of its own; the device graph has no pow, and still recomputes the cheap `step + 1` it reads."""
+    from ember.codegen import host_scalars
+    aten = torch.ops.aten
+    sent = _recording_packs(monkeypatch)
+    gm = _bias_correction_graph()
     host_gm, dev_gm, plan = host_scalars.split(gm)
     assert not any(n.target is aten.pow.Scalar for n in dev_gm.graph.nodes)
     assert any(n.target is aten.add.Tensor for n in dev_gm.graph.nodes)   # step + 1, recomputed on the device
@@ -409,37 +424,15 @@ def test_host_scalars_values_sent_live_in_kept_buffers_and_results_stay_fresh(mo
     """The values the host part computes only to send them (a training step's ~1,100 bias corrections) are
     written into buffers kept from call to call (not allocated on every call): each call still sends its own
     values, and the host results returned to the caller (the new step counter) are fresh tensors."""
-    import torch.fx as fx
-
     from ember.codegen import host_scalars
-    aten = torch.ops.aten
-    sent = []
-
-    class Pack:
-        def __init__(self, dtype, positions, device):
-            self.positions = positions
-
-        def send(self, values):
-            sent.append([values[i].clone() for i in self.positions])
-            return torch.stack([values[i] for i in self.positions]).to("meta")
-    monkeypatch.setattr(host_scalars, "_Pack", Pack)
-    monkeypatch.setattr(host_scalars, "SENT_FROM_HOST_ABOVE", 0)
+    sent = _recording_packs(monkeypatch)
+    gm = _bias_correction_graph()
     programs = []
 
     def compile_host(h, ex):
         run = ember_backend.compile_aten(h, ex)
         programs.append(run.compiled)
         return run
-
-    def f(w, step, g):
-        s1 = aten.add.Tensor(step, 1)
-        bc = aten.rsub.Scalar(aten.pow.Scalar(0.9, s1), 1)
-        return (aten.sub.Tensor(w, aten.div.Tensor(aten.mul.Tensor(g, s1), bc)), s1)
-    gm = fx.symbolic_trace(f)
-    for n in gm.graph.nodes:
-        if n.op in ("placeholder", "call_function"):
-            cpu = n.name in ("step", "add_tensor", "pow_scalar", "rsub_scalar")
-            n.meta["val"] = torch.empty((), device="cpu") if cpu else torch.empty(3, device="meta")
     w, g = torch.randn(3, device="meta"), torch.randn(3, device="meta")
     run = host_scalars.compile_split(gm, [w, torch.rand(()) + 1, g], compile_host, lambda d, ex: d.forward)
     steps = [torch.rand(()) * 5 + 1 for _ in range(3)]
