@@ -289,10 +289,11 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     last, pinned = lifetimes(sched)
     kept_outputs: set = set()
     if persistent and consumed_outputs:
-        returned = {o.buffer for i, o in enumerate(low.outputs) if isinstance(o, TensorArg) and i not in consumed_outputs}
+        # whole buffers only the caller's gather reads: not also returned, nor seen by an ATen op (a view of it)
+        outs = [(i in consumed_outputs and o.offset == 0, o.buffer) for i, o in enumerate(low.outputs)
+                if isinstance(o, TensorArg)]
         seen_by_aten = set().union(*(it.inputs for it in sched.items if isinstance(it, ExternBuffer)))
-        kept_outputs = {o.buffer for i, o in enumerate(low.outputs) if isinstance(o, TensorArg) and i in consumed_outputs
-                        and o.offset == 0} - returned - seen_by_aten
+        kept_outputs = {b for ok, b in outs if ok} - {b for ok, b in outs if not ok} - seen_by_aten
     free: dict = {}
     ours: set = set()
     library: set = set()  # results that library calls allocated
