@@ -288,18 +288,25 @@ def sweep_flat_blocks() -> None:
 PROFILE: list[str] = []
 COMPILE_PROFILE: list[str] = []
 
-# the pipeline's stages, timed (wall seconds) in ember's cold compiles: where they go without cProfile's overhead
+# the pipeline's stages, timed (wall seconds) in ember's cold compiles: where they go without cProfile's overhead;
+# and when (a timeline: the C++ builds and Triton's compiles run in pool threads beside the main thread)
 PHASES = ("ember.frontend.convert:FrameCompiler.capture", "ember.autograd.trace:trace_joint",
           "ember.autograd.trace:trace_forward", "ember.autograd.partition:partition", "ember.codegen.lower:lower",
           "ember.codegen.schedule:schedule", "ember.codegen.host_scalars:split", "ember.codegen.triton:generate",
-          "ember.codegen.triton:_precompile", "ember.runtime.cudagraphs:CUDAGraphed._record")
+          "ember.codegen.triton:_precompile", "ember.runtime.cudagraphs:CUDAGraphed._record",
+          "ember.runtime.cache:_build", "ember.codegen.triton:_compile_and_load",
+          "ember.codegen.triton:load_module", "ember.frontend.convert:FrameCompiler.make_entry",
+          "ember.backends.ember_backend:compile_graph")
 PHASE_S: dict[str, float] = {}
+PHASE_SPANS: list[tuple[float, float, str, str]] = []   # (start, end, phase, thread), perf_counter seconds
 
 
 def time_phases() -> None:
-    """Wrap each of PHASES (where every ember module holds it) with a timer adding to PHASE_S; nested calls of
-    one phase count once."""
+    """Wrap each of PHASES (where every ember module holds it) with a timer adding to PHASE_S and PHASE_SPANS;
+    nested calls of one phase (in one thread) count once. Triton's own stages of each compile are spans too
+    (its compilation listener)."""
     import importlib
+    import threading
     for spec in PHASES:
         mod_name, qual = spec.split(":")
         owner = importlib.import_module(mod_name)
@@ -309,17 +316,19 @@ def time_phases() -> None:
         original = getattr(owner, name, None)
         if original is None:
             continue
-        depth = [0]
+        depth = threading.local()
 
         def timed(*a, __f=original, __k=qual, __d=depth, **k):
-            __d[0] += 1
+            __d.n = getattr(__d, "n", 0) + 1
             t0 = time.perf_counter()
             try:
                 return __f(*a, **k)
             finally:
-                __d[0] -= 1
-                if __d[0] == 0:
-                    PHASE_S[__k] = PHASE_S.get(__k, 0.0) + time.perf_counter() - t0
+                __d.n -= 1
+                if __d.n == 0:
+                    t1 = time.perf_counter()
+                    PHASE_S[__k] = PHASE_S.get(__k, 0.0) + t1 - t0
+                    PHASE_SPANS.append((t0, t1, __k, threading.current_thread().name))
         if cls:
             setattr(owner, name, timed)
         else:
@@ -327,6 +336,43 @@ def time_phases() -> None:
                 for attr, v in list(vars(m).items()):
                     if v is original:
                         setattr(m, attr, timed)
+    try:
+        import triton
+
+        def listener(*, src, times, cache_hit, **_):
+            t1 = time.perf_counter()
+            stages = [("ir", times.ir_initialization), *times.lowering_stages, ("store", times.store_results)]
+            name = getattr(getattr(src, "fn", None), "__name__", "?")
+            PHASE_SPANS.append((t1 - times.total / 1e6, t1, f"triton {name} " + " ".join(
+                f"{k} {v / 1e3:.0f}" for k, v in stages) + (" (cache hit)" if cache_hit else ""),
+                threading.current_thread().name))
+        triton.knobs.compilation.listener = listener
+    except (ImportError, AttributeError):
+        pass
+
+
+def print_timeline(t0: float) -> None:
+    """PHASE_SPANS since t0, in order of start (ms from t0), then cleared; a phase of many spans (the kernels of
+    a big graph) is one line: how many, the first start, the last end and their sum."""
+    spans = sorted(s for s in PHASE_SPANS if s[1] >= t0)
+    PHASE_SPANS.clear()
+    kind = lambda what: what.split()[0] + (" " + what.split()[1][:2] if what.startswith("triton") else "")  # noqa
+    counts: dict = {}
+    for _, _, what, _ in spans:
+        counts[kind(what)] = counts.get(kind(what), 0) + 1
+    grouped: dict = {}
+    for start, end, what, thread in spans:
+        k = kind(what)
+        if counts[k] <= 12:
+            print(f"      {(start - t0) * 1e3:7.1f} {(end - t0) * 1e3:7.1f} ms  {what}  [{thread}]")
+        elif k not in grouped:
+            grouped[k] = [start, end, 0.0]
+            print(f"      {(start - t0) * 1e3:7.1f}      ..    {k}: {counts[k]} spans, below")
+        g = grouped.get(k)
+        if g is not None:
+            g[1], g[2] = max(g[1], end), g[2] + end - start
+    for k, (start, end, total) in grouped.items():
+        print(f"      {(start - t0) * 1e3:7.1f} {(end - t0) * 1e3:7.1f} ms  {k}: {counts[k]} spans, {total:.1f} s in all")
 
 
 def measure(w: Workload, column: str, compiler) -> dict:
@@ -354,7 +400,9 @@ def measure(w: Workload, column: str, compiler) -> dict:
               f" s ({triton_workers.STATS['compiled'] - in_workers} kernels compiled in worker processes, "
               f"{triton_workers.STATS['worker_s']:.1f} s of theirs in all)", flush=True)
         if PHASE_S:
-            print("    phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in PHASE_S.items()), flush=True)
+            print("    phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in PHASE_S.items()), flush=True)
+            print("    timeline (start, end):")
+            print_timeline(t0)
             print("    slowest kernels in workers (s): " + ", ".join(f"{n} {t:.1f}" for t, n, _ in triton_workers.SLOWEST))
             if triton_workers.SLOWEST:   # the slowest one's source, to its first 80 lines
                 _, name, path = triton_workers.SLOWEST[0]

@@ -435,6 +435,7 @@ def test_host_scalars_values_sent_live_in_kept_buffers_and_results_stay_fresh(mo
         return run
     w, g = torch.randn(3, device="meta"), torch.randn(3, device="meta")
     run = host_scalars.compile_split(gm, [w, torch.rand(()) + 1, g], compile_host, lambda d, ex: d.forward)
+    programs[0].build.result()   # (while it builds, the host part runs eagerly: the next test)
     steps = [torch.rand(()) * 5 + 1 for _ in range(3)]
     outs = [run(w, s, g)[1] for s in steps]
     assert "_S[" in programs[0].call.source, programs[0].call.source
@@ -443,6 +444,40 @@ def test_host_scalars_values_sent_live_in_kept_buffers_and_results_stay_fresh(mo
         torch.testing.assert_close(out, s + 1)   # each call's counter, fresh: later calls did not change it
         torch.testing.assert_close(values[0], 1 - 0.9 ** (s + 1))
     assert len({o.data_ptr() for o in outs}) == len(outs)
+
+
+def test_host_scalars_host_part_runs_eagerly_until_its_build_is_done(monkeypatch):
+    """While the host part's C++ build runs, calls compute its CPU values with ATen (the first call does not
+    wait for g++); the calls after the build is done run the C++ program. Values as eager's throughout."""
+    import concurrent.futures
+    from ember.codegen import host_scalars
+    sent = _recording_packs(monkeypatch)
+    gm = _bias_correction_graph()
+    programs, gate = [], concurrent.futures.Future()
+
+    def compile_host(h, ex):
+        run = ember_backend.compile_aten(h, ex)
+        programs.append((run.compiled, run.compiled.build))
+        run.compiled.build = gate   # a build that ends when the test says so
+        return run
+    w, g = torch.randn(3, device="meta"), torch.randn(3, device="meta")
+    run = host_scalars.compile_split(gm, [w, torch.rand(()) + 1, g], compile_host, lambda d, ex: d.forward)
+    program, real_build = programs[0]
+
+    def check_calls(n):
+        for _ in range(n):
+            s = torch.rand(()) * 5 + 1
+            torch.testing.assert_close(run(w, s, g)[1], s + 1)
+            torch.testing.assert_close(sent[-1][0], 1 - 0.9 ** (s + 1))
+    import threading
+    late = threading.Timer(20, lambda: gate.done() or gate.set_result(real_build.result()))
+    late.start()   # (a host part waiting for its build would wait for this, then fail the assert below)
+    check_calls(2)
+    assert program.call is None   # the C++ program was not loaded: ATen ran the host part
+    late.cancel()
+    gate.set_result(real_build.result())
+    check_calls(2)
+    assert program.call is not None
 
 
 def test_adam_over_many_parameters_splits_kernels_under_the_ctypes_argument_limit():
