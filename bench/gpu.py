@@ -298,6 +298,7 @@ PHASES = ("ember.frontend.convert:FrameCompiler.capture", "ember.autograd.trace:
           "ember.codegen.triton:load_module", "ember.frontend.convert:FrameCompiler.make_entry",
           "ember.backends.ember_backend:compile_graph")
 PHASE_S: dict[str, float] = {}
+PHASES_ON = False
 PHASE_SPANS: list[tuple[float, float, str, str]] = []   # (start, end, phase, thread), perf_counter seconds
 
 
@@ -307,6 +308,8 @@ def time_phases() -> None:
     (its compilation listener)."""
     import importlib
     import threading
+    global PHASES_ON
+    PHASES_ON = True
     for spec in PHASES:
         mod_name, qual = spec.split(":")
         owner = importlib.import_module(mod_name)
@@ -336,6 +339,16 @@ def time_phases() -> None:
                 for attr, v in list(vars(m).items()):
                     if v is original:
                         setattr(m, attr, timed)
+    import gc
+    gc_start = {}
+
+    def gc_span(phase, info):   # the garbage collector's passes (a full one walks every live object)
+        if phase == "start":
+            gc_start["t"] = time.perf_counter()
+        elif "t" in gc_start:
+            PHASE_SPANS.append((gc_start.pop("t"), time.perf_counter(), f"gc generation {info['generation']}",
+                                threading.current_thread().name))
+    gc.callbacks.append(gc_span)
     try:
         import triton
 
@@ -349,6 +362,18 @@ def time_phases() -> None:
         triton.knobs.compilation.listener = listener
     except (ImportError, AttributeError):
         pass
+
+
+def busy_cores(window: float = 0.3) -> float:
+    """How many of the machine's cores were busy over `window` seconds (/proc/stat): processes left running
+    by an earlier column (a compiler's worker pool starting up) slow the next cold compile."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]   # all, idle + iowait
+    (a0, i0), _ = sample(), time.sleep(window)
+    a1, i1 = sample()
+    return (1 - (i1 - i0) / max(1, a1 - a0)) * (os.cpu_count() or 1)
 
 
 def print_timeline(t0: float) -> None:
@@ -384,6 +409,7 @@ def measure(w: Workload, column: str, compiler) -> dict:
     from ember.codegen import triton as ember_triton
     from ember.runtime import triton_workers
     triton_s, in_workers = ember_triton.STATS["compile_s"], triton_workers.STATS["compiled"]
+    load_before = busy_cores() if PHASES_ON else os.getloadavg()[0]
     t0 = time.perf_counter()
     first = 3 if compiler is not None else 0     # reduce-overhead records CUDA graphs on the first calls
     pr = None
@@ -398,7 +424,8 @@ def measure(w: Workload, column: str, compiler) -> dict:
     if column == "ember":   # of the cold compile: Triton's compile and load of the kernels (_precompile)
         print(f"  {w.name} [ember]: {cold_s:.1f} s cold, of which Triton {ember_triton.STATS['compile_s'] - triton_s:.1f}"
               f" s ({triton_workers.STATS['compiled'] - in_workers} kernels compiled in worker processes, "
-              f"{triton_workers.STATS['worker_s']:.1f} s of theirs in all)", flush=True)
+              f"{triton_workers.STATS['worker_s']:.1f} s of theirs in all; "
+              f"{'cores busy' if PHASES_ON else 'load average'} before it {load_before:.1f})", flush=True)
         if PHASE_S:
             print("    phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in PHASE_S.items()), flush=True)
             print("    timeline (start, end):")

@@ -86,6 +86,7 @@ def _mvec_decls() -> str:
 
 
 PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls())
+cache.SHARED_PRELUDES.add(PRELUDE)
 UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log({})", "log2": "std::log2({})",
                "log10": "std::log10({})", "sqrt": "std::sqrt({})", "rsqrt": "({t}(1) / std::sqrt({}))",
                "sin": "std::sin({})", "cos": "std::cos({})", "tan": "std::tan({})", "asin": "std::asin({})",

@@ -581,6 +581,37 @@ def test_a_large_generated_file_is_compiled_in_parts_and_linked_into_one_library
         cache.build_cpp(bad).result()
 
 
+def test_a_shared_prelude_is_precompiled_from_the_second_file_on(monkeypatch, tmp_path):
+    """Files starting with a shared prelude (cpp.PRELUDE): the first is built with it inline; the second starts
+    its precompiling (a g++ precompiled header); files built after that include the header. Every library
+    works, and a new cache directory (a removed one) gets its own header."""
+    import ctypes
+
+    from ember.runtime import cache
+    monkeypatch.setattr(cache, "SHARED_PRELUDES", {"#include <cmath>\nstatic inline double half(double x) { return x / 2; }"})
+    monkeypatch.setattr(cache, "_PCH", {})
+    prelude = next(iter(cache.SHARED_PRELUDES))
+
+    def build(i: int):
+        src = cache.KERNEL_MARK.join([prelude, f'extern "C" double k(double x) {{ return half(x) + std::sqrt({i}.0); }}'])
+        so = cache.build_cpp(src + "\n").result()
+        f = ctypes.CDLL(str(so)).k
+        f.restype, f.argtypes = ctypes.c_double, [ctypes.c_double]
+        assert f(6.0) == 3.0 + i ** 0.5
+        return so.with_suffix(".cpp").read_text().startswith("#include \"")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "a"))
+    included = [build(i) for i in range(2)]
+    cache._PCH[prelude].result()   # (the second file started it: done, for the files after)
+    included += [build(i) for i in range(2, 4)]
+    assert included == [False, False, True, True], included
+    import shutil
+    shutil.rmtree(tmp_path / "a")   # its header gone: the next file starts precompiling in the new directory
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "b"))
+    assert not build(4)
+    cache._PCH[prelude].result()
+    assert build(5) and len(list((tmp_path / "b" / "cpp").glob("prelude_*.h.gch"))) == 1
+
+
 def test_wide_horizontal_groups_are_cut_into_kernels_of_at_most_64_members(monkeypatch):
     """An elementwise group of many members (densenet121's 120 folded convolution weights, an optimizer over many
     parameters) becomes several C++ functions, each quick to compile; values as eager's."""
