@@ -50,6 +50,9 @@ def main() -> None:
     LAST: dict = {}
     triton.knobs.compilation.listener = listener
     text = open(args.path).read()
+    if "import triton" not in text:   # a kernel saved without the module's prelude: today's
+        from ember.codegen.triton import PRELUDE
+        text = PRELUDE + "\n\n" + text
     variants = {"as printed": text}
     for e in args.edit:
         t = text
