@@ -9,7 +9,9 @@ so launch gaps count). A row's columns are built and timed one after the other, 
 (--rounds, 5 by default, each round starting at the next column); the table shows the median of those
 timings: timed only once each, a later column met a warmer card (GPT-2's same matmuls ran ~1% slower in the
 column timed second, 2026-11-26). "compile" is the cold cost: the wall time of the first calls (until the compiled code
-and any CUDA graphs are recorded) minus as many steady steps, not counting the model's construction;
+and any CUDA graphs are recorded) minus as many steady steps, not counting the model's construction, timed once
+the machine is quiet (under half a core busy, waited for up to 5 s: a compiler's leftover work slowed the next
+column's compile);
 Inductor's, Triton's and ember's caches are pointed at fresh directories so each compiles from nothing (rows
 later in a run may find kernels an earlier row compiled: both compilers alike). A failing column prints the error class and the run goes on.
 """
@@ -376,6 +378,17 @@ def busy_cores(window: float = 0.3) -> float:
     return (1 - (i1 - i0) / max(1, a1 - a0)) * (os.cpu_count() or 1)
 
 
+def settle(limit_s: float = 5.0) -> tuple[float, float]:
+    """Wait (at most limit_s) until under half a core is busy, so that a cold compile is not timed beside work
+    the previous column left running (Inductor's compile left ~1 core busy for seconds after it returned,
+    2026-11-26): (seconds waited, cores busy at the end)."""
+    t0 = time.perf_counter()
+    busy = busy_cores()
+    while busy > 0.5 and time.perf_counter() - t0 < limit_s:
+        busy = busy_cores()
+    return time.perf_counter() - t0, busy
+
+
 def print_timeline(t0: float) -> None:
     """PHASE_SPANS since t0, in order of start (ms from t0), then cleared; a phase of many spans (the kernels of
     a big graph) is one line: how many, the first start, the last end and their sum."""
@@ -409,7 +422,7 @@ def measure(w: Workload, column: str, compiler) -> dict:
     from ember.codegen import triton as ember_triton
     from ember.runtime import triton_workers
     triton_s, in_workers = ember_triton.STATS["compile_s"], triton_workers.STATS["compiled"]
-    load_before = busy_cores() if PHASES_ON else os.getloadavg()[0]
+    settled_s, load_before = settle() if compiler is not None else (0.0, 0.0)
     t0 = time.perf_counter()
     first = 3 if compiler is not None else 0     # reduce-overhead records CUDA graphs on the first calls
     pr = None
@@ -425,7 +438,7 @@ def measure(w: Workload, column: str, compiler) -> dict:
         print(f"  {w.name} [ember]: {cold_s:.1f} s cold, of which Triton {ember_triton.STATS['compile_s'] - triton_s:.1f}"
               f" s ({triton_workers.STATS['compiled'] - in_workers} kernels compiled in worker processes, "
               f"{triton_workers.STATS['worker_s']:.1f} s of theirs in all; "
-              f"{'cores busy' if PHASES_ON else 'load average'} before it {load_before:.1f})", flush=True)
+              f"cores busy before it {load_before:.1f}, after waiting {settled_s:.1f} s for quiet)", flush=True)
         if PHASE_S:
             print("    phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in PHASE_S.items()), flush=True)
             print("    timeline (start, end):")
@@ -468,7 +481,8 @@ def measure(w: Workload, column: str, compiler) -> dict:
             pstats.Stats(pr).sort_stats("cumulative").print_stats(r"ember|triton", 20)
             # who makes the many small host calls (allocations, copies, views) of a step
             pstats.Stats(pr).sort_stats("tottime").print_callers(r"empty_strided|copy_|unflatten_dense|narrow", 6)
-    return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out, "step": step}
+    return {"ms": ms, "compile_s": cold_s if compiler is not None else None, "out": out, "step": step,
+            "quiet_wait_s": round(settled_s, 1), "busy_cores": round(load_before, 1)}
 
 
 def cuda_kernels(step: Callable, steps: int = 5) -> tuple[list, float]:
