@@ -308,7 +308,6 @@ PHASES = ("ember.frontend.convert:FrameCompiler.capture", "ember.autograd.trace:
           "ember.codegen.triton:load_module", "ember.frontend.convert:FrameCompiler.make_entry",
           "ember.backends.ember_backend:compile_graph")
 PHASE_S: dict[str, float] = {}
-PHASES_ON = False
 PHASE_SPANS: list[tuple[float, float, str, str]] = []   # (start, end, phase, thread), perf_counter seconds
 
 
@@ -318,8 +317,6 @@ def time_phases() -> None:
     (its compilation listener)."""
     import importlib
     import threading
-    global PHASES_ON
-    PHASES_ON = True
     for spec in PHASES:
         mod_name, qual = spec.split(":")
         owner = importlib.import_module(mod_name)
@@ -402,7 +399,8 @@ def print_timeline(t0: float) -> None:
     a big graph) is one line: how many, the first start, the last end and their sum."""
     spans = sorted(s for s in PHASE_SPANS if s[1] >= t0)
     PHASE_SPANS.clear()
-    kind = lambda what: what.split()[0] + (" " + what.split()[1][:2] if what.startswith("triton") else "")  # noqa
+    def kind(what: str) -> str:   # a phase's name; Triton's compiles all as one
+        return what.split()[0] + (" " + what.split()[1][:2] if what.startswith("triton") else "")
     counts: dict = {}
     for _, _, what, _ in spans:
         counts[kind(what)] = counts.get(kind(what), 0) + 1

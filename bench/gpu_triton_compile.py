@@ -19,8 +19,6 @@ import tempfile
 import time
 
 
-TARGET = None
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -36,11 +34,11 @@ def main() -> None:
     import triton
     from triton.compiler import ASTSource
     triton.knobs.compilation.always_compile = True
-    global TARGET
+    target = None
     if args.target:   # e.g. cuda:90 (no GPU needed to compile)
         from triton.backends.compiler import GPUTarget
         backend, arch = args.target.split(":")
-        TARGET = GPUTarget(backend, int(arch), 32)
+        target = GPUTarget(backend, int(arch), 32)
     times: dict = {}
 
     def listener(*, src, times: object, cache_hit, **_):
@@ -77,7 +75,7 @@ def main() -> None:
             sig = {p: "*fp32" for p in params} | {"BLOCK": "constexpr"}
             aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(params))}   # (as ember's launches)
             t0 = time.perf_counter()
-            triton.compile(ASTSource(fn, sig, constexprs={"BLOCK": args.block}, attrs=aligned), target=TARGET,
+            triton.compile(ASTSource(fn, sig, constexprs={"BLOCK": args.block}, attrs=aligned), target=target,
                            options={"num_warps": args.num_warps})
             wall = (time.perf_counter() - t0) * 1e3
             times.setdefault(name, []).append({**LAST, "wall": wall})

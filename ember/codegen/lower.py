@@ -29,6 +29,7 @@ inference graph a relu/gelu/silu that alone reads one becomes its post-op (plan_
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -321,11 +322,8 @@ def lower_linear_fusion(g: "Graph", f: LinearFusion, env: dict):
     """The fused linear of f: one oneDNN call (its weight copied to row-major [N, K] first where it is not)."""
     from ember.decomp import prims as P
     bias, a, b = (env[x] for x in f.mm.args) if len(f.mm.args) == 3 else (None, *(env[x] for x in f.mm.args))
-    out_val, g.val = g.val, f.mm.meta["val"]
-    try:
+    with g.lowering_as(f.mm.meta["val"]) as out_val:
         y = cpu_matmul(g, a, b, bias, f.post_op, any_weight=True)
-    finally:
-        g.val = out_val
     return P.reshape(y, list(out_val.shape))
 
 
@@ -393,11 +391,8 @@ def lower_sibling_product(g: "Graph", s: SiblingProducts, node: torch.fx.Node, e
                 weights = P.cat([env[w] for w in weights], 1, torch.float32)
             x = env[s.members[0].args[1]]
             width = int(weights.size[1])
-            out_val, g.val = g.val, torch.empty((int(x.size[0]), width), dtype=torch.float32, device="meta")
-            try:
+            with g.lowering_as(torch.empty((int(x.size[0]), width), dtype=torch.float32, device="meta")):
                 prod = g.extern(aten.mm.default, (x, weights), {}, fallback=False)
-            finally:
-                g.val = out_val
             start = 0
             for m in s.members:
                 n_cols = int(m.meta["val"].shape[1])
@@ -718,6 +713,16 @@ class Graph:
         self.cat_views: dict = {}  # cat node of a chain -> its lowered box
         self.fallbacks: list[str] = []
         self.extern_inputs: dict = {}  # value_key -> a buffer made for a library call's argument (realize(share))
+
+    @contextlib.contextmanager
+    def lowering_as(self, val):
+        """Calls inside make results like meta value `val` (a fused call's own), not like the node's; yields the
+        node's."""
+        node_val, self.val = self.val, val
+        try:
+            yield node_val
+        finally:
+            self.val = node_val
 
     def new_name(self) -> str:
         return f"buf{len(self.by_name)}"

@@ -1064,8 +1064,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                 for r_len, _, later, _ in at_row.values():
                     if r_len == R:
                         for x in later.walk():
-                            if x.op == "load" and x.args[0] not in computed and x.args[0] not in scalars \
-                                    and isinstance(x.args[1], sympy.Basic) and not ir.indirect_symbols(x.args[1]):
+                            if _load_from_outside(x, computed, scalars):
                                 bodies[R].emit(x)
                 L += bodies[R].lines
             b = bodies[R]
@@ -1154,6 +1153,12 @@ def _online_softmax_max(m: Member, run: list, online: dict) -> str | None:
     return name
 
 
+def _load_from_outside(x: Expr, computed: set, scalars: dict) -> bool:
+    """Whether x is a direct load of a buffer no member of the group computes (nor a scalar it holds)."""
+    return x.op == "load" and x.args[0] not in computed and x.args[0] not in scalars and \
+        isinstance(x.args[1], sympy.Basic) and not ir.indirect_symbols(x.args[1])
+
+
 def _row_loads(computed: set, bodies: list, rows: int, scalars: dict, ind: str, extents: dict) -> dict:
     """The loads of one value per row (a batch norm's weight, bias, running statistics) that no member of the
     group computes, issued at the kernel's start: {(buffer, offset): variable, "lines": their statements}. Where
@@ -1164,12 +1169,9 @@ def _row_loads(computed: set, bodies: list, rows: int, scalars: dict, ind: str, 
     got: dict = {}
     for body in bodies:
         for x in body.walk():
-            if x.op != "load" or x.args[0] in computed or x.args[0] in scalars or (x.args[0], x.args[1]) in got:
-                continue
-            off = x.args[1]
-            if not isinstance(off, sympy.Basic) or not off.free_symbols <= {X0} or ir.indirect_symbols(off):
-                continue
-            got[(x.args[0], off)] = b.emit(x)
+            if _load_from_outside(x, computed, scalars) and x.args[1].free_symbols <= {X0} and \
+                    (x.args[0], x.args[1]) not in got:
+                got[(x.args[0], x.args[1])] = b.emit(x)
     got["lines"] = b.lines
     return got
 

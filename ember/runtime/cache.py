@@ -57,35 +57,27 @@ PART_CHARS = 40_000   # a file at least twice this long is compiled in parts, on
 # per cache directory and flags, when a second file with one is built, then included by the later files.
 # Parsing <cmath> and <algorithm> was ~100 ms of each build: 2/3 of a small graph's g++ (150 ms here).
 SHARED_PRELUDES: set[str] = set()
-_PCH: dict[str, concurrent.futures.Future | None] = {}   # prelude -> its header (.gch beside it), or None: seen once
+_PCH_SEEN: set[str] = set()   # shared preludes a file of this process began with
+_PCH: dict[str, concurrent.futures.Future] = {}   # prelude -> its latest header build
 _PCH_LOCK = threading.Lock()
 
 
 def _precompiled(prelude: str) -> pathlib.Path | None:
-    """The header holding a shared prelude, its precompiled form beside it. None for another prelude, for a
-    process's first file with it (a program of one graph pays for no precompiling beside its build), while it
-    builds (started by the second: files built meanwhile keep the prelude inline) and where it cannot be built."""
+    """The header holding a shared prelude in today's cache directory, its precompiled form beside it. None for
+    another prelude, for a process's first file with it (a program of one graph pays for no precompiling beside
+    its build), while it builds (started by a later file: files built meanwhile keep the prelude inline) and
+    where it could not be built."""
     if prelude not in SHARED_PRELUDES:
         return None
+    header = _pch_header(prelude)
+    if _pch_exists(header):
+        return header
     with _PCH_LOCK:
-        fut = _PCH.get(prelude)
-        if fut is not None and fut.done():
-            if fut.exception() is None and _pch_exists(fut.result()):
-                return fut.result()
-            if fut.exception() is not None:
-                return None
-            fut = None   # (made in a cache directory since removed: a test's)
-        if fut is not None:
-            return None
-        header = _pch_header(prelude)
-        if _pch_exists(header):   # (an earlier process's)
-            _PCH[prelude] = done = concurrent.futures.Future()
-            done.set_result(header)
-            return header
-        if prelude not in _PCH:   # the first file
-            _PCH[prelude] = None
-            return None
-        _PCH[prelude] = _POOL.submit(_build_pch, prelude, header)
+        if prelude not in _PCH_SEEN:
+            _PCH_SEEN.add(prelude)
+        elif prelude not in _PCH or (_PCH[prelude].done() and _PCH[prelude].exception() is None):
+            # (a build done but no header here: the cache directory changed, a test's)
+            _PCH[prelude] = _POOL.submit(_build_pch, prelude, header)
     return None
 
 

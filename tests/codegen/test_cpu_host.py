@@ -590,6 +590,7 @@ def test_a_shared_prelude_is_precompiled_from_the_second_file_on(monkeypatch, tm
     from ember.runtime import cache
     monkeypatch.setattr(cache, "SHARED_PRELUDES", {"#include <cmath>\nstatic inline double half(double x) { return x / 2; }"})
     monkeypatch.setattr(cache, "_PCH", {})
+    monkeypatch.setattr(cache, "_PCH_SEEN", set())
     prelude = next(iter(cache.SHARED_PRELUDES))
 
     def build(i: int):
