@@ -558,7 +558,7 @@ def main() -> None:
     # ember's C++ guards build in the background at the first capture (~11 s on a fresh machine); a row captured
     # before they are loaded keeps Python guards: wait, to measure what an installation with its cache runs. So
     # for its kernel launcher (~0.5 s, once per machine as Triton's own C utilities are)
-    from ember.frontend import native_guards
+    from ember.runtime import native_guards
     from ember.runtime import cuda_launch
     native_guards.checker(wait=True)
     if torch.cuda.is_available():

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     # ember's C++ guards build in the background at the first capture (~11 s on a fresh machine); a row captured
     # before they are loaded keeps Python guards: wait, to measure what an installation with its cache runs
-    from ember.frontend import native_guards
+    from ember.runtime import native_guards
     native_guards.checker(wait=True)
     global CLOCK
     CLOCK = time.process_time if a.clock == "cpu" else time.perf_counter

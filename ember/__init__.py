@@ -12,8 +12,8 @@ def reset() -> None:
 
 def explain(fn):
     """ember.explain(fn)(*args) -> an object with graphs, breaks and guards; print() it for a summary."""
-    from ember.tools.explain import explain as _explain
-    return _explain(fn)
+    from ember.explain import explain as explain_fn
+    return explain_fn(fn)
 
 
 __all__ = ["compile", "disable", "reset", "explain", "list_backends", "register_backend",

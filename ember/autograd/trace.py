@@ -50,11 +50,11 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ember.frontend.meta import FLOATS, contiguous_strides, conv2d_output_shape
+from ember import config
+from ember.ir.meta import FLOATS, contiguous_strides, conv2d_output_shape
 from ember.tools.picker import picker
 
 aten = torch.ops.aten
-MEMO = True   # _memo_fake_call (bench/trace_profile.py --memo-ab compares)
 _PRIM_DEVICE = torch.ops.prim.device.default
 _META = torch.device("meta")
 
@@ -414,7 +414,7 @@ class _Recorder(TorchDispatchMode):
         rule = _DIRECT.get(func)
         out = rule(args, kwargs) if rule is not None else None
         if out is None:
-            out = _memo_fake_call(self.memo, self.fake_mode, func, args, kwargs) if MEMO else \
+            out = _memo_fake_call(self.memo, self.fake_mode, func, args, kwargs) if config.MEMO else \
                 _fake_call(func, args, kwargs)
         if not _tensors(out):
             return out                                 # prim.device, size queries: nothing to record
@@ -454,7 +454,7 @@ class _Recorder(TorchDispatchMode):
             raise TraceError(f"{func}: an optional argument it writes into is None")
         fnames = {a.name for a in fop._schema.arguments}
         fargs, fkwargs = _split(fop._schema, {k: v for k, v in bound.items() if k in fnames})
-        fout = _memo_fake_call(self.memo, self.fake_mode, fop, fargs, fkwargs) if MEMO else \
+        fout = _memo_fake_call(self.memo, self.fake_mode, fop, fargs, fkwargs) if config.MEMO else \
             _fake_call(fop, fargs, fkwargs)
         node = self._record(fop, fargs, fkwargs, fout)
         results = list(fout) if isinstance(fout, tuple) else [fout]
@@ -590,7 +590,7 @@ def _eval_batch_norm(args, kwargs):
 
 def _cpu_convolution(args, kwargs):
     """convolution(input, weight, bias, stride, padding, dilation, transposed=False, output_padding, groups)
-    of a 4-D contiguous float32/float64 CPU input and weight: a contiguous output (ember.frontend.meta's conv2d
+    of a 4-D contiguous float32/float64 CPU input and weight: a contiguous output (ember.ir.meta's conv2d
     rule, at the ATen level). Its meta function runs in Python, ~2 ms a call."""
     if kwargs or len(args) != 9 or args[6] is not False:
         return None

@@ -15,8 +15,8 @@ import os
 import sympy
 import torch
 
-from ember.codegen import ir
-from ember.codegen.ir import Expr, IndirectSymbol
+from ember import ir
+from ember.ir import Expr, IndirectSymbol
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
 from ember.runtime import cache
 

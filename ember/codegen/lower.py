@@ -42,8 +42,9 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-from ember.codegen import ir
-from ember.codegen.ir import Buffer, ExternBuffer, FloorDiv, InputBuffer, ModIndex, Pointwise, Reduction, TensorArg, \
+from ember import config
+from ember import ir
+from ember.ir import Buffer, ExternBuffer, FloorDiv, InputBuffer, ModIndex, Pointwise, Reduction, TensorArg, \
     TensorBox
 from ember.tools import collector
 from ember.tools.logs import get_logger
@@ -140,13 +141,12 @@ def _channel_vector(a, v: torch.Tensor) -> bool:
     return a is None or (isinstance(av, torch.Tensor) and av.dtype == v.dtype and tuple(av.shape) == (v.shape[1],))
 
 
-FUSE_CONVOLUTIONS = True  # False: convolutions, batch norms and their epilogues are lowered one by one
 
 
 def plan_conv_fusions(gm: torch.fx.GraphModule, channels_last: bool) -> dict:
     """{last node: ConvFusion} for the convolutions of a CPU inference graph (float32/64) followed by an eval
     batch norm (folded) or, on oneDNN, by a relu or residual add (post-ops)."""
-    if not FUSE_CONVOLUTIONS or not (isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_inference")):
+    if not config.FUSE_CONVOLUTIONS or not (isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_inference")):
         return {}
     pointwise = _mkldnn_op("_convolution_pointwise")
     plans, claimed = {}, set()
@@ -228,13 +228,12 @@ CONV_CALLS = CONVOLUTIONS + tuple(getattr(_POINTWISE_CONV, o, None) for o in ("d
 # MKL: oneDNN reordered such a weight on every call, 3x slower than MKL. The weight is read as it is on every
 # call (no packed copy kept across calls: `p.data.mul_(...)` changes a weight without bumping its version).
 _LINEAR = _mkldnn_op("_linear_pointwise")
-ONEDNN_MATMULS = True  # False: every product is ATen's mm (A/B timing)
 ONEDNN_MIN_WORK = 1 << 21  # multiply-adds (M*K*N) from which a product goes to oneDNN
 
 
 def _onednn_product(m, k, n, dtypes, device) -> bool:
-    """Whether an [m, k] @ [k, n] product of these dtypes on this device goes to oneDNN (see ONEDNN_MATMULS)."""
-    return _LINEAR is not None and ONEDNN_MATMULS and device == "cpu" and all(d == torch.float32 for d in dtypes) \
+    """Whether an [m, k] @ [k, n] product of these dtypes on this device goes to oneDNN (see config.ONEDNN_MATMULS)."""
+    return _LINEAR is not None and config.ONEDNN_MATMULS and device == "cpu" and all(d == torch.float32 for d in dtypes) \
         and m * k * n >= ONEDNN_MIN_WORK
 
 
@@ -271,7 +270,6 @@ LINEAR_POST_OPS = {
     aten.gelu.default: lambda x, approximate="none": ("gelu", [], approximate) if approximate in ("none", "tanh") else None,
     aten.silu.default: lambda *a, **k: ("swish", [], "") if not a[1:] and not k else None,
 }
-FUSE_LINEARS = True  # False: activations after linear layers are kernels of their own (A/B timing)
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
@@ -288,7 +286,7 @@ class LinearFusion:
 def plan_linear_fusions(gm: torch.fx.GraphModule) -> dict:
     """{activation node: LinearFusion} for the linear layers of a CPU float32 inference graph whose only reader
     is (through views) a relu, gelu or silu, where the product goes to oneDNN (cpu_matmul)."""
-    if _LINEAR is None or not FUSE_LINEARS or not (isinstance(getattr(gm, "meta", None), dict)
+    if _LINEAR is None or not config.FUSE_LINEARS or not (isinstance(getattr(gm, "meta", None), dict)
                                                    and gm.meta.get("ember_inference")):
         return {}
     plans = {}
@@ -401,7 +399,6 @@ def lower_sibling_product(g: "Graph", s: SiblingProducts, node: torch.fx.Node, e
     return s.parts.get(node)
 
 
-SHARE_CAT_BUFFERS = True  # False: each concatenation of a chain copies all its pieces (A/B timing)
 
 
 def plan_cat_chains(gm: torch.fx.GraphModule) -> dict:
@@ -411,7 +408,7 @@ def plan_cat_chains(gm: torch.fx.GraphModule) -> dict:
     widest cat, and each cat is a window of its first channels onto it: a piece is copied in once, where
     separate concatenations copied every earlier piece again (quadratic in the block's depth)."""
     cats = []
-    for n in gm.graph.nodes if SHARE_CAT_BUFFERS else ():
+    for n in gm.graph.nodes if config.SHARE_CAT_BUFFERS else ():
         if n.op != "call_function" or n.target is not aten.cat.default or n.kwargs or len(n.args) != 2 \
                 or n.args[1] not in (1, -3) or not isinstance(n.meta.get("val"), torch.Tensor):
             continue
@@ -481,8 +478,6 @@ def lower_cat_chain(g: "Graph", pieces: list):
 
 
 # --------------------------------------------------------------------------------------- split reductions
-SPLIT_REDUCTIONS = True   # False: every reduction is one loop nest over its whole range (A/B timing, tests)
-ONE_HOT_SUMS = True       # False: a sum of a one-hot row stays a reduction (one_hot_sum; A/B timing, tests)
 SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")   # argmax/argmin: the first index would need both
 GPU_SMS = 132             # H100's; torch.cuda's own count where a GPU is visible (gpu_sm_count)
 
@@ -577,7 +572,7 @@ def split_reduction(g: "Graph", size: tuple, dtype: torch.dtype, fn, rsize: tupl
     [*size, S] (each part a contiguous piece of a row). float16/bfloat16 partial sums and products are stored in
     float32 (the printers accumulate in float32; eager rounds once, at the end); max/min/any/all are exact in any
     order and keep NaN (a part's NaN is its max); integer sums wrap as the unsplit sum would."""
-    if not SPLIT_REDUCTIONS or kind not in SPLIT_KINDS or not rsize or \
+    if not config.SPLIT_REDUCTIONS or kind not in SPLIT_KINDS or not rsize or \
             not all(getattr(n, "is_Integer", False) for n in (*size, *rsize)):
         return None
     rnumel, out = ir.prod(rsize), ir.prod(size)
@@ -756,7 +751,7 @@ class Graph:
 
     def reduction(self, size, dtype, fn, rsize, kind, origin="") -> TensorBox:
         size, rsize = tuple(size), tuple(rsize)
-        one_hot = one_hot_sum(size, dtype, fn, rsize, kind) if ONE_HOT_SUMS else None
+        one_hot = one_hot_sum(size, dtype, fn, rsize, kind) if config.ONE_HOT_SUMS else None
         if one_hot is not None:   # a sum of one element at a computed column: that element, no loop
             return one_hot
         cl = self._reads_cl(size, lambda idx: fn(idx, [sympy.Symbol(f"lr{i}", integer=True, nonnegative=True)

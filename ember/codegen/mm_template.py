@@ -25,7 +25,7 @@ import statistics
 
 import torch
 
-from ember.codegen.ir import ExternBuffer, TensorArg
+from ember.ir import ExternBuffer, TensorArg
 from ember.codegen.schedule import FusedGroup, Schedule
 from ember.codegen.triton import (FLAT, PRELUDE, _canonical, _extent, _flat_range, _rsize, cache_dir, group_shape,
                                   kernel_args, kernel_source, load_module)

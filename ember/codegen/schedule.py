@@ -25,8 +25,8 @@ from typing import Callable
 import sympy
 import torch
 
-from ember.codegen import ir
-from ember.codegen.ir import Expr, ExternBuffer, Pointwise, Reduction, TensorArg
+from ember import ir
+from ember.ir import Expr, ExternBuffer, Pointwise, Reduction, TensorArg
 from ember.tools import collector
 
 X0 = sympy.Symbol("x0", integer=True, nonnegative=True)

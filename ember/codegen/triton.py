@@ -41,12 +41,13 @@ from typing import Callable
 import sympy
 import torch
 
-from ember.codegen import ir
-from ember.codegen.ir import Expr, FloorDiv, ModIndex, TensorArg
+from ember import config
+from ember import ir
+from ember.ir import Expr, FloorDiv, ModIndex, TensorArg
 from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, lifetimes, order_elementwise, rvars, \
     split_elementwise
-from ember.frontend import native_guards
+from ember.runtime import native_guards
 from ember.runtime import cuda_launch, triton_workers
 from ember.tools import collector
 from ember.tools.logs import get_logger
@@ -61,8 +62,6 @@ TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 PERSISTENT_MAX_R = 4096     # longest row kept whole in registers
 FOREACH_SHARED_MAX = 32     # ranges (parameters) at most that share one printed body (a where-chain of pointers)
-ONLINE_SOFTMAX = True       # False: a looped sum of exp(x - max) waits for the max's loop (A/B timing, tests)
-OWN_SINCOS = True           # False: float32 sin and cos print libdevice's, each its own range reduction (A/B, tests)
 FLAT = "flat"
 FOREACH = "foreach"
 ROWS = "rows"
@@ -147,7 +146,7 @@ def _fma(a, b, c):  # (the interpreter's tl.fma rounds the product: load_module 
 
 
 @triton.jit
-def _sincos_fast(x):  # float32 sin(x), cos(x) from one range reduction, right while |x| < 105615 (OWN_SINCOS)
+def _sincos_fast(x):  # float32 sin(x), cos(x) from one range reduction, right while |x| < 105615 (config.OWN_SINCOS)
     # x = j * pi/2 + r, |r| <= pi/4: pi/2 in three float32 parts, exact in that range
     j = libdevice.rint(x * 0.6366197466850281)
     r = _fma(j, -1.570796251296997, x)
@@ -379,7 +378,7 @@ class Body:
                 f = UNARY_INT[x.op]
             elif x.op in UNARY_ANY:
                 f = UNARY_ANY[x.op]
-            elif x.op in ("sin", "cos") and OWN_SINCOS and t == "tl.float32":
+            elif x.op in ("sin", "cos") and config.OWN_SINCOS and t == "tl.float32":
                 return self._sincos(x.args[0], a[0])[x.op == "cos"]
             elif arg_dtype.is_floating_point:
                 f = UNARY_FLOAT[x.op]
@@ -448,7 +447,7 @@ def overwrite_dying_inputs(sched: Schedule) -> None:
     the thread that overwrites it: each load of the input in the group is at the member's store offset over
     the same loops and in the member's range (a horizontally fused kernel runs one range per size and block,
     each on programs of its own), and a range stores after all its loads."""
-    from ember.codegen.ir import ExternBuffer, Pointwise
+    from ember.ir import ExternBuffer, Pointwise
     from ember.codegen.wrapper import CONV_RESULTS, OUT_VARIANTS, buffer_layout
     items = sched.items
     last, pinned = lifetimes(sched)
@@ -812,7 +811,7 @@ def _flagged_sincos(group: FusedGroup, elements: int) -> bool:
     kernel skips it and raises a flag instead, and a second kernel, which returns at once unless the flag is
     up, redoes the whole range with _sincos (~2 us a call). Not where the kernel stores over memory it reads
     (an in-place update, or a result taking over a dying input): running it again would read its own results."""
-    if not OWN_SINCOS or elements < FLAGGED_MIN or any(m.dest for m in group.members):
+    if not config.OWN_SINCOS or elements < FLAGGED_MIN or any(m.dest for m in group.members):
         return False
     stored = {m.buf.name for m in group.members if not m.local}
     if any(r in stored for m in group.members for r in m.reads):
@@ -1005,7 +1004,7 @@ def _rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
         R, ranges, body, store = at_row[id(m)]
         joins = run and not persistent and m.is_reduction and R == run[0][3] and m.inner
         if joins and m.reads & {r[0].buf.name for r in run}:
-            mx = _online_softmax_max(m, run, online) if ONLINE_SOFTMAX else None
+            mx = _online_softmax_max(m, run, online) if config.ONLINE_SOFTMAX else None
             if mx is None:
                 joins = False
             else:

@@ -19,9 +19,10 @@ from typing import Callable
 import torch
 import torch.utils._pytree as pytree
 
-from ember.codegen.ir import ExternBuffer, TensorArg
+from ember import config
+from ember.ir import ExternBuffer, TensorArg
 from ember.codegen.schedule import FusedGroup, Schedule, lifetimes
-from ember.frontend import native_guards
+from ember.runtime import native_guards
 
 
 def fast_unflatten(spec: pytree.TreeSpec) -> Callable[[list], object]:
@@ -169,7 +170,6 @@ def _mkldnn(name: str, overload: str):
 # place, 11.4 ms binary, 9.4 ms as eager's convolution + add_ + relu_)
 CONV_ADD = _mkldnn("_convolution_pointwise", "binary")
 CONV_ADD_INPLACE = _mkldnn("_convolution_pointwise_", "binary")
-ACCUMULATE_RESIDUALS = True  # False: always the binary post-op (A/B timing)
 
 
 # ATen ops a host program calls through their torch.* binding instead of the OpOverload: the binding's argument
@@ -224,7 +224,7 @@ def _residual_donor(w: "Wrapper", it, j: int, o, last: dict, pinned: set, ours: 
     whole buffer of the result's layout that this call reads last, made in this call (a kernel's buffer or a
     convolution's fresh result: no input, no view of another), read by no other argument, and the result is
     no graph output (it may take a buffer kept across calls)."""
-    if not ACCUMULATE_RESIDUALS or CONV_ADD is None or CONV_ADD_INPLACE is None or it.target is not CONV_ADD or it.fallback or it.kwargs \
+    if not config.ACCUMULATE_RESIDUALS or CONV_ADD is None or CONV_ADD_INPLACE is None or it.target is not CONV_ADD or it.fallback or it.kwargs \
             or o is None or o.name != it.name or o.name in pinned or len(it.outputs) != 1:
         return None
     a = it.args[1]

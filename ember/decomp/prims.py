@@ -8,7 +8,7 @@
   rng         rand / randn from a counter-based hash of (seed, element index): Philox-like, not eager's stream
   extern      library calls (mm, addmm, bmm, convolution, SDPA) and kept ATen ops: ember.codegen.lower
 
-A primitive takes and returns TensorBoxes (ember.codegen.ir); python numbers are allowed where a tensor is.
+A primitive takes and returns TensorBoxes (ember.ir); python numbers are allowed where a tensor is.
 Semantics of each pointwise op are C's/IEEE's on the operands' common dtype (callers cast first), except
 where PyTorch differs (float floordiv and remainder round toward -inf as eager does; on integers they are C's
 and only used on non-negative indices; comparisons return bool).
@@ -20,8 +20,8 @@ from typing import Sequence
 import sympy
 import torch
 
-from ember.codegen import ir
-from ember.codegen.ir import Expr, FloorDiv, IndirectSymbol, ModIndex, TensorBox
+from ember import ir
+from ember.ir import Expr, FloorDiv, IndirectSymbol, ModIndex, TensorBox
 
 # name -> arity. The meaning of each name is fixed here; backends map names to their language.
 POINTWISE = {

@@ -13,8 +13,8 @@ import operator
 import sympy
 import torch
 
-from ember.codegen import ir
-from ember.codegen.ir import TensorBox
+from ember import ir
+from ember.ir import TensorBox
 from ember.decomp import prims as P
 
 aten = torch.ops.aten

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from ember import config
 from ember.autograd.backward import grads_of, with_freed_history
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import CHECKER_FUNCTIONS, DICT_GET, share_paths
@@ -51,8 +52,6 @@ from ember.frontend.values import (
 from ember.tools import collector
 from ember.tools.logs import enabled, get_logger
 
-RECOMPILE_LIMIT = 8
-COMPILE_WITHOUT_GC = True   # FrameCompiler.capture_without_gc (bench/trace_profile.py --gc-ab compares)
 MISS = object()
 NULL = object()  # stands for CPython's NULL on a rebuilt stack
 log_graph, log_guards = get_logger("graph"), get_logger("guards")
@@ -157,15 +156,15 @@ class FrameCompiler:
             reason = self.failed_guard(frame_args)
             log_recompiles.debug("recompiling %s (%s): guard failed: %s", self.name, _code_where(self.code), reason)
             _emit("recompile", name=self.name, reason=reason)
-            if len(self.entries) >= RECOMPILE_LIMIT:
+            if len(self.entries) >= config.RECOMPILE_LIMIT:
                 self.disabled = True
                 if not self.warned:
                     self.warned = True
                     warnings.warn(f"ember: {self.name} ({_code_where(self.code)}) was recompiled "
-                                  f"{RECOMPILE_LIMIT} times; the guard that kept failing: {reason}. "
+                                  f"{config.RECOMPILE_LIMIT} times; the guard that kept failing: {reason}. "
                                   f"It runs uncompiled from now on.", stacklevel=4)
                 return self.fn(*args, **kwargs)
-        entry = self.capture_without_gc(frame_args) if COMPILE_WITHOUT_GC else self.capture(frame_args)
+        entry = self.capture_without_gc(frame_args) if config.COMPILE_WITHOUT_GC else self.capture(frame_args)
         # newest first (as torch.compile's cache): the latest capture fits the state calls are in now. An
         # optimizer's first step breaks (its state is created) and makes an entry that every later step would
         # otherwise evaluate and miss before reaching the steady-state one.

@@ -2,7 +2,7 @@
 
 They are compiled into one generated function per cache entry, cheapest checks first (identity and type,
 then constants and lengths, then tensor metadata), because guard evaluation is most of a compiled call's
-overhead. Once the C++ checker (ember.frontend.native_guards) is loaded, plain tensors' metadata, constants
+overhead. Once the C++ checker (ember.runtime.native_guards) is loaded, plain tensors' metadata, constants
 and empty hook dicts are checked by one call of it each (`condition()`); each guard's Python text stays in
 `exprs()`, which a failed call's reason is looked up in.
 Shapes are checked exactly here (static shapes); symbolic sizes will replace `tensor()` checks.
@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from ember.frontend import native_guards
+from ember.runtime import native_guards
 
 # The name under which generated code calls `dict.get` (or native_guards' dict_get, the same lookup without a
 # Python Tensor.__hash__ call): a tensor-keyed item (an optimizer's `state[p]`) is read
@@ -23,7 +23,7 @@ from ember.frontend import native_guards
 DICT_GET = "___dict_get"
 
 
-# The names under which an entry calls the C++ checker's functions (ember.frontend.native_guards), and the
+# The names under which an entry calls the C++ checker's functions (ember.runtime.native_guards), and the
 # functions: CHECKER_FUNCTIONS maps each name to its function's name in the checker (DICT_GET: its dict_get).
 CHECK_TENSORS, CHECK_CONSTS, CHECK_FALSY, CHECK_DICTS = ("___check_tensors", "___check_consts", "___check_falsy",
                                                          "___check_dicts")

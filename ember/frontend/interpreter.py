@@ -32,17 +32,17 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ember import config
 from ember.autograd.backward import grads_of
 from ember.errors import Unsupported
 from ember.frontend.guards import DICT_GET, Guards
-from ember.frontend.meta import fake_of_real, fast_result
+from ember.ir.meta import fake_of_real, fast_result
 from ember.frontend.values import (
     NULL, AutocastCtxV, AutocastExitV, GradExit, PartialV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV,
     GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
 )
 
 PY312 = sys.version_info >= (3, 12)
-MAX_INLINE_DEPTH = 32
 CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR = 0x20, 0x80, 0x200
 CO_VARARGS, CO_VARKEYWORDS = 0x04, 0x08
 
@@ -379,7 +379,7 @@ class Capture:
         node_kwargs = _map_v(kwargs, _to_node)
         fake_args = _map_v(args, _to_fake)
         fake_kwargs = _map_v(kwargs, _to_fake)
-        # the commonest ops on plain inputs: the result's metadata without a FakeTensorMode dispatch (ember.frontend.meta)
+        # the commonest ops on plain inputs: the result's metadata without a FakeTensorMode dispatch (ember.ir.meta)
         out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs)
         if out is None:
             try:
@@ -2471,8 +2471,8 @@ class Frame:
         return DictV(items, cls=cls)
 
     def inline(self, code, f_globals, defaults, kwdefaults, closure, args, kwargs, name) -> V:
-        if self.depth >= MAX_INLINE_DEPTH:
-            raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} (recursion) in {name}", self.where())
+        if self.depth >= config.MAX_INLINE_DEPTH:
+            raise Unsupported(f"call depth over {config.MAX_INLINE_DEPTH} (recursion) in {name}", self.where())
         local_vars = bind_arguments(code, defaults, kwdefaults, args, kwargs, name, self.where())
         cells = {}
         for i, fv in enumerate(code.co_freevars):

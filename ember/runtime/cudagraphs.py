@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ember.frontend import native_guards
+from ember.runtime import native_guards
 from ember.tools.picker import picker
 from ember.tools.logs import get_logger
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.fx
 
+from ember import config
 from ember.autograd import aot_eager, aot_module, trace_forward, trace_joint
 from ember.autograd.trace import run_graph
 
@@ -420,7 +421,7 @@ def test_dispatch_memo_same_graphs(monkeypatch, training):
     monkeypatch.setattr(tr, "_from_spec", counting)
     with torch.set_grad_enabled(training):
         with_memo = _graph_meta(trace(model, [x])[0])
-        monkeypatch.setattr(tr, "MEMO", False)
+        monkeypatch.setattr(config, "MEMO", False)
         without = _graph_meta(trace(model, [x])[0])
     assert with_memo == without
     outs = hits

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import ember
 from ember.backends.ember_backend import compile_graph
 from ember.codegen import lower, wrapper
-from ember.codegen.ir import ExternBuffer
+from ember.ir import ExternBuffer
 
 ONEDNN = lower._mkldnn_op("_convolution_pointwise") is not None
 

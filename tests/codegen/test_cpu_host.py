@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 
+from ember import config
 import ember
 from ember.backends import ember_backend
 from tests.codegen.recording import compiled_graphs as _compiled_graphs
@@ -105,7 +106,7 @@ def test_linear_bias_fuses_into_gelu_and_layer_norm(monkeypatch):
     """addmm on CPU is mm + a bias add that the reading kernel does (no separate pass over the result). With ATen's
     mm: float32 products of this size go to oneDNN with the bias and gelu inside (tests/codegen/test_onednn_linear.py)."""
     from ember.codegen import lower
-    monkeypatch.setattr(lower, "ONEDNN_MATMULS", False)
+    monkeypatch.setattr(config, "ONEDNN_MATMULS", False)
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(96, 384), torch.nn.GELU(), torch.nn.Linear(384, 96), torch.nn.LayerNorm(96)).eval()
     with torch.no_grad():
@@ -161,7 +162,7 @@ def test_a_value_returned_and_read_by_a_library_call_is_stored_once():
     """A cheap value (a concatenation that is one copy: GPT-2's key/value cache) that the graph returns and a
     library call reads is stored once where it is computed (lower.stores_whole), not once for each reader."""
     from ember.codegen import lower
-    from ember.codegen.ir import Pointwise
+    from ember.ir import Pointwise
     from tests.codegen.aten_trace import trace_aten
 
     def fn(x):
@@ -187,7 +188,7 @@ def test_tied_embedding_gradient_adds_its_rows_into_the_head_gradient(padding_id
     rows, added by index_put (accumulate) into the product, with no table of zeros and no pass adding two tables
     (table._embedding_dense_backward). A padding index keeps ATen's embedding backward."""
     from ember.codegen import lower
-    from ember.codegen.ir import ExternBuffer
+    from ember.ir import ExternBuffer
     torch.manual_seed(0)
     emb = torch.nn.Embedding(50, 16, padding_idx=padding_idx, device=device)
 

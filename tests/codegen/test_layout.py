@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import ember
 from ember.backends.ember_backend import compile_graph
 from ember.codegen import lower
-from ember.codegen.ir import ExternBuffer, Pointwise, Reduction
+from ember.ir import ExternBuffer, Pointwise, Reduction
 from ember.codegen.schedule import X0, rvars
 
 

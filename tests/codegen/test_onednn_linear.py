@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ember import config
 from ember.codegen import lower
-from ember.codegen.ir import ExternBuffer
+from ember.ir import ExternBuffer
 from tests.codegen.recording import compiled_graphs
 
 pytestmark = pytest.mark.skipif(lower._LINEAR is None, reason="this torch has no oneDNN linear (mkldnn._linear_pointwise)")
@@ -156,11 +157,11 @@ def test_flags_off_give_aten_mm_and_unfused_activations(monkeypatch):
     m = MLP().eval()
     x = torch.randn(200, 96)
     with torch.no_grad():
-        monkeypatch.setattr(lower, "FUSE_LINEARS", False)
+        monkeypatch.setattr(config, "FUSE_LINEARS", False)
         f, targets, attrs = _externs(m, x)
         assert attrs == ["none", "none"], attrs
         torch.testing.assert_close(f(x), m(x))
-        monkeypatch.setattr(lower, "ONEDNN_MATMULS", False)
+        monkeypatch.setattr(config, "ONEDNN_MATMULS", False)
         f, targets, attrs = _externs(lambda x: m(x), x)
         assert targets == ["aten.mm.default", "aten.mm.default"], targets
         torch.testing.assert_close(f(x), m(x))

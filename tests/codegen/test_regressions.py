@@ -116,7 +116,7 @@ def test_cat_never_loads_a_piece_outside_its_range():
 
     import sympy
 
-    from ember.codegen.ir import InputBuffer, TensorBox, contiguous_strides
+    from ember.ir import InputBuffer, TensorBox, contiguous_strides
     from ember.decomp import prims
 
     def piece(name, size):

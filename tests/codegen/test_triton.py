@@ -558,8 +558,8 @@ def test_column_sums_take_strips_of_columns(monkeypatch):
     strip of at least 8 columns (whole 32-byte sectors of each row), not one column; values as eager's, also
     for a column count that is no multiple of the strip and a row count past one tile. (Unsplit: the split
     reductions' tests are test_split_*.)"""
-    from ember.codegen import lower
-    monkeypatch.setattr(lower, "SPLIT_REDUCTIONS", False)
+    from ember import config
+    monkeypatch.setattr(config, "SPLIT_REDUCTIONS", False)
 
     def f(g, x, mean, rstd):
         xhat = (x - mean) * rstd
@@ -655,7 +655,7 @@ def test_cuda_addmm_the_graph_returns_keeps_its_bias_in_the_library_call():
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     from ember.codegen import lower
-    from ember.codegen.ir import ExternBuffer
+    from ember.ir import ExternBuffer
     aten = torch.ops.aten
 
     def saved(b, x, w):
@@ -713,7 +713,7 @@ def test_a_value_two_products_read_is_stored_once():
     """g2 feeds one product as it is and another transposed: one buffer, the second call reads it transposed
     (it was stored twice by one kernel); also on empty inputs (no layout to compare). Values as eager's."""
     from ember.codegen import lower
-    from ember.codegen.ir import Pointwise
+    from ember.ir import Pointwise
 
     def two_products(g, w, x):
         g2 = g * 2.0 + 1.0

@@ -5,11 +5,11 @@ from tests.frontend.harness import BASELINE, reset
 
 @pytest.fixture(autouse=True, scope="session")
 def _native_checker_loaded():
-    """Captures batch tensor guards into the C++ checker once it is loaded (ember.frontend.native_guards): wait
+    """Captures batch tensor guards into the C++ checker once it is loaded (ember.runtime.native_guards): wait
     for it (on a fresh cache its build takes ~11 s) so every test checks what a warm installation runs, not
     whatever the build's timing gives. test_guards_fast.py runs its cases with the Python checks too."""
     if not BASELINE:
-        from ember.frontend import native_guards
+        from ember.runtime import native_guards
         native_guards.checker(wait=True)
 
 

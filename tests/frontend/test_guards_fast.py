@@ -1,7 +1,7 @@
 """The cheaper forms of guards still fail whenever what they cover changes.
 
 Tensor guards of plain tensors and parameters, and constant guards (`type(S) is int and S == 1`, `S is None`),
-run in one call each of the C++ checker (ember.frontend.native_guards); with EMBER_NATIVE_GUARDS=0 they are the
+run in one call each of the C++ checker (ember.runtime.native_guards); with EMBER_NATIVE_GUARDS=0 they are the
 Python checks. Every change below is made in both modes, to a module and
 to an eager copy of it: the compiled result must equal eager's, and the graph count says whether the change was
 seen (a change of metadata recompiles; a change of values only, or a new parameter with the same metadata, does
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(BASELINE, reason="ember's guard implementation")
 
 def native_checker():
     """The C++ checker, built if need be; the test is skipped where it cannot be built (no C++ compiler)."""
-    from ember.frontend import native_guards
+    from ember.runtime import native_guards
     checker = native_guards.checker(wait=True)
     if checker is None:
         pytest.skip("the C++ tensor checker could not be built here (no compiler?)")
@@ -311,7 +311,7 @@ def test_checker_loaded_during_a_capture_is_used_by_its_entry(monkeypatch):
     """Whether the checker is loaded is asked when the entry is made: a capture during which the build ends
     (the backend's compile in between) gets batched checks, of the metadata the tensors had when guarded; a
     tensor whose metadata changed meanwhile keeps its Python check (here: the backend replaces .data)."""
-    from ember.frontend import native_guards
+    from ember.runtime import native_guards
     from ember.frontend.convert import FrameCompiler
     real = native_checker()
     state = {"loaded": False, "resize": False}

@@ -345,7 +345,7 @@ def test_state_is_looked_up_once_per_parameter_and_call():
     finally:
         torch.Tensor.__hash__ = orig
     assert hashes == len(list(t.model.parameters()))
-    from ember.frontend import native_guards
+    from ember.runtime import native_guards
     if BASELINE or native_guards.checker() is None:
         return
     calls = []

@@ -11,7 +11,7 @@ The rules only take inputs whose result eager computes one way on every backend:
 canonical contiguous strides (`contiguous_strides`, so no size-1 dimension with an odd stride makes
 suggest_memory_format ambiguous), one device, floating dtypes; no autograd involvement (grad mode off or no
 input requiring grad: the output is then a leaf without requires_grad, as FakeTensorMode's is); no autocast, no
-inference mode. tests/frontend/test_meta.py compares each rule with eager and with FakeTensorMode over shapes,
+inference mode. tests/ir/test_meta.py compares each rule with eager and with FakeTensorMode over shapes,
 dtypes, and argument spellings, and checks that inputs outside the rules fall through.
 """
 from __future__ import annotations

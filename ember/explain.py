@@ -54,12 +54,12 @@ class ExplainOutput:
 
 
 def explain(fn: Callable, **compile_kwargs) -> Callable[..., ExplainOutput]:
-    import ember
+    from ember.api import compile as ember_compile
     from ember.frontend import convert
 
     def run(*args, **kwargs) -> ExplainOutput:
         events: list = []
-        compiled = ember.compile(fn, backend=compile_kwargs.pop("backend", "eager"), **compile_kwargs)
+        compiled = ember_compile(fn, backend=compile_kwargs.pop("backend", "eager"), **compile_kwargs)
         convert.RECORDERS.append(events)
         try:
             result = compiled(*args, **kwargs)

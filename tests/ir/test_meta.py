@@ -1,4 +1,4 @@
-"""ember.frontend.meta: each direct metadata rule gives what eager computes and what FakeTensorMode returns
+"""ember.ir.meta: each direct metadata rule gives what eager computes and what FakeTensorMode returns
 (shape, strides, dtype, device, requires_grad, leafness), and inputs outside the rules fall through to
 FakeTensorMode (None)."""
 import contextlib
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import ember
-from ember.frontend.meta import fake_of_real, fast_result
+from ember.ir.meta import fake_of_real, fast_result
 
 
 def _meta(t):
