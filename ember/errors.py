@@ -35,3 +35,7 @@ class Unsupported(Exception):
         # entry that breaks here gets them too, so a later call where they fail captures again
         self.holds_while = holds_while
         super().__init__(f"{reason} ({where})" if where else reason)
+
+
+class CannotLower(Exception):
+    """Raised by code generation for a graph it cannot compile: the whole graph then runs eagerly, logged."""

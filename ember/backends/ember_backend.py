@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from ember.codegen import cpp, lower, schedule, wrapper
+from ember.errors import CannotLower
 from ember.runtime import cache
 from ember.tools.logs import get_logger
 
@@ -132,7 +133,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
             sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
             source, kernels = cpp.generate(sched)
-    except lower.Unsupported as e:
+    except CannotLower as e:
         fallback_log.warning("graph runs eagerly: %s", e)
         STATS["eager_graphs"] += 1
         return gm.forward

@@ -43,6 +43,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember import config
+from ember.errors import CannotLower
 from ember import ir
 from ember.ir import Buffer, ExternBuffer, FloorDiv, InputBuffer, ModIndex, Pointwise, Reduction, TensorArg, \
     TensorBox
@@ -51,10 +52,6 @@ from ember.tools.logs import get_logger
 
 fallback_log = get_logger("fallbacks")
 FALLBACK_COUNTS: collections.Counter = collections.Counter()  # ATen op name -> times kept as an ATen call
-
-
-class Unsupported(Exception):
-    """This graph cannot be compiled by ember (the whole graph then runs eagerly, logged)."""
 
 
 @dataclasses.dataclass
@@ -629,7 +626,7 @@ def one_hot_sum(size: tuple, dtype: torch.dtype, fn, rsize: tuple, kind: str) ->
     def loader(index):
         parts = _one_hot_parts(fn(list(index), [r]), r)
         if parts is None:   # (the same loaders at other indices: the same Expr structure)
-            raise Unsupported("a one-hot sum whose body changed form at another index")
+            raise CannotLower("a one-hot sum whose body changed form at another index")
         k, v = parts
         inside = ir.Expr("logical_and", (ir.Expr("ge", (k, ir.Expr("const", (0,), k.dtype)), torch.bool),
                                          ir.Expr("lt", (k, ir.Expr("const", (int(rsize[0]),), k.dtype)), torch.bool)),
@@ -828,7 +825,7 @@ class Graph:
         val = self.val
         leaves, spec = pytree.tree_flatten(val)
         if not all(isinstance(v, torch.Tensor) or v is None for v in leaves):
-            raise Unsupported(f"{target} returns non-tensor values")
+            raise CannotLower(f"{target} returns non-tensor values")
         call = self.add(ExternBuffer(self.new_name(), (), (), None, target=target, args=args, kwargs=kwargs,
                                      inputs=tuple(reads), fallback=fallback, origins=self.origins))
         outs = []
@@ -891,13 +888,13 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                     env[node] = TensorBox.of_buffer(buf)
                     inputs.append(buf)
                 else:
-                    raise Unsupported(f"non-tensor graph input {node.name}")
+                    raise CannotLower(f"non-tensor graph input {node.name}")
             elif node.op == "get_attr":
                 t = gm
                 for part in node.target.split("."):
                     t = getattr(t, part)
                 if not isinstance(t, torch.Tensor):
-                    raise Unsupported(f"get_attr {node.target} is not a tensor")
+                    raise CannotLower(f"get_attr {node.target} is not a tensor")
                 t = t.detach()
                 name = f"const{len(constants)}"
                 buf = g.add(InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0))
@@ -922,16 +919,16 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                     env[node] = out
                     continue
                 if not isinstance(node.target, torch._ops.OpOverload) and fused is None:
-                    raise Unsupported(f"{node.target} is not an ATen op (ember compiles ATen-level graphs)")
+                    raise CannotLower(f"{node.target} is not an ATen op (ember compiles ATen-level graphs)")
                 if g.val is None and fused is None and not node.target._schema.returns:  # run for its effect (error checks)
                     g.origins = (node.name,)
                     g.extern(node.target, args, kwargs, fallback=False).side_effect = True
                     env[node] = None
                     continue
                 if g.val is None:
-                    raise Unsupported(f"node {node.name} has no meta['val']")
+                    raise CannotLower(f"node {node.name} has no meta['val']")
                 if fused is None and node.target._schema.is_mutable:
-                    raise Unsupported(f"{node.target} mutates its inputs (graphs must be functional)")
+                    raise CannotLower(f"{node.target} mutates its inputs (graphs must be functional)")
                 boxes = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorBox)]
                 # (chained, not summed: tuples added one to the next took 1.2 s of densenet121's training step)
                 g.origins = tuple(dict.fromkeys(itertools.chain(*(b.origin_names for b in boxes if b.strided is None
@@ -999,10 +996,10 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 out_spec = pytree.tree_flatten(node.args[0])[1]
                 return LoweredGraph(inputs, g.buffers, outs, g.fallbacks, constants), out_spec, g
             else:
-                raise Unsupported(f"fx node kind {node.op} ({node.name})")
+                raise CannotLower(f"fx node kind {node.op} ({node.name})")
     finally:
         ir.GRAPH = None
-    raise Unsupported("graph has no output")
+    raise CannotLower("graph has no output")
 
 
 def stores_whole(gm: torch.fx.GraphModule) -> dict:
@@ -1042,10 +1039,10 @@ def _check(out, val, node):
         return out
     outs, vals = pytree.tree_leaves(out), pytree.tree_leaves(val)
     if len(outs) != len(vals):
-        raise Unsupported(f"decomposition of {node.target} gave {len(outs)} outputs, expected {len(vals)}")
+        raise CannotLower(f"decomposition of {node.target} gave {len(outs)} outputs, expected {len(vals)}")
     for o, v in zip(outs, vals):
         if isinstance(o, TensorBox):
             if not isinstance(v, torch.Tensor) or tuple(int(s) for s in o.size) != tuple(v.shape) or o.dtype != v.dtype:
-                raise Unsupported(f"decomposition of {node.target} at {node.name} gave {list(o.size)} {o.dtype}, "
+                raise CannotLower(f"decomposition of {node.target} at {node.name} gave {list(o.size)} {o.dtype}, "
                                   f"expected {getattr(v, 'shape', v)} {getattr(v, 'dtype', '')}")
     return out

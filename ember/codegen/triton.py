@@ -43,6 +43,7 @@ import torch
 
 from ember import config
 from ember import ir
+from ember.errors import CannotLower
 from ember.ir import Expr, FloorDiv, ModIndex, TensorArg
 from ember.codegen.wrapper import fast_unflatten
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, lifetimes, order_elementwise, rvars, \
@@ -1664,7 +1665,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
                 from ember.codegen import mm_template
                 sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
             call = compile_schedule(sched, lambda args: gm(*args), device, not gm.meta.get("ember_guarded", False))
-    except (lower.Unsupported, NotImplementedError) as e:
+    except (CannotLower, NotImplementedError) as e:
         fallback_log.warning("graph runs eagerly (Triton backend): %s: %s", type(e).__name__, e)
         STATS["eager_graphs"] += 1
         return gm.forward

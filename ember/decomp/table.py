@@ -14,6 +14,7 @@ import sympy
 import torch
 
 from ember import ir
+from ember.errors import CannotLower
 from ember.ir import TensorBox
 from ember.decomp import prims as P
 
@@ -586,8 +587,7 @@ def _embedding_dense_backward(grad, idx, num_weights, padding_idx, scale_grad_by
         return NotImplemented
 
     def unread(idx):
-        from ember.codegen.lower import Unsupported
-        raise Unsupported("an embedding gradient read other than by its add")
+        raise CannotLower("an embedding gradient read other than by its add")
     box = TensorBox(v.shape, v.dtype, unread)
     box.scattered_rows = (grad, idx)
     return box
