@@ -147,7 +147,7 @@ def _fma(a, b, c):  # (the interpreter's tl.fma rounds the product: load_module 
 
 
 @triton.jit
-def _sincos_fast(x):  # float32 sin(x), cos(x) from one range reduction, right while |x| < 105615 (config.OWN_SINCOS)
+def _sincos_fast(x):  # float32 sin(x), cos(x) from one range reduction, right while |x| < 105615 (OWN_SINCOS)
     # x = j * pi/2 + r, |r| <= pi/4: pi/2 in three float32 parts, exact in that range
     j = libdevice.rint(x * 0.6366197466850281)
     r = _fma(j, -1.570796251296997, x)
