@@ -7,8 +7,8 @@
 Times are medians of per-step CUDA-event times after warm-up (events bracket each step as the CPU issues it,
 so launch gaps count). A row's columns are built and timed one after the other, then timed again in turns
 (--rounds, 5 by default, each round starting at the next column); the table shows the median of those
-timings: timed only once each, a later column met a warmer card (GPT-2's same matmuls ran ~1% slower in the
-column timed second, 2026-11-26). "compile" is the cold cost: the wall time of the first calls (until the compiled code
+timings: timed only once each, a later column would meet a warmer card (a slower one, docs/evidence/bench.md).
+"compile" is the cold cost: the wall time of the first calls (until the compiled code
 and any CUDA graphs are recorded) minus as many steady steps, not counting the model's construction, timed once
 the machine is quiet (under half a core busy, waited for up to 5 s: a compiler's leftover work slowed the next
 column's compile);
@@ -35,14 +35,14 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="induct
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton_cold_"))
-os.environ["EMBER_CACHE_DIR"] = tempfile.mkdtemp(prefix="ember_cold_")   # (gpu_final.sh points tests at its own)
+os.environ["EMBER_CACHE_DIR"] = tempfile.mkdtemp(prefix="ember_cold_")   # (bench/device.sh points tests at its own)
 
 import torch  # noqa: E402
 
 
 def fresh_caches() -> None:
-    """New, empty on-disk caches for Inductor, Triton and ember: each row compiles cold (Inductor's capturable
-    Adam row compiled in 1.7 s after the row before it, against 2.4 to 4.4 s alone, 2026-11-26)."""
+    """New, empty on-disk caches for Inductor, Triton and ember: each row compiles cold (a row after another
+    compiles faster from what the earlier row left on disk, docs/evidence/bench.md)."""
     for var, prefix in [("TORCHINDUCTOR_CACHE_DIR", "inductor_cold_"), ("TRITON_CACHE_DIR", "triton_cold_"),
                         ("EMBER_CACHE_DIR", "ember_cold_")]:
         os.environ[var] = tempfile.mkdtemp(prefix=prefix)
@@ -216,7 +216,7 @@ WORKLOADS = [
              bytes_moved=7 * 4 * 10 * 1024 * 1024, iters=100),
     Workload("densenet121 b16 128px infer, reduce-overhead", densenet_inference, mode="reduce-overhead"),
     Workload("densenet121 b16 128px infer, default", densenet_inference),
-    # Inductor's cold compile of this row alone takes ~3.5 minutes (212 s on the H100, 2026-11-23): its column runs
+    # Inductor's cold compile of this row alone takes ~3.5 minutes: its column runs
     # only when asked for by name (--columns inductor-train), so that a whole run fits in one 10-minute command
     Workload("densenet121 b16 train step+Adam, reduce-overhead", densenet_train, mode="reduce-overhead", iters=20,
              columns=("eager", "inductor-train", "ember")),
@@ -385,8 +385,8 @@ def busy_cores(window: float = 0.3) -> float:
 
 def settle(limit_s: float = 5.0) -> tuple[float, float]:
     """Wait (at most limit_s) until under half a core is busy, so that a cold compile is not timed beside work
-    the previous column left running (Inductor's compile left ~1 core busy for seconds after it returned,
-    2026-11-26): (seconds waited, cores busy at the end)."""
+    the previous column left running (Inductor's compile leaves a core busy for seconds after it returns,
+    docs/evidence/bench.md): (seconds waited, cores busy at the end)."""
     t0 = time.perf_counter()
     busy = busy_cores()
     while busy > 0.5 and time.perf_counter() - t0 < limit_s:

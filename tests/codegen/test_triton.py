@@ -407,7 +407,7 @@ def test_horizontal_fusion_of_many_parameters_is_chunked():
     assert tb.MAX_BLOCKS_PER_KERNEL == 32
 
 
-# (case, fn, input, the config launch_config / column_config must pick): the rules from bench/gpu_kernel_configs.py
+# (case, fn, input, the config launch_config / column_config must pick): the rules from bench/tools/gpu_kernel_configs.py
 LAUNCH_CASES = [
     ("padded_row", lambda x: torch.nn.functional.layer_norm(x, (768,)), (8, 768),
      {"XBLOCK": 1, "RBLOCK": 1024, "num_warps": 8, "persistent": True}),

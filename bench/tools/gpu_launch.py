@@ -1,6 +1,6 @@
 """Diagnostic: host cost of one kernel launch on the GPU machine, the floor under every compiled graph's call.
 
-    python bench/gpu_launch.py
+    python bench/tools/gpu_launch.py
 
 Times (µs per launch, median of 5 runs of 2000 launches, no synchronisation inside): a torch op on a small
 tensor; a Triton kernel launched through `kernel[grid](...)` (Triton's binder and cache lookup); the same

@@ -4,7 +4,7 @@ Prints each one's PTX instructions for rsqrt and its cold compile time (a fresh 
 costs LLVM time in every kernel that calls it) and, on a GPU, whether both give bit-identical results over
 float32 inputs of every exponent (denormals, zeros, infinities, NaN and negatives included).
 
-    python bench/gpu_rsqrt.py        # on the GPU machine (the device tool); without a GPU: PTX and timings only
+    python bench/tools/gpu_rsqrt.py        # on the GPU machine (bench/device.sh run); without a GPU: PTX and timings only
 """
 import datetime
 import os
@@ -35,7 +35,7 @@ def with_inline_{i}(x, y, n, BLOCK: tl.constexpr):
 
 def main() -> None:
     cuda = torch.cuda.is_available()
-    print(f"# bench/gpu_rsqrt.py, {torch.cuda.get_device_name() if cuda else 'no GPU (compile only)'}, "
+    print(f"# bench/tools/gpu_rsqrt.py, {torch.cuda.get_device_name() if cuda else 'no GPU (compile only)'}, "
           f"triton {triton.__version__}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     mod = tr.load_module("\n".join(SOURCE.format(i=i) for i in range(1, 5)))
     from triton.backends.compiler import GPUTarget

@@ -1,7 +1,7 @@
 """Sibling matmuls on one input (BERT's query, key and value projections) as three library calls against one
 call on the concatenated weights (device run): whether merging them is worth a graph rewrite.
 
-    python bench/gpu_sibling_mm.py
+    python bench/tools/gpu_sibling_mm.py
 """
 import torch
 

@@ -1,9 +1,9 @@
 """GPU timing of reductions with few results (issues #5/#6): eager, torch.compile (Inductor), ember with its split
 reductions and ember without (lower.SPLIT_REDUCTIONS = False), A/B in one process on one GPU.
 
-    python bench/gpu_reductions.py                 # every case
-    python bench/gpu_reductions.py --only ln,sum0  # cases whose name contains one of these
-    python bench/gpu_reductions.py --device cpu --check-only --only 2048x768   # no GPU: Triton's interpreter,
+    python bench/tools/gpu_reductions.py                 # every case
+    python bench/tools/gpu_reductions.py --only ln,sum0  # cases whose name contains one of these
+    python bench/tools/gpu_reductions.py --device cpu --check-only --only 2048x768   # no GPU: Triton's interpreter,
                                                   # ember's results against eager only (the script's plumbing)
 
 Per case and column: GPU time per call (the CUDA kernels' summed durations under torch.profiler, / calls: what
@@ -24,7 +24,7 @@ import tempfile
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_cold_"))
 if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1] == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"   # read on import (triton, ember.codegen.triton's launcher)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 
 import torch  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402

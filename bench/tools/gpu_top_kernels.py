@@ -1,7 +1,7 @@
 """The slowest of ember's Triton kernels in one model step, with their source (device run): GPU time per kernel
 from torch.profiler, each matched to the printed kernel of the compiled programs.
 
-    python bench/gpu_top_kernels.py [gpt2|resnet50|bert|densenet_train] [TOP] [--bn-aten]
+    python bench/tools/gpu_top_kernels.py [gpt2|resnet50|bert|densenet_train] [TOP] [--bn-aten]
 
 --bn-aten: train-mode batch norm as ATen's (cuDNN's) kernels on CUDA, not decomposed (decomp/table.py).
 """
@@ -12,8 +12,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-import gpu  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+from bench import gpu  # noqa: E402
 
 from ember.codegen import triton as tr  # noqa: E402
 
@@ -52,7 +52,7 @@ def main() -> None:
     steps = 5
     evs, total = gpu.cuda_kernels(step, steps)
     triton = [e for e in evs if e.key in sources]
-    print(f"# bench/gpu_top_kernels.py {row}, {torch.cuda.get_device_name()}, "
+    print(f"# bench/tools/gpu_top_kernels.py {row}, {torch.cuda.get_device_name()}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: {total:.3f} ms GPU time a step, "
           f"ember's Triton kernels {sum(e.self_device_time_total for e in triton) / steps / 1e3:.3f} ms "
           f"({len(triton)} kernels)")

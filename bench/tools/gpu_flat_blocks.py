@@ -3,7 +3,7 @@ each row is built and compiled once per configuration, then the configurations a
 times (medians). The pointwise chain alone is what `bench/gpu.py --sweep-blocks` measures; this asks whether a
 choice made there holds for the memory-bound flat kernels of other rows (batch norm + relu in resnet50).
 
-    python bench/gpu_flat_blocks.py [rows...]     # on the GPU machine; rows: pointwise affine resnet50 densenet
+    python bench/tools/gpu_flat_blocks.py [rows...]     # on the GPU machine; rows: pointwise affine resnet50 densenet
 """
 import datetime
 import os
@@ -12,8 +12,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-import gpu  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+from bench import gpu  # noqa: E402
 
 from ember.codegen import triton as tr  # noqa: E402
 
@@ -24,7 +24,7 @@ ROWS = {"pointwise": (gpu.pointwise, 100), "affine": (gpu.affine, 100), "resnet5
 
 
 def main() -> None:
-    print(f"# bench/gpu_flat_blocks.py, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+    print(f"# bench/tools/gpu_flat_blocks.py, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, ember column, medians of {ROUNDS} "
           f"rounds taken in turns")
     default = tr.launch_config

@@ -1,14 +1,11 @@
 """How much of a cold compile is Triton's, and how well the compile pool spreads it (one device run):
 
-    python bench/gpu_compile_pool.py [row ...]      # rows: resnet50, bert, densenet, adam (bench/gpu.py builders)
+    python bench/tools/gpu_compile_pool.py [row ...]      # rows: resnet50, bert, densenet, adam (bench/gpu.py builders)
 
 Each (row, pool) runs in a fresh process with empty Triton and ember caches: the wall time of the first call
 (the cold compile), the time spent in `triton._precompile` (waiting for the pool), the number of kernels, and
 the number of threads compiling (ember.codegen.triton's pool is replaced by one of that size).
-Measured 2026-11-25 on the H100 machine (16 cores): resnet50's 25 kernels 6.9 s on one thread, 3.0 s on
-eight, 3.4 s on sixteen. Worker processes (each compiling into Triton's cache, the parent then loading cache
-hits) were tried and were slower there (resnet50 3.8 -> 7.1 s, BERT 2.3 -> 6.7 s waiting for Triton) for a
-reason not found in the session; that version is commit 8f96c4e.
+Its measurements are in docs/evidence/bench.md.
 """
 from __future__ import annotations
 
@@ -20,8 +17,8 @@ import time
 
 CHILD = r'''
 import os, sys, time, concurrent.futures as cf
-sys.path.insert(0, "bench")
-import torch, gpu
+import torch
+from bench import gpu
 from ember.codegen import triton as tr
 threads = int(os.environ["POOL_THREADS"])
 tr._COMPILE_POOL = cf.ThreadPoolExecutor(max_workers=threads)
@@ -49,7 +46,7 @@ print(f"{sys.argv[1]:9s} {how:10s}: first call {first:6.2f} s, waiting for Trito
 
 def main() -> None:
     rows = sys.argv[1:] or ["resnet50", "bert"]
-    print(f"# bench/gpu_compile_pool.py {' '.join(rows)}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+    print(f"# bench/tools/gpu_compile_pool.py {' '.join(rows)}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} CPUs")
     for row in rows:
         for threads in (1, 8, 16):

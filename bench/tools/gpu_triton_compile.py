@@ -1,10 +1,11 @@
 """Triton's compile time of one kernel of a saved ember kernel file, stage by stage, under text edits of its
 source (what a change to the printer would save, measured before making it).
 
-    python bench/gpu_triton_compile.py bench/kernels/adam_step_s18.py k_04b22c8682b8c4ef --block 1024 \
+    python bench/tools/gpu_triton_compile.py KERNELS.py k_04b22c8682b8c4ef --block 1024 \
         --edit 'libdevice.pow(s0_22, tl.full([1], 0.5, tl.float64))=>tl.sqrt(s0_22)'
 
-Every pointer argument is taken as float32; each variant compiles `--repeats` times, in turns, with Triton's
+KERNELS.py: Triton kernels ember printed (EMBER_LOGS=output_code prints them; the prelude is added when
+missing). Every pointer argument is taken as float32; each variant compiles `--repeats` times, in turns, with Triton's
 cache off; medians (ms) per stage.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a host-bound compiled model's host time goes, on a GPU (one device run):
 
-    python bench/gpu_host_diag.py [resnet50|densenet|bert|adam ...] [--no-inductor] [--no-conv] [--cprofile]
+    python bench/tools/gpu_host_diag.py [resnet50|densenet|bert|adam ...] [--no-inductor] [--no-conv] [--cprofile]
 
 Per column (eager, Inductor, ember): host time per step with steps queued (no wait), the GPU-step time, and the
 CPU ATen ops' self time per step. For ember also: the guards + frontend alone (the graph call replaced by a
@@ -23,9 +23,9 @@ import torch.nn.functional as F  # noqa: E402
 
 import ember  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
-import gpu  # noqa: E402
-from gpu import steady_ms  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+from bench import gpu  # noqa: E402
+from bench.gpu import steady_ms  # noqa: E402
 
 
 def queued_ms(step, n: int = 30) -> float:

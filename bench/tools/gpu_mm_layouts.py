@@ -3,7 +3,7 @@ what layouts, and what each costs: one step of each column is recorded under a d
 strides of every tensor argument), then every distinct call is timed alone on fresh random tensors of those
 layouts. Prints the calls one column makes and the other does not, and each column's total.
 
-    python bench/gpu_mm_layouts.py            # on the GPU machine (the device tool)
+    python bench/tools/gpu_mm_layouts.py            # on the GPU machine (bench/device.sh run)
 """
 import collections
 import datetime
@@ -14,8 +14,8 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, os.path.dirname(__file__))
-import gpu  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+from bench import gpu  # noqa: E402
 
 PRODUCTS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_efficient_attention",
             "_scaled_dot_product_efficient_attention_backward", "convolution", "convolution_backward"}
@@ -78,7 +78,7 @@ def time_call(key) -> float:
 
 
 def main() -> None:
-    print(f"# bench/gpu_mm_layouts.py, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+    print(f"# bench/tools/gpu_mm_layouts.py, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     build = {"gpt2": gpu.gpt2_train, "resnet50": gpu.resnet50, "bert": gpu.bert}[sys.argv[1] if len(sys.argv) > 1 else "gpt2"]
     recorded = {}

@@ -3,7 +3,7 @@
 with the rule and without, and eager; each round times one backward of each, interleaved; medians over rounds
 and the median of the per-round ratio without / with (ms).
 
-    PYTHONPATH=. python bench/cpu_loss_backward.py [--rounds 21]
+    PYTHONPATH=. python bench/tools/cpu_loss_backward.py [--rounds 21]
 """
 import argparse
 import os
@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 
 import torch  # noqa: E402
 

@@ -2,7 +2,7 @@
 config launch_config/column_config chose and under the others of a grid, each alone in a CUDA graph of 20
 launches (so host launch cost is not timed), with the arguments of its first launch.
 
-    python bench/gpu_kernel_configs.py [densenet_train|gpt2|bert|resnet50] [TOP] [--json FILE] [--cold]
+    python bench/tools/gpu_kernel_configs.py [densenet_train|gpt2|bert|resnet50] [TOP] [--json FILE] [--cold]
 
 --cold: L2 emptied before each launch (a write of 128 MB): the time of a kernel whose inputs were made long
 before it in the step.
@@ -21,16 +21,16 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-import gpu  # noqa: E402
-from gpu_top_kernels import STEPS  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+from bench import gpu  # noqa: E402
+from bench.tools.gpu_top_kernels import STEPS  # noqa: E402
 
 from ember.codegen import triton as tr  # noqa: E402
 
 REPEAT = 20
 
 
-# --cold: "buffer", 128 MB (more than the H100's 50 MB L2) written before each launch; "us", that write's time
+# --cold: "buffer", 128 MB (more than the GPU's L2 cache) written before each launch; "us", that write's time
 COLD: dict = {}
 
 
@@ -203,7 +203,7 @@ def main() -> None:
     total = sum(chosen[k] * by_name[k][5] for k in by_name)
     best_total = total
     rows_json = []
-    print(f"# bench/gpu_kernel_configs.py {row}, {torch.cuda.get_device_name()}, {now:%Y-%m-%d %H:%M} UTC: "
+    print(f"# bench/tools/gpu_kernel_configs.py {row}, {torch.cuda.get_device_name()}, {now:%Y-%m-%d %H:%M} UTC: "
           f"{len(by_name)} kernels, {sum(v[5] for v in by_name.values())} launches a step, {total / 1e3:.3f} ms of "
           f"Triton time a step (each kernel alone in a CUDA graph{', L2 emptied before each launch' if COLD else ''}); "
           f"the {len(searched)} heaviest searched over {len(jobs)} configs")

@@ -1,6 +1,6 @@
 """Compile time of ember's frontend capture and ATen tracing, phase by phase, without code generation.
 
-    PYTHONPATH=. .venv/bin/python bench/trace_profile.py [--models gpt2,bert,resnet50] [--repeats 3]
+    PYTHONPATH=. .venv/bin/python bench/tools/trace_profile.py [--models gpt2,bert,resnet50] [--repeats 3]
         [--save graphs.json | --compare graphs.json] [--profile gpt2]
 
 Workloads (default configs, random weights, small inputs: only compile time matters here):
@@ -17,7 +17,7 @@ they are, no code generation):
 Cold: before each repeat ember.reset() and FakeTensorMode.cache_clear() (the process-wide dispatch cache), as
 bench/frontend.py does; one untimed compile first pays the process's one-time costs (imports, lazy registrations).
 The reported time per phase is the median over the repeats, in CPU seconds of this process (time.process_time,
-one torch thread): the dev VM is shared, and CPU time moves far less with other load than wall time.
+one torch thread): on a shared machine CPU time moves far less with other load than wall time.
 
 Correctness: every graph of a compile (the torch-level graph from capture; the ATen inference or joint graph; the
 partition's forward and backward graphs) is reduced to a text listing each node's op, target, arguments and its
@@ -40,7 +40,7 @@ import time
 
 import torch
 
-# CPU time of this process, not wall time: other work on the machine (the dev VM is shared) barely moves it;
+# CPU time of this process, not wall time: other work on a shared machine barely moves it;
 # torch runs on one thread here, so it is the compile's own time
 clock = time.process_time
 

@@ -2,8 +2,8 @@
 torch.compile (Inductor), ember, and ember as before the online softmax and the one-hot sum
 (triton.ONLINE_SOFTMAX = lower.ONE_HOT_SUMS = False), A/B in one process on one GPU.
 
-    python bench/gpu_gpt2_loss.py
-    python bench/gpu_gpt2_loss.py --device cpu --check-only --rows 64 --cols 5000   # no GPU: Triton's interpreter
+    python bench/tools/gpu_gpt2_loss.py
+    python bench/tools/gpu_gpt2_loss.py --device cpu --check-only --rows 64 --cols 5000   # no GPU: Triton's interpreter
 
   stats  the forward's statistics of the partitioner's split log_softmax (autograd.partition): the row max, the
          sum of exp(x - max), its log (ember before: a loop for the max, a second loop for the sum; now one
@@ -11,7 +11,7 @@ torch.compile (Inductor), ember, and ember as before the online softmax and the 
   grad   the backward's gradient of the mean cross-entropy w.r.t. the logits from the saved statistics:
          nll_loss_backward's one-hot row and log_softmax's backward (ember before: a loop over each row summing
          the one-hot gradient, then the gradient's loop; now one flat pass).
-Columns as bench/gpu_reductions.py (its timers): GPU time per call under torch.profiler / wall time per call
+Columns as bench/tools/gpu_reductions.py (its timers): GPU time per call under torch.profiler / wall time per call
 (CUDA events around back-to-back calls); k = kernels. Every result is checked against eager.
 """
 from __future__ import annotations
@@ -20,9 +20,8 @@ import argparse
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import gpu_reductions as timers  # noqa: E402  (sets TRITON_INTERPRET for --device cpu before triton loads)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+from bench.tools import gpu_reductions as timers  # noqa: E402  (sets TRITON_INTERPRET for --device cpu before triton loads)
 
 import torch  # noqa: E402
 

@@ -11,11 +11,10 @@ Triton kernels over the same 64M float32 elements, written on ember's prelude (i
   <op> x4         one op on four such values an element (empty, index x4: the launch floor under them)
   ember ...       ember's own kernels for the chain (bench/gpu.py's step), OWN_SINCOS on (a flagged pair) and off
 and for each hand-written kernel its registers, spills and the instruction mix of its SASS (cuobjdump; the
-SASS and PTX are written to $OUT), to set the instructions an element against the H100's issue rate.
-Earlier runs (bench/results/gpu_2026-11-26_s14_h100_pointwise_bound*.log) also timed grid-stride loops of
-4-32 programs an SM: 0.23-0.38 ms against 0.22 for one program a block.
+SASS and PTX are written to $OUT), to set the instructions an element against the GPU's issue rate.
+Grid-stride loops (one program a block is faster) are in docs/evidence/bench.md.
 
-    python bench/gpu_pointwise_bound.py     # on the GPU machine
+    python bench/tools/gpu_pointwise_bound.py     # on the GPU machine
 """
 import collections
 import datetime
@@ -27,8 +26,8 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(__file__))
-import gpu  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+from bench import gpu  # noqa: E402
 
 from ember.codegen import triton as tr  # noqa: E402
 
@@ -155,7 +154,7 @@ def sass_mix(name: str, compiled) -> str:
 
 
 def main() -> None:
-    print(f"# bench/gpu_pointwise_bound.py, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+    print(f"# bench/tools/gpu_pointwise_bound.py, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"Triton {triton.__version__}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
           f"{N} float32")
     mod = tr.load_module(tr.PRELUDE + _variants(tr.PRELUDE) + SOURCE)

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# GPU runs on a device machine, each under 10 minutes, from the repository root with the `bytecode` wheel in .whl/;
+# logs and JSON go to $OUT (default /tmp/out).
+#   bash bench/device.sh tests          # GPU tests: frontend, Triton, CUDA graphs, the Triton OpInfo subset
+#                                       # (float32, bfloat16), hfuse; then bench/autograd.py's peak memory
+#   bash bench/device.sh bench [ROWS]   # bench/gpu.py: eager, Inductor and ember on every row but the training one
+#                                       # (ROWS: comma-separated parts of row names, instead of that list)
+#   bash bench/device.sh train [COLS]   # the densenet121 training row (Inductor's compile alone takes ~3 minutes)
+#   bash bench/device.sh table          # bench, then the training row with Inductor's column: the results table
+#   bash bench/device.sh final          # tests of what changed (EXTRA_TESTS=...), every row, training without Inductor
+#   bash bench/device.sh quick [COLS]   # while working: optimizer/CUDA-graph tests, Adam rows with a kernel profile
+#   bash bench/device.sh profile        # kernel and host-op profiles of the model rows (ROWS=, COLUMNS=, TESTS=;
+#                                       # ROWS2=, COLUMNS2= a second set, e.g. with Inductor's column)
+#   bash bench/device.sh workers        # ember's cold compile of the training row without, then with, Triton's
+#                                       # worker processes
+#   bash bench/device.sh run SCRIPT [ARGS]   # any bench script with this set-up, e.g.
+#                                       # run bench/gpu.py --only "train step" --columns ember --phases
+#                                       # run bench/tools/gpu_kernel_configs.py gpt2
+# bench/gpu.py --only splits at commas (a row name with a comma is matched by a part of it); the table modes time
+# 3 more rounds in turns, the diagnostic modes once (--rounds 0).
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+# ember's bytecode compiled ahead, as `pip install` does for an installed package (torch's and Triton's are): the
+# copied tree has no __pycache__, and a lazily imported module would otherwise compile inside a timed cold compile
+python3 -m compileall -q ember > /dev/null
+export PYTHONPATH=/tmp/site:$PWD EMBER_CACHE_DIR=/tmp/ember_cache PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+TABLE_ROWS='pointwise,adam step,128px infer,resnet50,bertmodel b8 s128 inference$,gpt2'
+case "${1:-tests}" in
+tests)
+  timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider tests/frontend tests/test_rules.py tests/runtime \
+    tests/codegen/test_triton.py tests/codegen/test_triton_opinfo.py tests/codegen/test_hfuse.py 2>&1 \
+    | tee "$OUT/tests.log" | grep -E "passed|failed|FAIL|Error" | tail -25
+  timeout 150 python3 bench/autograd.py --device cuda --no-inductor 2>&1 | grep -v Warn | tee "$OUT/autograd.log" | tail -7 ;;
+bench)
+  timeout 580 python3 bench/gpu.py --rounds 3 --only "${2:-$TABLE_ROWS}" \
+    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | tail -22 ;;
+train)
+  timeout 580 python3 bench/gpu.py --rounds 3 --only "train step" --columns "${2:-eager,inductor-train,ember}" 2>&1 | tee "$OUT/train.log" \
+    | grep -v -i warn | tail -8 ;;
+table)   # every row, then the training row with Inductor's column (its compile alone takes ~2.7 minutes)
+  timeout 300 python3 bench/gpu.py --rounds 3 --only "$TABLE_ROWS" --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  grep -E "^\||^#|Error" "$OUT/bench.log" | tail -14
+  timeout 285 python3 bench/gpu.py --rounds 3 --only "train step" --columns eager,inductor-train,ember \
+    --json "$OUT/train.json" > "$OUT/train.log" 2>&1
+  grep -E "^\||rounds|Error" "$OUT/train.log" | tail -8 ;;
+final)   # the training row without Inductor's column: its compile alone takes ~3.5 minutes (`train` measures it)
+  timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
+    tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
+    | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
+  timeout 450 python3 bench/gpu.py --rounds 3 --only pointwise,affine,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2,"train step" \
+    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22 ;;
+profile)   # GPU time per kernel and ember's host profile on the model rows, no Inductor unless asked
+  timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider ${TESTS:-tests/codegen/test_layout.py tests/frontend/test_meta.py} \
+    2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
+  timeout 440 python3 bench/gpu.py --rounds 0 --only "${ROWS:-resnet50,bert,gpt2,train step}" --columns "${COLUMNS:-eager,ember}" \
+    --profile "${ROWS:-resnet50,bert,gpt2,train step}" > "$OUT/profile.log" 2>&1
+  grep -E "^\||profile |Error|eagerly" "$OUT/profile.log" | tail -30
+  if [ -n "${ROWS2:-}" ]; then
+    timeout 300 python3 bench/gpu.py --rounds 0 --only "$ROWS2" --columns "${COLUMNS2:-inductor}" --profile "$ROWS2" \
+      > "$OUT/profile2.log" 2>&1
+    grep -E "^\||profile |Error" "$OUT/profile2.log" | tail -12
+  fi ;;
+quick)
+  timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
+    tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py 2>&1 \
+    | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -30
+  timeout 150 python3 bench/gpu.py --rounds 0 --only "Adam step" --columns "${2:-eager,ember}" --profile "Adam step" 2>&1 \
+    | tee "$OUT/adam.log" | grep -v -i warn | grep -E "^\||ember\]|Error" | tail -12
+  timeout 200 python3 bench/gpu.py --rounds 0 --only "train step" --columns ember 2>&1 | tee "$OUT/train.log" \
+    | grep -v -i warn | grep -E "^\||Error|File" | tail -20 ;;
+workers)   # without: WORKERS_FROM past every graph's kernel count
+  timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider tests/runtime tests/codegen/test_triton.py ${EXTRA_TESTS:-} \
+    2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
+  for from in 1000000000 4; do
+    timeout 200 python3 -c "import sys, runpy; sys.argv = ['bench/gpu.py', '--only', '${ROWS:-train step}', '--columns', 'ember']
+import ember.codegen.triton as t; t.WORKERS_FROM = $from; print('WORKERS_FROM', t.WORKERS_FROM)
+runpy.run_path('bench/gpu.py', run_name='__main__')" 2>&1 | tee -a "$OUT/workers.log" | grep -E "^\||WORKERS|cold|Error"
+  done ;;
+run)
+  shift
+  name=$(basename "${1:?usage: bash bench/device.sh run SCRIPT [ARGS]}" .py)
+  timeout 580 python3 "$@" 2>&1 | tee "$OUT/$name.log" | grep -v -i warn | tail -40 ;;
+*)
+  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|run SCRIPT [ARGS]" >&2
+  exit 2 ;;
+esac
