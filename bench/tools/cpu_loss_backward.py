@@ -1,4 +1,4 @@
-"""CPU A/B of the one-hot sum (lower.ONE_HOT_SUMS) in one process: the backward of a mean cross-entropy over
+"""CPU A/B of the one-hot sum (config.ONE_HOT_SUMS) in one process: the backward of a mean cross-entropy over
 [512, 50257] float32 logits (GPT-2's vocabulary; every 17th label -100) through ember.compile (the C++ backend),
 with the rule and without, and eager; each round times one backward of each, interleaved; medians over rounds
 and the median of the per-round ratio without / with (ms).
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 import ember  # noqa: E402
-from ember.codegen import lower  # noqa: E402
+from ember import config  # noqa: E402
 
 
 def loss(logits, labels):
@@ -42,13 +42,13 @@ def main():
 
     fns = {}
     for name, rule in (("without", False), ("with", True)):
-        lower.ONE_HOT_SUMS = rule   # the backward graph compiles at the first backward
+        config.ONE_HOT_SUMS = rule   # the backward graph compiles at the first backward
         fns[name] = ember.compile(lambda a, b: loss(a, b))
         _, out, grad = backward_s(fns[name])
         _, want, want_grad = backward_s(loss)
         torch.testing.assert_close(out, want)
         torch.testing.assert_close(grad, want_grad)
-    lower.ONE_HOT_SUMS = True
+    config.ONE_HOT_SUMS = True
     fns["eager"] = loss
     ts = {k: [] for k in fns}
     for _ in range(args.rounds):

@@ -1,6 +1,6 @@
 """GPU timing of GPT-2's two loss kernels (issue #6, b8 s256: 2048 rows of 50,257 logits, float32): eager,
 torch.compile (Inductor), ember, and ember as before the online softmax and the one-hot sum
-(triton.ONLINE_SOFTMAX = lower.ONE_HOT_SUMS = False), A/B in one process on one GPU.
+(config.ONLINE_SOFTMAX = config.ONE_HOT_SUMS = False), A/B in one process on one GPU.
 
     python bench/tools/gpu_gpt2_loss.py
     python bench/tools/gpu_gpt2_loss.py --device cpu --check-only --rows 64 --cols 5000   # no GPU: Triton's interpreter
@@ -25,7 +25,7 @@ from bench.tools import gpu_reductions as timers  # noqa: E402  (sets TRITON_INT
 
 import torch  # noqa: E402
 
-from ember.codegen import lower  # noqa: E402
+from ember import config  # noqa: E402
 from ember.codegen import triton as ember_triton  # noqa: E402
 
 
@@ -76,8 +76,8 @@ def main() -> None:
                 call = timers.baseline_call(column, fn, xs)
                 if call is None:
                     new = column == "ember"
-                    c, prog = timers.ember_compiled(fn, xs, {(ember_triton, "ONLINE_SOFTMAX"): new,
-                                                              (lower, "ONE_HOT_SUMS"): new})
+                    c, prog = timers.ember_compiled(fn, xs, {(config, "ONLINE_SOFTMAX"): new,
+                                                              (config, "ONE_HOT_SUMS"): new})
                     call = lambda: c(*xs)  # noqa: E731
                     info = f" k={len(prog.kernels)} loops={prog.kernel_source.count('for roff in range(')}"
                     if args.source:

@@ -29,6 +29,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 from bench import gpu  # noqa: E402
 
+from ember import config  # noqa: E402
 from ember.codegen import triton as tr  # noqa: E402
 
 N = gpu.N_POINTWISE
@@ -192,13 +193,13 @@ def main() -> None:
                                   torch.sigmoid(x)) ** 2 - x)
                 print(f"    against eager: max abs diff {(out - ref).abs().max().item():.3g}")
     for own in (True, False):   # ember's printed chain, with and without _sincos (OWN_SINCOS)
-        tr.OWN_SINCOS = own
+        config.OWN_SINCOS = own
         try:
             step = gpu.pointwise(gpu.ember_compile, None)
             step()
             torch.cuda.synchronize()
         finally:
-            tr.OWN_SINCOS = True
+            config.OWN_SINCOS = True
         steps[f"ember {'_sincos' if own else 'libdevice'}"] = step
     times = gpu.in_turns(steps, 200, 5)
     for name, ts in times.items():

@@ -1,5 +1,5 @@
 """GPU timing of reductions with few results (issues #5/#6): eager, torch.compile (Inductor), ember with its split
-reductions and ember without (lower.SPLIT_REDUCTIONS = False), A/B in one process on one GPU.
+reductions and ember without (config.SPLIT_REDUCTIONS = False), A/B in one process on one GPU.
 
     python bench/tools/gpu_reductions.py                 # every case
     python bench/tools/gpu_reductions.py --only ln,sum0  # cases whose name contains one of these
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
 
-from ember.codegen import lower  # noqa: E402
+from ember import config  # noqa: E402
 from ember.codegen import triton as ember_triton  # noqa: E402
 from tests.codegen.aten_trace import trace_aten  # noqa: E402
 
@@ -102,7 +102,7 @@ def wall_us(fn, iters: int) -> float:
 
 def ember_compiled(fn, xs, switches: dict):
     """fn through ember's Triton backend, compiled and loaded, with module switches set while it compiles
-    ({(module, name): value}, e.g. lower.SPLIT_REDUCTIONS off); (the callable, its host program)."""
+    ({(module, name): value}, e.g. config.SPLIT_REDUCTIONS off); (the callable, its host program)."""
     before = {k: getattr(*k) for k in switches}
     for (mod, name), value in switches.items():
         setattr(mod, name, value)
@@ -163,7 +163,7 @@ def main() -> None:
                 kernels = ""
                 call = baseline_call(column, fn, xs)
                 if call is None:
-                    c, prog = ember_compiled(fn, xs, {(lower, "SPLIT_REDUCTIONS"): column == "ember split"})
+                    c, prog = ember_compiled(fn, xs, {(config, "SPLIT_REDUCTIONS"): column == "ember split"})
                     call, kernels = (lambda: c(*xs)), f" k={len(prog.kernels)}"
                 check(call(), ref)
                 if args.check_only:

@@ -201,13 +201,13 @@ def gc_ab(name: str, phases: Phases, repeats: int, after_steps: int = 3) -> None
     """Cold compiles with the collector paused during compiles (ember's default) and not, interleaved: the
     phases, the whole first step, the `after_steps` steps after it (where collections the compile put off
     land), and the collector's own time over all of them."""
-    import ember.frontend.convert as convert
+    from ember import config
     cold_compile(name, phases)
     meter = GCTime()
     rows = {True: [], False: []}
     for _ in range(repeats):
         for paused in (True, False):
-            convert.COMPILE_WITHOUT_GC = paused
+            config.COMPILE_WITHOUT_GC = paused
             meter.reset()
             times, _, first, fn, step = cold_compile(name, phases, keep=True)
             t0 = clock()
@@ -217,7 +217,7 @@ def gc_ab(name: str, phases: Phases, repeats: int, after_steps: int = 3) -> None
             rows[paused].append((times.get("capture", 0) + times.get("trace", 0) + times.get("partition", 0),
                                  first, after, sum(meter.t.values()), dict(meter.n)))
             del fn, step
-    convert.COMPILE_WITHOUT_GC = True
+    config.COMPILE_WITHOUT_GC = True
     for paused, rs in rows.items():
         med = lambda i: statistics.median(r[i] for r in rs)  # noqa: E731
         print(f"{name:9s} gc {'paused' if paused else 'on    '} during compile: capture+trace+partition "
@@ -227,7 +227,7 @@ def gc_ab(name: str, phases: Phases, repeats: int, after_steps: int = 3) -> None
 
 def flag_ab(name: str, phases: Phases, repeats: int, flag: str) -> None:
     """Cold compiles with a module flag of ember's on and off, interleaved (`module:NAME`, e.g.
-    ember.autograd.trace:MEMO): the phases' median CPU times each way."""
+    ember.config:MEMO): the phases' median CPU times each way."""
     import importlib
     mod_name, attr = flag.split(":")
     mod = importlib.import_module(mod_name)
@@ -276,7 +276,7 @@ def main():
     ap.add_argument("--compare")
     ap.add_argument("--profile", help="a model to cProfile (one extra cold compile), printed by cumulative time")
     ap.add_argument("--gc-ab", action="store_true", help="compare compiles with the collector paused and not")
-    ap.add_argument("--ab", help="module:FLAG of ember to compare on and off (e.g. ember.autograd.trace:MEMO)")
+    ap.add_argument("--ab", help="module:FLAG of ember to compare on and off (e.g. ember.config:MEMO)")
     ap.add_argument("--profile-lines", type=int, default=60)
     ap.add_argument("--profile-phase", choices=["trace", "partition"],
                     help="with --profile: only that phase is profiled")
