@@ -12,7 +12,7 @@ program): the model is captured by ember's frontend with a backend that only rec
   wrapper   wrapper.python_wrapper (the host program's text, compiled by Python)
 Times are the process's CPU time (time.process_time), robust to other jobs on a shared machine.
 The Triton printer runs on the CPU graphs (no GPU needed, no kernel is built); the C++-only convolution
-fusions are turned off for it (lower.FUSE_CONVOLUTIONS = False), as on a GPU, where they do not apply.
+fusions are turned off for it (config.FUSE_CONVOLUTIONS = False), as on a GPU, where they do not apply.
 
 --build (Triton only) also compiles every kernel the printer wrote for an H100 (sm_90) on this machine, one
 after the other in this process (Triton compiles without a GPU when given the target): the "build" column is
@@ -257,9 +257,9 @@ def build_for_sm90(source: str, kernels: list, sched) -> None:
 def child(model_name: str, backend: str, profile: bool) -> None:
     import torch
     torch.manual_seed(0)
-    from ember.codegen import lower
+    from ember import config
     if backend == "triton":
-        lower.FUSE_CONVOLUTIONS = False    # CPU-only fusions: a GPU graph has none
+        config.FUSE_CONVOLUTIONS = False    # CPU-only fusions: a GPU graph has none
     t = CLOCK()
     graphs = capture(model_name, cuda=backend == "triton")
     capture_s = CLOCK() - t
