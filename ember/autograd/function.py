@@ -4,7 +4,7 @@ aot_module(gm, example_inputs, fw_compiler, bw_compiler) returns a callable with
 - inference (grad mode off, or nothing requires grad): trace_forward -> fw_compiler(graph) -> run, no backward built;
 - training: trace_joint -> partition -> fw_compiler(forward graph), bw_compiler(backward graph, compiled on the
   first backward with the real saved tensors as example inputs) inside one autograd.Function.
-After either: input mutations are copied back, outputs aliasing inputs are rebuilt as views (trace.finish).
+After either: input mutations are copied back, outputs aliasing inputs are rebuilt as views (after_graph.finish).
 
 An artifact is built per input signature (shape, stride, dtype, device, requires_grad, grad mode): the frontend
 guards on these too, but a graph from symbolic_trace may be called with anything, and a wrong artifact would be
@@ -19,8 +19,9 @@ import torch
 import torch.fx
 
 from ember.autograd.partition import Partition, partition
-from ember.autograd.trace import TraceMeta, _lifted_getter, finish, lift_parameters, trace_forward, \
-    trace_joint
+from ember.autograd.after_graph import _lifted_getter, finish
+from ember.autograd.trace import lift_parameters, trace_forward, trace_joint
+from ember.autograd.trace_meta import TraceMeta
 from ember.tools import collector
 from ember.tools.picker import picker
 from ember.tools.logs import get_logger

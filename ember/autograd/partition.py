@@ -45,7 +45,7 @@ import networkx as nx
 import torch
 import torch.fx
 
-from ember.autograd.trace import TraceMeta
+from ember.autograd.trace_meta import TraceMeta
 
 aten = torch.ops.aten
 
