@@ -41,7 +41,7 @@ def _copy_kind(d: torch.Tensor, s: torch.Tensor) -> tuple:
 
 def _copy_without_grad(groups) -> None:
     """One torch._foreach_copy_(dsts, srcs) per (dsts, srcs) group, grad mode off (switched directly:
-    torch.no_grad() as a context manager cost more than the copy on a CPU)."""
+    torch.no_grad() as a context manager costs more than the copy on a CPU)."""
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
@@ -57,7 +57,7 @@ def finish(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
     if fast is None:
         # mutations all written under no_grad (an optimizer step), or none autograd need see (batch norms'
         # running statistics in a training graph): where the graph wrote each, and the copies, follow a plan
-        # per pattern of in-place writes, each read in C calls (~13 -> ~6 us an Adam step over 10 weights, VM)
+        # per pattern of in-place writes, each read in C calls (an optimizer step's copy-backs are on its hot path)
         muts = meta.mutations
         fast = meta.__dict__["_copy_back"] = (len(muts) > 1 and (
             meta.copy_back_without_grad or not any(m.grad_enabled for m in muts))) and (

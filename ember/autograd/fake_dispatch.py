@@ -89,10 +89,10 @@ def _fake_tensor(mode: FakeTensorMode, shape, stride, dtype, device) -> FakeTens
 
 def _eval_batch_norm(args, kwargs):
     """native_batch_norm(input, weight, bias, running_mean, running_var, training=False, momentum, eps): its
-    meta function is a Python decomposition on meta tensors, 20-80 ms a shape (half of resnet50's trace). For a
-    contiguous input and same-dtype vectors: a contiguous output like the input, and the saved statistics as
-    FakeTensorMode computes them: empty on a CPU, the running statistics' copies (in the computation dtype,
-    float32 for half inputs) elsewhere."""
+    meta function is a Python decomposition on meta tensors, slow for each new shape (a large part of a CNN's
+    trace). For a contiguous input and same-dtype vectors: a contiguous output like the input, and the saved
+    statistics as FakeTensorMode computes them: empty on a CPU, the running statistics' copies (in the
+    computation dtype, float32 for half inputs) elsewhere."""
     if kwargs or len(args) != 8 or args[5] is not False:
         return None
     x, w, b, rm, rv = args[:5]
@@ -119,7 +119,7 @@ def _eval_batch_norm(args, kwargs):
 def _cpu_convolution(args, kwargs):
     """convolution(input, weight, bias, stride, padding, dilation, transposed=False, output_padding, groups)
     of a 4-D contiguous float32/float64 CPU input and weight: a contiguous output (ember.ir.meta's conv2d
-    rule, at the ATen level). Its meta function runs in Python, ~2 ms a call."""
+    rule, at the ATen level). Its meta function runs in Python, milliseconds a call."""
     if kwargs or len(args) != 9 or args[6] is not False:
         return None
     x, w, bias, stride, padding, dilation, _, _, groups = args
@@ -203,7 +203,7 @@ def _from_spec(mode: FakeTensorMode, spec):
 def _memo_fake_call(memo: dict, mode: FakeTensorMode, func, args, kwargs):
     """_fake_call through a memo of this trace's own: a model's repeated layers dispatch the same ops on the same
     metadata over and over, and FakeTensorMode's process-wide cache, though it answers them, spends most of a
-    dispatch on its general cache key (GPT-2's joint trace: 0.7 of 1.3 s under cProfile). Ops that may return
+    dispatch on its general cache key (about half of a transformer's joint trace). Ops that may return
     views, depend on data or reshape in place are dispatched as usual, and so is any call whose arguments hold
     something _memo_key does not describe; a fresh tensor per output is made from the remembered metadata, as
     FakeTensorMode's own cache makes it."""

@@ -176,8 +176,8 @@ class _Recorder(TorchDispatchMode):
     # -- the dispatch hook
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _PRIM_DEVICE and len(args) == 1 and type(args[0]) is FakeTensor:
-            # `.device` of a fake tensor asked from C++ (the autograd engine asks it of every gradient: 72% of
-            # GPT-2's dispatches): answered as FakeTensorMode's own handler answers it, nothing to record
+            # `.device` of a fake tensor asked from C++ (the autograd engine asks it of every gradient: most of a
+            # joint trace's dispatches): answered as FakeTensorMode's own handler answers it, nothing to record
             return _META if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
         kwargs = kwargs or {}
         if func is aten.lift_fresh.default:          # torch.tensor(...) in the program: a constant
