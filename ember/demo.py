@@ -152,7 +152,7 @@ class Case:
     explain: Callable[[], Any]  # ember.explain on the example's first call
     runs: int = 20
     backend: Callable | None = None  # the backend ember uses (the tutorial's custom backend for bar)
-    torch_compile_skip: str = ""  # why torch.compile is not timed on this machine, if it is not
+    torch_compile_skip: str = ""  # why torch.compile is not timed on the machine running the demo, if it is not
     # compare(expected, actual) -> the "equals eager" cell, raising AssertionError when they differ.
     compare: Callable[[Any, Any], str] = lambda expected, actual: assert_close(actual, expected) or "yes"
 
@@ -232,8 +232,8 @@ def _cases(device: str, size: int, batch: int, slow_cpu: bool) -> list[Case]:
         tens of percent (relative to each parameter's largest gradient), and any reordering of float sums moves
         them by as much. (The weights after Adam's first step differ by 2*lr wherever a near-zero gradient
         flips sign, so comparing them decides nothing either.) Eager float32's own error depends on its
-        summation order: on this model one thread's gradients were within 3.0e-2 of float64, two threads' within
-        6.7e-2, per parameter up to 30x apart. So eager's error is taken as the larger of two orders (this run's
+        summation order: on this model one thread count's and another's differ per parameter by up to the
+        factor below. So eager's error is taken as the larger of two orders (this run's
         thread count and another). Fails if any parameter's gradient is much further from float64 under ember
         (> 30x and > 1e-3 relative) than under eager float32.
         """

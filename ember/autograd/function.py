@@ -4,7 +4,7 @@ aot_module(gm, example_inputs, fw_compiler, bw_compiler) returns a callable with
 - inference (grad mode off, or nothing requires grad): trace_forward -> fw_compiler(graph) -> run, no backward built;
 - training: trace_joint -> partition -> fw_compiler(forward graph), bw_compiler(backward graph, compiled on the
   first backward with the real saved tensors as example inputs) inside one autograd.Function.
-After either: input mutations are copied back, outputs aliasing inputs are rebuilt as views (trace.finish).
+After either: input mutations are copied back, outputs aliasing inputs are rebuilt as views (after_graph.finish).
 
 An artifact is built per input signature (shape, stride, dtype, device, requires_grad, grad mode): the frontend
 guards on these too, but a graph from symbolic_trace may be called with anything, and a wrong artifact would be
@@ -19,8 +19,9 @@ import torch
 import torch.fx
 
 from ember.autograd.partition import Partition, partition
-from ember.autograd.trace import TraceMeta, _lifted_getter, finish, lift_parameters, trace_forward, \
-    trace_joint
+from ember.autograd.after_graph import _lifted_getter, finish
+from ember.autograd.trace import lift_parameters, trace_forward, trace_joint
+from ember.autograd.trace_meta import TraceMeta
 from ember.tools import collector
 from ember.tools.picker import picker
 from ember.tools.logs import get_logger
@@ -59,7 +60,7 @@ class CompiledGraphFunction(torch.autograd.Function):
     apply(art, primals, *differentiable): `primals` is the list of all the graph's inputs (one argument, not a
     tensor to autograd); `differentiable` the ones that require grad, the only ones autograd gets a gradient
     edge for. Autograd's per-input work in apply and the engine's per-gradient checks then cover only those
-    (densenet121's training graph takes 364 parameters and 363 batch-norm buffers)."""
+    (a CNN's training graph takes hundreds of parameters and as many batch-norm buffers)."""
 
     @staticmethod
     def forward(ctx, art: _Artifact, primals: list, *differentiable):
@@ -186,7 +187,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     def run(*args):
         inputs = [*args, *lifted()]
         if guarded:
-            art = example_art   # (not artifacts[example_key]: hashing that tuple of tuples cost ~0.3 us an input)
+            art = example_art   # (not artifacts[example_key]: hashing that tuple of tuples costs per input and call)
         else:
             key = _signature(inputs)
             if key not in artifacts:
@@ -196,7 +197,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             return gm(*args)
         if art.training:
             outs = CompiledGraphFunction.apply(art, inputs, *art.differentiable(inputs))
-        elif art.no_grad:   # (torch.no_grad() as a context manager cost several times this, every step)
+        elif art.no_grad:   # (torch.no_grad() as a context manager costs several times this, every step)
             prev = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)
             try:

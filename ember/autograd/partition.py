@@ -22,14 +22,14 @@ A value a library call of the backward reads (a matmul, a convolution: directly 
 recomputed (a view of it still is: the backward takes the view of the saved value, and an expanded view saved
 as such would reach the backward as a dense copy of the graph that wrote it), as AOTAutograd's partitioner bans it: recomputing it there writes it out again, while the forward
 wrote it anyway for its own library call (GPT-2's GELU output, read by the projection's matmul forward and by its
-weight gradient's backward: recomputed, it cost the backward two kernels writing 50 MB per layer). The
+weight gradient's backward: recomputed, it costs the backward two kernels writing it out per layer). The
 normalization recipes above still apply where the backward only fuses pointwise work onto their output.
 
 A log_softmax over a value alive anyway (a language model's logits: an input of the loss's own graph, or
 returned by the forward) is written out in the joint graph as its parts, `(x - amax) - log(sum(exp(x - amax)))`,
 and x is counted as costing one byte in the cut: the forward then saves x and the two row statistics, and the
 backward recomputes the log_softmax pointwise where its gradient is computed, instead of the forward writing
-and saving a second logits-sized tensor (GPT-2 with its 50,257-word vocabulary: 412 MB per step). Saving x
+and saving a second logits-sized tensor (a language model's vocabulary makes that hundreds of MB a step). Saving x
 never holds more memory than saving the output (same size) and holds none when x is alive anyway.
 
 Every S->T path then crosses a cut edge: the backward gets each needed value by walking back to saved ones, and
@@ -45,7 +45,7 @@ import networkx as nx
 import torch
 import torch.fx
 
-from ember.autograd.trace import TraceMeta
+from ember.autograd.trace_meta import TraceMeta
 
 aten = torch.ops.aten
 

@@ -55,7 +55,7 @@ KERNEL_MARK = "\n\n// ember: next kernel\n"   # between the prelude and each ker
 PART_CHARS = 40_000   # a file at least twice this long is compiled in parts, one process per core
 # preludes that many generated files begin with (cpp.PRELUDE): precompiled (a g++ precompiled header) once
 # per cache directory and flags, when a second file with one is built, then included by the later files.
-# Parsing <cmath> and <algorithm> was ~100 ms of each build: 2/3 of a small graph's g++ (150 ms here).
+# Parsing <cmath> and <algorithm> is most of a small graph's g++ time.
 SHARED_PRELUDES: set[str] = set()
 _PCH_SEEN: set[str] = set()   # shared preludes a file of this process began with
 _PCH: dict[str, concurrent.futures.Future] = {}   # prelude -> its latest header build
@@ -106,13 +106,12 @@ def _build_pch(prelude: str, header: pathlib.Path) -> pathlib.Path:
 
 
 def _build(source: str, cpp: pathlib.Path, so: pathlib.Path) -> pathlib.Path:
-    """g++ on the file; a large one (densenet121's inference graph: 176K characters, 7 s of g++ on this 2-core
-    machine) in parts, each the prelude plus a share of the kernels, compiled to objects side by side and
-    linked into one library."""
+    """g++ on the file; a large one (a CNN's inference graph: g++ is single-threaded) in parts, each the prelude
+    plus a share of the kernels, compiled to objects side by side and linked into one library."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=so.parent)
     os.close(fd)
-    # this build's own copy of the source: threads building one graph at once (each missing the cache) wrote the
-    # shared .cpp while another's g++ read it, and a library short of kernels won the rename
+    # this build's own copy of the source: threads building one graph at once (each missing the cache) would write
+    # the shared .cpp while another's g++ reads it, and a library short of kernels could win the rename
     final_cpp, cpp = cpp, pathlib.Path(tmp).with_suffix(".cpp")
     cpp.write_text(source)
     cxx = os.environ.get("CXX", "g++")

@@ -1,13 +1,12 @@
 """Loading and launching ember's Triton kernels with one launcher for every kernel.
 
-Triton 3.6 (torch 2.11) builds a C launcher for each new argument signature at a kernel's first load: a gcc run
-of ~0.3 s, in a cold compile the largest part of the Adam step's (one kernel: 0.44 s of 2.1 s, H100
-2026-11-25) and 8 of resnet50's 25 kernels. ember's kernels take only pointers (every size is a constant of the
-source), so one launcher fits them all: it takes the integer addresses and calls the driver's cuLaunchKernel.
-It is built once per machine, like the C++ guard checks, and replaces Triton's for every kernel that fits
-(`load`): one CTA per program, no scratch memory, no cooperative or programmatic launch, and a PTX entry whose
-parameters are all 64-bit (the pointers, then Triton's own scratch pointers, passed as null). Anything else,
-and every kernel while the launcher is not built, goes through Triton's.
+Triton builds a C launcher for each new argument signature at a kernel's first load: a gcc run per signature, a
+large part of a cold compile. ember's kernels take only pointers (every size is a constant of the source), so one
+launcher fits them all: it takes the integer addresses and calls the driver's cuLaunchKernel. It is built once per
+machine, like the C++ guard checks, and replaces Triton's for every kernel that fits (`load`): one CTA per program,
+no scratch memory, no cooperative or programmatic launch, and a PTX entry whose parameters are all 64-bit (the
+pointers, then Triton's own scratch pointers, passed as null). Anything else, and every kernel while the launcher
+is not built, goes through Triton's.
 """
 from __future__ import annotations
 

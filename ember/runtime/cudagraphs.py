@@ -102,8 +102,8 @@ class FreshLike:
     """Makes copies of `tensors` (a replay's outputs, cloned on each replay): the contiguous ones
     as views of one allocation per dtype and device, each view 64-byte aligned for vector loads (as DDP's
     gradient buckets: one allocator call instead of hundreds); the others with empty_like. The views come
-    from one C++ call (unflatten_dense_tensors, DDP's) over the sources and padding: densenet121's 364
-    gradients took 1.1 ms as Python slices and views, 0.33 ms so (dev VM)."""
+    from one C++ call (unflatten_dense_tensors, DDP's) over the sources and padding: Python slices and views of
+    hundreds of gradients cost several times more."""
 
     def __init__(self, tensors: list[torch.Tensor]):
         self.tensors = tensors
@@ -133,8 +133,8 @@ class FreshLike:
     def copies(self) -> list[torch.Tensor]:
         """New tensors holding the sources' values now. A group's values are copied into its allocation by one
         Triton launch on CUDA (gather_copy), else one concatenation: _foreach_copy_ of same-dtype tensors is one
-        cudaMemcpyAsync each (1,821 of them, ~9 ms of host time a step, for a training step's parameters, state
-        and gradients)."""
+        cudaMemcpyAsync each (thousands of them, milliseconds of host time a step, for a training step's
+        parameters, state and gradients)."""
         out: list = [None] * len(self.tensors)
         for i in self.loose:
             out[i] = torch.empty_like(self.tensors[i]).copy_(self.tensors[i])
@@ -151,7 +151,7 @@ class FreshLike:
 
 def _gather_copy(sources: list[torch.Tensor], offsets: list[int], device: torch.device, dtype: torch.dtype):
     """One Triton launch copying the sources (gather_copy), where Triton runs on this device: torch.cat of many
-    small tensors was ~9x slower than their bytes need."""
+    small tensors is several times slower than their bytes need."""
     if device.type != "cuda" or len(sources) < 2:
         return None
     try:
@@ -189,8 +189,8 @@ class _Recording:
 
     def with_native_checks(self, inputs: Sequence[torch.Tensor]) -> None:
         """Per-call checks in C++ from now on, where native_guards is loaded and every copied input's metadata
-        packs: densenet121's training step compared ~1,200 addresses and ~500 layouts a step in Python (0.4 ms
-        a replay on the H200 machine)."""
+        packs: a training step compares a thousand addresses and hundreds of layouts a replay, slow in
+        Python."""
         native = native_guards.checker()
         if native is None:
             return
@@ -201,7 +201,7 @@ class _Recording:
                        tuple(type(inputs[i]) for i in self.copy_in), b"".join(specs))
 
     def matches(self, inputs: Sequence[torch.Tensor]) -> bool:
-        """The per-call check (the full signature costs ~0.35 us a tensor; this ~0.06 for parameters)."""
+        """The per-call check (cheaper than the full signature: only the static inputs' addresses)."""
         if self.native is not None:
             native, static, ptrs, copied, types, specs = self.native
             got = native.data_ptrs(static(inputs))
@@ -355,8 +355,8 @@ class CUDAGraphed:
         with torch.cuda.graph(graph, pool=self.pool.handle, stream=stream):
             outputs = tuple(self.fn(*buffers))
             # copies back into static inputs (parameters, module buffers, optimizer state: fixed addresses) are
-            # recorded after the kernels: densenet121's step copied 425 tensors in two foreach copies after each
-            # replay (0.4 ms of host time). Those outputs are then the inputs themselves (passed through below).
+            # recorded after the kernels, so a replay leaves no copies for the host to launch. Those outputs are
+            # then the inputs themselves (passed through below).
             into = {o: i for i, o in self.copies_back if i in self.static and isinstance(outputs[o], torch.Tensor)
                     and where(outputs[o])[1:] == where(buffers[i])[1:] and where(outputs[o]) != where(buffers[i])}
             if into:

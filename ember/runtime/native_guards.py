@@ -2,13 +2,12 @@
 
 - `check(tensors, types, specs)`: tensor metadata. A tensor guard checks type, dtype, requires_grad, shape,
   stride and device. Written as Python (Guards.tensor) that is six attribute reads, each a trip through torch's
-  Python bindings (~40-90 ns; `t.shape` and `t.stride()` build a tuple): ~0.3 us a tensor on the dev VM, 80 us
-  of resnet50's 133 us cached-call frontend (267 tensors); batched as `list(map(attrgetter(...), tensors)) ==
-  [...]` it measured no faster (84 us): the getters cost, not the bytecode. Read from each tensor's C++
-  TensorImpl: ~2 us for 320 tensors.
+  Python bindings (`t.shape` and `t.stride()` build a tuple): most of a cached call's frontend for a model with
+  hundreds of tensors; batched as `list(map(attrgetter(...), tensors)) == [...]` it is no faster: the getters
+  cost, not the bytecode. Read from each tensor's C++ TensorImpl it costs a small fraction of that.
 - `check_consts(values, expected)`: each value is its expected int, float, str, bytes, complex, bool or None
-  (or a tuple of such, item by item), of exactly its type (the Python guard `type(S) is int and S == 1`, ~40 ns of bytecode each; resnet50 has
-  ~700, conv strides and paddings mostly).
+  (or a tuple of such, item by item), of exactly its type (the Python guard `type(S) is int and S == 1` each; a
+  CNN has hundreds, conv strides and paddings mostly).
 - `check_falsy(values)`: `not S` for each (a module's hook dicts are empty).
 - `check_dicts(values, keys)`: each is exactly a dict with these keys in this order (an optimizer's state
   dicts: `tuple(S) == keys` builds a tuple per parameter and call).
@@ -25,7 +24,7 @@ type is not plain torch.Tensor or nn.Parameter (subclasses may override the meta
 not dense strided tensors with concrete sizes, keep the Python checks (spec returns None).
 
 The extension includes torch's headers and links against its libraries, so it is built for this torch and
-Python: ~11 s of g++ on the dev VM, in the background (ember.runtime.cache's pool), cached on disk under
+Python: a long g++ run, in the background (ember.runtime.cache's pool), cached on disk under
 $EMBER_CACHE_DIR/guards by a hash of the source, flags, torch version and Python version. Entries made before
 it is loaded (Guards.condition asks, after the backend's compile), and all if it cannot be built (no compiler)
 or EMBER_NATIVE_GUARDS=0, use the Python checks, which prove the same.

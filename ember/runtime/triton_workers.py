@@ -1,7 +1,7 @@
 """Triton kernels compiled in worker processes.
 
 Triton turns a kernel's Python AST into MLIR in Python, holding the GIL, so threads run that part of one kernel at
-a time: in densenet121's training step (~350 kernels) it was most of the cold compile. Workers are processes
+a time: in a training step of hundreds of kernels that is most of the cold compile. Workers are processes
 running this file (they import Triton, not torch or ember). Each compiles a kernel into Triton's on-disk cache, and
 the parent's own compile of it (`fn.warmup`) is then a cache hit: it reads the binary.
 
@@ -11,7 +11,7 @@ target: what Triton's `preload` takes) and returns True, so the parent compiles 
 same source object and compiles it for that target, so the cache key is the parent's.
 
 Anything a worker cannot do (a dead worker, an error, a Triton without the hook) returns False, and the parent
-compiles the kernel itself as before.
+compiles the kernel itself.
 """
 from __future__ import annotations
 

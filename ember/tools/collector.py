@@ -2,7 +2,7 @@
 
 A compile allocates hundreds of thousands of short-lived objects (fake tensors, fx nodes, the min-cut's dicts,
 sympy expressions), which sets off collections of the oldest generation, and each of those walks the whole heap,
-a model library's included (0.25-0.45 s each on the dev VM; a third of GPT-2's training graphs' code generation).
+a model library's included (a large part of a transformer's training-graph code generation).
 Two ways around it:
 
 - `paused()`: no collection at all while the frontend captures a frame (and the backend compiles inside it) or

@@ -7,7 +7,7 @@ import torch.fx
 
 from ember import config
 from ember.autograd import aot_eager, aot_module, trace_forward, trace_joint
-from ember.autograd.trace import run_graph
+from ember.autograd.after_graph import run_graph
 
 
 def _is_mutating(node):
@@ -284,7 +284,7 @@ def test_graph_that_switches_grad_mode_leaves_it_switched(x_requires_grad):
         torch.set_grad_enabled(True)
 
 
-# ------------------------------------------------------------------ direct output metadata (trace._DIRECT)
+# ------------------------------------------------------------------ direct output metadata (fake_dispatch._DIRECT)
 
 def _fake_meta(t):
     return (tuple(t.shape), t.stride(), t.dtype, t.device, t.storage_offset(), t._is_view(), t.requires_grad,
@@ -295,7 +295,7 @@ def _direct_and_dispatched(op, make_args):
     """(the rule's outputs, FakeTensorMode's outputs) for the same arguments, each made in its own fake mode
     (so the rule cannot reuse a cached dispatch)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from ember.autograd.trace import _DIRECT
+    from ember.autograd.fake_dispatch import _DIRECT
     out = []
     for direct in (True, False):
         mode = FakeTensorMode()
@@ -334,7 +334,7 @@ def test_direct_eval_batch_norm_is_fake_tensor_mode(device, dtype, affine):
 @pytest.mark.parametrize("case", ["channels_last", "training", "stat_dtype"])
 def test_direct_batch_norm_falls_through(case):
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from ember.autograd.trace import _DIRECT
+    from ember.autograd.fake_dispatch import _DIRECT
     aten = torch.ops.aten
     kw = {"channels_last": dict(layout=torch.channels_last), "training": dict(training=True),
           "stat_dtype": dict(dtype=torch.float16, stat_dtype=torch.float32)}[case]
@@ -367,7 +367,7 @@ def test_direct_convolution_is_fake_tensor_mode(dtype, shape, stride, padding, d
 
 def test_direct_convolution_falls_through():
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from ember.autograd.trace import _DIRECT
+    from ember.autograd.fake_dispatch import _DIRECT
     aten = torch.ops.aten
     with FakeTensorMode():
         x = torch.empty(2, 4, 8, 8).to(memory_format=torch.channels_last)
@@ -391,9 +391,9 @@ def _graph_meta(gm):
 
 @pytest.mark.parametrize("training", [False, True])
 def test_dispatch_memo_same_graphs(monkeypatch, training):
-    """The recorder's memo of fake dispatches (trace._memo_fake_call) gives the graphs and node metadata that
+    """The recorder's memo of fake dispatches (fake_dispatch._memo_fake_call) gives the graphs and node metadata that
     dispatching every op gives, on repeated layers where it answers most ops; its outputs are fresh tensors."""
-    import ember.autograd.trace as tr
+    import ember.autograd.fake_dispatch as fake_dispatch
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -411,14 +411,14 @@ def test_dispatch_memo_same_graphs(monkeypatch, training):
     x = torch.randn(2, 5, 16, requires_grad=training)
     trace = trace_joint if training else trace_forward
     hits = []
-    from_spec = tr._from_spec
+    from_spec = fake_dispatch._from_spec
 
     def counting(mode, spec):
         out = from_spec(mode, spec)
         if isinstance(out, torch.Tensor):   # (a tuple's items come through here one by one)
             hits.append(out)
         return out
-    monkeypatch.setattr(tr, "_from_spec", counting)
+    monkeypatch.setattr(fake_dispatch, "_from_spec", counting)
     with torch.set_grad_enabled(training):
         with_memo = _graph_meta(trace(model, [x])[0])
         monkeypatch.setattr(config, "MEMO", False)
@@ -432,7 +432,7 @@ def test_dispatch_memo_same_graphs(monkeypatch, training):
 def test_dispatch_memo_keys():
     """What the memo keys on: tensor metadata, scalars by type and value; anything else is not memoized."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from ember.autograd.trace import _memo_key
+    from ember.autograd.fake_dispatch import _memo_key
     mode, other = FakeTensorMode(), FakeTensorMode()
     with mode:
         a, b, c = torch.empty(2, 3), torch.empty(2, 3), torch.empty(3, 2).t()
@@ -452,7 +452,8 @@ def test_no_grad_copy_backs_follow_the_pattern_of_in_place_writes():
     place: a call whose graph wrote none in place (the host program's fallback for overlapping inputs) copies
     every value back, one where it wrote all bumps their versions only, and the first pattern's plan is
     reused when it comes back; mixed dtypes are copied as eager would."""
-    from ember.autograd.trace import InputMutation, OutputSpec, TraceMeta, finish
+    from ember.autograd.after_graph import finish
+    from ember.autograd.trace_meta import InputMutation, OutputSpec, TraceMeta
     import torch.utils._pytree as pytree
     muts = [InputMutation(i, i, grad_enabled=False, grad_written=False) for i in range(3)]
     meta = TraceMeta(num_inputs=3, lifted=[], outputs=[OutputSpec("const", value=None)],

@@ -1,0 +1,241 @@
+"""Running an ATen op on fake tensors for the recorder: walking an op's arguments for tensors, direct output
+metadata for ops whose fake dispatch is slow, and a trace's own memo of fake dispatches."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._mode_utils import no_dispatch
+
+from ember.autograd.functionalize import _is_write
+from ember.ir.meta import FLOATS, contiguous_strides, conv2d_output_shape
+
+aten = torch.ops.aten
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    _collect_tensors(x, out)
+    return out
+
+
+# An ATen op's arguments and results are tensors, (nested) lists and tuples of them, and a kwargs dict: walked
+# directly, pytree's general tree functions cost more than the recorder's own bookkeeping of an op.
+
+def _collect_tensors(x, out: list) -> None:
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif type(x) in (list, tuple):
+        for y in x:
+            _collect_tensors(y, out)
+    elif type(x) is dict:
+        for y in x.values():
+            _collect_tensors(y, out)
+    elif isinstance(x, (list, tuple, dict)):   # a namedtuple, a dict subclass: pytree knows them
+        out.extend(t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
+
+
+def _map_tensors(x, fn: Callable):
+    """pytree.tree_map_only(torch.Tensor, fn, x) for an ATen op's arguments (see _collect_tensors)."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    t = type(x)
+    if t is list or t is tuple:
+        return t([_map_tensors(y, fn) for y in x])
+    if t is dict:
+        return {k: _map_tensors(y, fn) for k, y in x.items()}
+    if isinstance(x, (list, tuple, dict)):
+        return pytree.tree_map_only(torch.Tensor, fn, x)
+    return x
+
+
+def _all_fake(x) -> bool:
+    """No real (non-fake) tensor among an op's arguments."""
+    if isinstance(x, torch.Tensor):
+        return isinstance(x, FakeTensor)
+    t = type(x)
+    if t is list or t is tuple:
+        return all(_all_fake(y) for y in x)
+    if t is dict:
+        return all(_all_fake(y) for y in x.values())
+    if isinstance(x, (list, tuple, dict)):
+        return all(isinstance(y, FakeTensor) for y in pytree.tree_leaves(x) if isinstance(y, torch.Tensor))
+    return True
+
+
+# ------------------------------------------------------------------------------ direct output metadata
+
+def _plain(t, device, dtype) -> bool:
+    """A fake tensor with canonical contiguous strides, of `dtype`, on `device`, no conj/neg bit."""
+    return (type(t) is FakeTensor and t.dtype == dtype and t.fake_device == device and t.layout is torch.strided
+            and t.storage_offset() == 0 and t.stride() == contiguous_strides(t.shape) and not t.is_neg()
+            and not t.is_conj() and t.constant is None)
+
+
+def _fresh(mode: FakeTensorMode, shape, dtype, device) -> FakeTensor:
+    shape = tuple(shape)
+    return _fake_tensor(mode, shape, contiguous_strides(shape), dtype, device)
+
+
+def _fake_tensor(mode: FakeTensorMode, shape, stride, dtype, device) -> FakeTensor:
+    """A fresh fake tensor, made as FakeTensorMode makes one: its meta tensor with Python dispatch off (this
+    runs inside the recorder's dispatch, where the FakeTensorMode below would otherwise take the factory call)."""
+    with no_dispatch():
+        meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return FakeTensor(mode, meta, device)
+
+
+def _eval_batch_norm(args, kwargs):
+    """native_batch_norm(input, weight, bias, running_mean, running_var, training=False, momentum, eps): its
+    meta function is a Python decomposition on meta tensors, slow for each new shape (a large part of a CNN's
+    trace). For a contiguous input and same-dtype vectors: a contiguous output like the input, and the saved
+    statistics as FakeTensorMode computes them: empty on a CPU, the running statistics' copies (in the
+    computation dtype, float32 for half inputs) elsewhere."""
+    if kwargs or len(args) != 8 or args[5] is not False:
+        return None
+    x, w, b, rm, rv = args[:5]
+    if type(x) is not FakeTensor or x.dtype not in FLOATS or x.dim() < 2 or x.numel() == 0 or rm is None or \
+            rv is None or type(args[6]) not in (float, int) or type(args[7]) not in (float, int):
+        return None
+    device, dtype, channels = x.fake_device, x.dtype, x.shape[1]
+    if not _plain(x, device, dtype):
+        return None
+    for v in (w, b, rm, rv):
+        if v is not None and (not _plain(v, device, dtype) or tuple(v.shape) != (channels,)):
+            return None
+    mode = x.fake_mode
+    if mode.in_kernel_invocation or any(v is not None and v.fake_mode is not mode for v in (w, b, rm, rv)):
+        return None
+    if device.type == "cpu":
+        stats = [_fresh(mode, (0,), dtype, device) for _ in range(2)]
+    else:
+        compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        stats = [_fresh(mode, (channels,), compute, device) for _ in range(2)]
+    return (_fresh(mode, x.shape, dtype, device), *stats)
+
+
+def _cpu_convolution(args, kwargs):
+    """convolution(input, weight, bias, stride, padding, dilation, transposed=False, output_padding, groups)
+    of a 4-D contiguous float32/float64 CPU input and weight: a contiguous output (ember.ir.meta's conv2d
+    rule, at the ATen level). Its meta function runs in Python, milliseconds a call."""
+    if kwargs or len(args) != 9 or args[6] is not False:
+        return None
+    x, w, bias, stride, padding, dilation, _, _, groups = args
+    if type(x) is not FakeTensor or type(w) is not FakeTensor or x.dim() != 4 or w.dim() != 4 or \
+            x.fake_device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or type(groups) is not int:
+        return None
+    device, dtype = x.fake_device, x.dtype
+    if not (_plain(x, device, dtype) and _plain(w, device, dtype)) or x.numel() == 0 or w.numel() == 0 or \
+            (bias is not None and not _plain(bias, device, dtype)):
+        return None
+    if not all(isinstance(v, (list, tuple)) and len(v) == 2 and all(type(i) is int for i in v)
+               for v in (stride, padding, dilation)):
+        return None
+    mode = x.fake_mode
+    if mode.in_kernel_invocation or w.fake_mode is not mode or (bias is not None and bias.fake_mode is not mode):
+        return None
+    shape = conv2d_output_shape(x.shape, w.shape, stride, padding, dilation, groups)
+    if shape is None or (bias is not None and tuple(bias.shape) != (shape[1],)):
+        return None
+    return _fresh(mode, shape, dtype, device)
+
+
+# ops whose FakeTensorMode dispatch is slow, answered directly for the inputs their rule takes (None: dispatch);
+# tests/autograd/test_trace.py compares each rule with FakeTensorMode
+_DIRECT = {aten.native_batch_norm.default: _eval_batch_norm, aten.convolution.default: _cpu_convolution}
+
+
+# ------------------------------------------------------------------------------ a trace's own dispatch memo
+
+_SCALARS = (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_UNMEMOIZED_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output, torch.Tag.inplace_view)
+
+
+def _memo_key(mode: FakeTensorMode, x):
+    """What an op's output metadata can depend on in argument x: a fake tensor's metadata, a scalar's type and
+    value, a list's items; None where x is anything else (the op is then dispatched as usual)."""
+    if type(x) is FakeTensor:
+        if x.fake_mode is not mode or x.constant is not None or x.layout is not torch.strided:
+            return None
+        return (x.shape, x.stride(), x.dtype, x.fake_device, x.storage_offset(), x.requires_grad, x.is_neg(),
+                x.is_conj())
+    t = type(x)
+    if t in _SCALARS:
+        return (t, x)
+    if t is float:
+        return (t, x) if x == x else None                    # (nan: never equal to itself)
+    if t is list or t is tuple:
+        items = [_memo_key(mode, y) for y in x]
+        return None if any(k is None for k in items) else (t, *items)
+    return None
+
+
+def _fresh_spec(out, inputs: list):
+    """out as (shape, stride, dtype, device) per tensor (a tuple/list of them as such), when each is a plain
+    tensor of its own storage (no input's, no other output's: a view returned under a schema that does not say
+    so, e.g. _unsafe_view, is not memoized); None otherwise."""
+    outs = [out] if isinstance(out, torch.Tensor) else list(out) if type(out) in (tuple, list) else None
+    if not outs or not all(type(o) is FakeTensor for o in outs):
+        return None
+    storages = {t.untyped_storage()._cdata for t in inputs}
+    specs = []
+    for o in outs:
+        if o.storage_offset() != 0 or o.layout is not torch.strided or o.is_neg() or o.is_conj() or \
+                o.requires_grad or o.constant is not None:
+            return None
+        st = o.untyped_storage()
+        need = 0 if o.numel() == 0 else (1 + sum((n - 1) * d for n, d in zip(o.shape, o.stride()))) * o.element_size()
+        if st._cdata in storages or st.nbytes() != need:
+            return None
+        storages.add(st._cdata)
+        specs.append((tuple(o.shape), o.stride(), o.dtype, o.fake_device))
+    return specs[0] if isinstance(out, torch.Tensor) else (type(out), specs)
+
+
+def _from_spec(mode: FakeTensorMode, spec):
+    if type(spec[0]) is type:
+        return spec[0](_from_spec(mode, s) for s in spec[1])
+    return _fake_tensor(mode, *spec)
+
+
+def _memo_fake_call(memo: dict, mode: FakeTensorMode, func, args, kwargs):
+    """_fake_call through a memo of this trace's own: a model's repeated layers dispatch the same ops on the same
+    metadata over and over, and FakeTensorMode's process-wide cache, though it answers them, spends most of a
+    dispatch on its general cache key (about half of a transformer's joint trace). Ops that may return
+    views, depend on data or reshape in place are dispatched as usual, and so is any call whose arguments hold
+    something _memo_key does not describe; a fresh tensor per output is made from the remembered metadata, as
+    FakeTensorMode's own cache makes it."""
+    ok = memo.get(func)
+    if ok is None:
+        schema = func._schema
+        ok = memo[func] = not any(r.alias_info is not None for r in schema.returns) and \
+            not any(_is_write(a) for a in schema.arguments) and not any(t in func.tags for t in _UNMEMOIZED_TAGS)
+    if not ok or mode.in_kernel_invocation:
+        return _fake_call(func, args, kwargs)
+    key = _memo_key(mode, args)
+    kw = _memo_key(mode, tuple(kwargs.items())) if kwargs else ()
+    if key is None or kw is None:
+        return _fake_call(func, args, kwargs)
+    key = (func, key, kw)
+    spec = memo.get(key)
+    if spec is not None:
+        return _from_spec(mode, spec)
+    out = _fake_call(func, args, kwargs)
+    spec = _fresh_spec(out, _tensors((args, kwargs)))
+    if spec is not None:
+        memo[key] = spec
+    return out
+
+
+def _fake_call(func, args, kwargs):
+    """func on fake tensors. The foreach ops' fake kernels refuse a CPU `scalars` tensor (the optimizers' stacked
+    step sizes, `_foreach_addcdiv.Tensor`): their results are shaped like `self`, made here instead."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as e:
+        if not (func._schema.name.startswith("aten::_foreach_add") and "scalars" in str(e)
+                and func._overloadname == "Tensor"):
+            raise
+        return [torch.empty_like(t) for t in args[0]]
