@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import keyword
 import types
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from ember.frontend.signals import PyError
 from ember.frontend.values import (
     BoundV, ClosureV, ConstV, DictV, GradModeCtxV, IterV, ListV, NewObjV, ObjV, SetV, SuperV, TensorV, TupleV, V,
 )
+
+if TYPE_CHECKING:
+    from ember.frontend.interpreter import Frame
 
 
 def attr_source(parent: str | None, name: str) -> str | None:
@@ -40,140 +44,183 @@ def _real_attr(cap: Capture, t: TensorV, name: str):
     raise Unsupported(f"tensor attribute {name}")
 
 
+def unsupported_attribute(frame: Frame, obj: V, name: str) -> Unsupported:
+    return Unsupported(f"attribute {name!r} of {frame.type_name(obj)}", frame.where())
+
+
+def super_attribute(frame: Frame, obj: SuperV, name: str) -> V:
+    """super().name: looked up along the MRO after the class super() names."""
+    cls = obj.cls
+    mro = type(frame.python_object_type(obj.obj)).__mro__ if not isinstance(obj.obj, NewObjV) else obj.obj.cls.__mro__
+    for klass in mro[mro.index(cls) + 1:]:
+        if name in vars(klass):
+            return frame.bind_descriptor(obj.obj, vars(klass)[name], name, None, klass)
+    raise Unsupported(f"super().{name} not found", frame.where())
+
+
+def new_object_attribute(frame: Frame, obj: NewObjV, name: str) -> V:
+    """An instance made during capture: its own attributes, then its class's."""
+    if name in obj.attrs:
+        return obj.attrs[name]
+    if name == "__class__":
+        return ObjV(obj.cls)
+    static = lookup_static(obj.cls, name)
+    if static is MISSING:
+        raise frame.no_attribute(obj, name, f"{obj.cls.__name__} object has no attribute {name!r}")
+    return frame.bind_descriptor(obj, static, name, None, obj.cls)
+
+
+def object_attribute(frame: Frame, obj: ObjV, name: str) -> V:
+    """A real object: module, nn.Module, class, function or instance (descriptors, properties, __getattr__)."""
+    cap = frame.cap
+    value = obj.value
+    if name in obj.writes:
+        return obj.writes[name]
+    if name in obj.deleted:
+        raise Unsupported(f"attribute {name!r} was deleted", frame.where())
+    if isinstance(value, torch.nn.Module):
+        d = value.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            if name in d[table]:
+                src = f"{obj.source}.{table}[{name!r}]" if obj.source else None
+                return cap.wrap(d[table][name], src)
+        if name == "training":
+            return cap.wrap(value.training, f"{obj.source}.training" if obj.source else None)
+    if isinstance(value, types.ModuleType):
+        try:
+            attr = getattr(value, name)
+        except AttributeError:
+            raise frame.no_attribute(obj, name, f"module {value.__name__} has no attribute {name!r}")
+        trusted = value.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
+        return cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))
+    if isinstance(value, type):
+        if is_namedtuple_cls(value) and name == "_make":
+            return BoundV(obj, "_make")
+        static = lookup_static(value, name)
+        if isinstance(static, (classmethod,)):
+            return BoundV(obj, static.__func__)
+        if isinstance(static, staticmethod):
+            return ObjV(static.__func__)
+        if isinstance(static, types.FunctionType):
+            return ObjV(static)
+        try:
+            attr = getattr(value, name)
+        except AttributeError:
+            raise frame.no_attribute(obj, name, f"type object {value.__name__!r} has no attribute {name!r}")
+        trusted = value.__module__.split(".")[0] in TRUSTED_MODULE_PREFIXES
+        return cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstV(getattr(value, name))
+        if isinstance(value, types.MethodType) and name in ("__self__", "__func__"):
+            return cap.wrap(getattr(value, name), attr_source(obj.source, name))
+        if isinstance(value, functools.partial) and name in ("func", "args", "keywords"):
+            return cap.wrap(getattr(value, name), attr_source(obj.source, name))
+        try:
+            return cap.wrap(getattr(value, name), attr_source(obj.source, name))
+        except AttributeError:
+            raise frame.no_attribute(obj, name, f"function has no attribute {name!r}")
+    # instances
+    if type(value).__getattribute__ is not object.__getattribute__ and not isinstance(value, torch.nn.Module):
+        try:  # a class that computes attributes (transformers' configs): read it, guard what was read
+            attr = getattr(value, name)
+        except AttributeError as e:
+            raise frame.no_attribute(obj, name, str(e))
+        if not callable(attr) or isinstance(attr, type):
+            return cap.wrap(attr, attr_source(obj.source, name))
+    inst_dict = getattr(value, "__dict__", None)
+    static = lookup_static(type(value), name)
+    if isinstance(static, (property, types.FunctionType, staticmethod, classmethod)) or \
+            is_data_descriptor(static):
+        return frame.bind_descriptor(obj, static, name, value, type(value))
+    if inst_dict is not None and name in inst_dict:
+        return cap.wrap(inst_dict[name], attr_source(obj.source, name))
+    if static is not MISSING:
+        return frame.bind_descriptor(obj, static, name, value, type(value))
+    getattr_fn = lookup_static(type(value), "__getattr__")
+    if isinstance(value, torch.nn.Module) or getattr_fn is MISSING:
+        raise frame.no_attribute(obj, name, f"{type(value).__name__!r} object has no attribute {name!r}")
+    if isinstance(getattr_fn, types.FunctionType):
+        return frame.call(BoundV(obj, getattr_fn), [ConstV(name)], {})
+    raise Unsupported(f"attribute {name!r} of {type(value).__name__}", frame.where())
+
+
+def tuple_attribute(frame: Frame, obj: TupleV, name: str) -> V:
+    """A named tuple's or struct sequence's fields and methods; count and index."""
+    if obj.cls is not tuple and (is_namedtuple_cls(obj.cls) or is_structseq_cls(obj.cls)):
+        fields = structseq_fields(obj.cls) if not is_namedtuple_cls(obj.cls) else list(obj.cls._fields)
+        if name in fields:
+            return obj.items[fields.index(name)]
+    if name in ("count", "index"):
+        return BoundV(obj, name)
+    if is_namedtuple_cls(obj.cls) and name in ("_asdict", "_replace"):
+        return BoundV(obj, name)
+    if is_namedtuple_cls(obj.cls) and name == "_fields":
+        return frame.const_v(obj.cls._fields)
+    if is_namedtuple_cls(obj.cls):
+        static = lookup_static(obj.cls, name)
+        if isinstance(static, (types.FunctionType, property)):
+            return frame.bind_descriptor(obj, static, name, None, obj.cls)
+    raise unsupported_attribute(frame, obj, name)
+
+
+def dict_attribute(frame: Frame, obj: DictV, name: str) -> V:
+    """A dict's methods; the fields of a dataclass that is a dict (transformers' ModelOutput)."""
+    if obj.cls is not dict and dataclasses.is_dataclass(obj.cls):
+        if name in {f.name for f in dataclasses.fields(obj.cls)}:
+            return obj.items.get(name, ConstV(None))
+        if name == "to_tuple":
+            return BoundV(obj, name)
+    if name in CONTAINER_METHODS[type(obj)]:
+        return BoundV(obj, name)
+    raise unsupported_attribute(frame, obj, name)
+
+
+def container_attribute(frame: Frame, obj: ListV | SetV, name: str) -> V:
+    """A list's or set's methods, called by name (ember.frontend.methods)."""
+    if name in CONTAINER_METHODS[type(obj)]:
+        return BoundV(obj, name)
+    raise unsupported_attribute(frame, obj, name)
+
+
+def constant_attribute(frame: Frame, obj: ConstV, name: str) -> V:
+    try:
+        attr = getattr(obj.value, name)
+    except AttributeError:
+        raise frame.no_attribute(obj, name, f"{type(obj.value).__name__!r} object has no attribute {name!r}")
+    if isinstance(attr, CONST_TYPES) and not callable(attr):
+        return ConstV(attr)
+    if isinstance(attr, types.BuiltinMethodType) or callable(attr):
+        return ObjV(attr)
+    return frame.from_python(attr)
+
+
+def grad_mode_attribute(frame: Frame, obj: GradModeCtxV, name: str) -> V:
+    if name in ("__enter__", "__exit__"):
+        return BoundV(obj, name)
+    raise unsupported_attribute(frame, obj, name)
+
+
+def closure_attribute(frame: Frame, obj: ClosureV, name: str) -> V:
+    if name in ("__name__", "__qualname__"):
+        return ConstV(obj.name)
+    raise unsupported_attribute(frame, obj, name)
+
+
+def iterator_attribute(frame: Frame, obj: IterV, name: str) -> V:
+    if name == "__next__":
+        return BoundV(obj, name)
+    raise unsupported_attribute(frame, obj, name)
+
+
 class Attributes:
     """Frame methods for attribute reads and writes."""
 
     def getattr(self, obj: V, name: str) -> V:
-        cap = self.cap
-        if isinstance(obj, TensorV):
-            return self.tensor_attr(obj, name)
-        if isinstance(obj, SuperV):
-            cls = obj.cls
-            mro = type(self.python_object_type(obj.obj)).__mro__ if not isinstance(obj.obj, NewObjV) else obj.obj.cls.__mro__
-            for klass in mro[mro.index(cls) + 1:]:
-                if name in vars(klass):
-                    return self.bind_descriptor(obj.obj, vars(klass)[name], name, None, klass)
-            raise Unsupported(f"super().{name} not found", self.where())
-        if isinstance(obj, NewObjV):
-            if name in obj.attrs:
-                return obj.attrs[name]
-            if name == "__class__":
-                return ObjV(obj.cls)
-            static = lookup_static(obj.cls, name)
-            if static is MISSING:
-                raise self.no_attribute(obj, name, f"{obj.cls.__name__} object has no attribute {name!r}")
-            return self.bind_descriptor(obj, static, name, None, obj.cls)
-        if isinstance(obj, ObjV):
-            value = obj.value
-            if name in obj.writes:
-                return obj.writes[name]
-            if name in obj.deleted:
-                raise Unsupported(f"attribute {name!r} was deleted", self.where())
-            if isinstance(value, torch.nn.Module):
-                d = value.__dict__
-                for table in ("_parameters", "_buffers", "_modules"):
-                    if name in d[table]:
-                        src = f"{obj.source}.{table}[{name!r}]" if obj.source else None
-                        return cap.wrap(d[table][name], src)
-                if name == "training":
-                    return cap.wrap(value.training, f"{obj.source}.training" if obj.source else None)
-            if isinstance(value, types.ModuleType):
-                try:
-                    attr = getattr(value, name)
-                except AttributeError:
-                    raise self.no_attribute(obj, name, f"module {value.__name__} has no attribute {name!r}")
-                trusted = value.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
-                return cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))
-            if isinstance(value, type):
-                if is_namedtuple_cls(value) and name == "_make":
-                    return BoundV(obj, "_make")
-                static = lookup_static(value, name)
-                if isinstance(static, (classmethod,)):
-                    return BoundV(obj, static.__func__)
-                if isinstance(static, staticmethod):
-                    return ObjV(static.__func__)
-                if isinstance(static, types.FunctionType):
-                    return ObjV(static)
-                try:
-                    attr = getattr(value, name)
-                except AttributeError:
-                    raise self.no_attribute(obj, name, f"type object {value.__name__!r} has no attribute {name!r}")
-                trusted = value.__module__.split(".")[0] in TRUSTED_MODULE_PREFIXES
-                return cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))
-            if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)):
-                if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-                    return ConstV(getattr(value, name))
-                if isinstance(value, types.MethodType) and name in ("__self__", "__func__"):
-                    return cap.wrap(getattr(value, name), attr_source(obj.source, name))
-                if isinstance(value, functools.partial) and name in ("func", "args", "keywords"):
-                    return cap.wrap(getattr(value, name), attr_source(obj.source, name))
-                try:
-                    return cap.wrap(getattr(value, name), attr_source(obj.source, name))
-                except AttributeError:
-                    raise self.no_attribute(obj, name, f"function has no attribute {name!r}")
-            # instances
-            if type(value).__getattribute__ is not object.__getattribute__ and not isinstance(value, torch.nn.Module):
-                try:  # a class that computes attributes (transformers' configs): read it, guard what was read
-                    attr = getattr(value, name)
-                except AttributeError as e:
-                    raise self.no_attribute(obj, name, str(e))
-                if not callable(attr) or isinstance(attr, type):
-                    return cap.wrap(attr, attr_source(obj.source, name))
-            inst_dict = getattr(value, "__dict__", None)
-            static = lookup_static(type(value), name)
-            if isinstance(static, (property, types.FunctionType, staticmethod, classmethod)) or \
-                    is_data_descriptor(static):
-                return self.bind_descriptor(obj, static, name, value, type(value))
-            if inst_dict is not None and name in inst_dict:
-                return cap.wrap(inst_dict[name], attr_source(obj.source, name))
-            if static is not MISSING:
-                return self.bind_descriptor(obj, static, name, value, type(value))
-            getattr_fn = lookup_static(type(value), "__getattr__")
-            if isinstance(value, torch.nn.Module) or getattr_fn is MISSING:
-                raise self.no_attribute(obj, name, f"{type(value).__name__!r} object has no attribute {name!r}")
-            if isinstance(getattr_fn, types.FunctionType):
-                return self.call(BoundV(obj, getattr_fn), [ConstV(name)], {})
-            raise Unsupported(f"attribute {name!r} of {type(value).__name__}", self.where())
-        if isinstance(obj, TupleV):
-            if obj.cls is not tuple and (is_namedtuple_cls(obj.cls) or is_structseq_cls(obj.cls)):
-                fields = structseq_fields(obj.cls) if not is_namedtuple_cls(obj.cls) else list(obj.cls._fields)
-                if name in fields:
-                    return obj.items[fields.index(name)]
-            if name in ("count", "index"):
-                return BoundV(obj, name)
-            if is_namedtuple_cls(obj.cls) and name in ("_asdict", "_replace"):
-                return BoundV(obj, name)
-            if is_namedtuple_cls(obj.cls) and name == "_fields":
-                return self.const_v(obj.cls._fields)
-            if is_namedtuple_cls(obj.cls):
-                static = lookup_static(obj.cls, name)
-                if isinstance(static, (types.FunctionType, property)):
-                    return self.bind_descriptor(obj, static, name, None, obj.cls)
-        if isinstance(obj, DictV) and obj.cls is not dict and dataclasses.is_dataclass(obj.cls):
-            if name in {f.name for f in dataclasses.fields(obj.cls)}:
-                return obj.items.get(name, ConstV(None))
-            if name == "to_tuple":
-                return BoundV(obj, name)
-        if isinstance(obj, (ListV, DictV, SetV)):
-            if name in CONTAINER_METHODS[type(obj)]:
-                return BoundV(obj, name)
-        if isinstance(obj, ConstV):
-            try:
-                attr = getattr(obj.value, name)
-            except AttributeError:
-                raise self.no_attribute(obj, name, f"{type(obj.value).__name__!r} object has no attribute {name!r}")
-            if isinstance(attr, CONST_TYPES) and not callable(attr):
-                return ConstV(attr)
-            if isinstance(attr, types.BuiltinMethodType) or callable(attr):
-                return ObjV(attr)
-            return self.from_python(attr)
-        if isinstance(obj, GradModeCtxV) and name in ("__enter__", "__exit__"):
-            return BoundV(obj, name)
-        if isinstance(obj, (ClosureV,)) and name in ("__name__", "__qualname__"):
-            return ConstV(obj.name)
-        if isinstance(obj, IterV) and name == "__next__":
-            return BoundV(obj, name)
-        raise Unsupported(f"attribute {name!r} of {self.type_name(obj)}", self.where())
+        reader = ATTRIBUTE_READERS.get(type(obj))
+        if reader is None:
+            raise unsupported_attribute(self, obj, name)
+        return reader(self, obj, name)
 
     def no_attribute(self, obj: V, name: str, msg: str) -> PyError:
         if obj.source is not None:
@@ -273,3 +320,16 @@ class Attributes:
             return
         raise Unsupported(f"setting attribute {name!r} of {self.type_name(obj)}", self.where())
 
+
+def tensor_attribute(frame: Frame, obj: TensorV, name: str) -> V:
+    return frame.tensor_attr(obj, name)
+
+
+# The attribute reader of each kind of value, by its exact class: the kinds in ember.frontend.values are leaf
+# classes (tests/frontend/test_values.py checks that none is subclassed), so no order among them matters.
+ATTRIBUTE_READERS = {
+    TensorV: tensor_attribute, SuperV: super_attribute, NewObjV: new_object_attribute, ObjV: object_attribute,
+    TupleV: tuple_attribute, DictV: dict_attribute, ListV: container_attribute, SetV: container_attribute,
+    ConstV: constant_attribute, GradModeCtxV: grad_mode_attribute, ClosureV: closure_attribute,
+    IterV: iterator_attribute,
+}

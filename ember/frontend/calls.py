@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from ember.frontend.values import (
     NoOpCtxV, ObjV, PartialV, TensorV, TupleV, V,
 )
 
+if TYPE_CHECKING:
+    from ember.frontend.interpreter import Frame
+
 
 def _any_tensor(vs) -> bool:
     for v in vs:
@@ -42,36 +46,63 @@ def _callable_name(f) -> str:
     return f"{mod}.{getattr(f, '__qualname__', type(f).__name__)}"
 
 
+def cannot_call(frame: Frame, fn: V) -> Unsupported:
+    return Unsupported(f"calling {frame.type_name(fn)}", frame.where())
+
+
+def call_bound(frame: Frame, fn: BoundV, args: list[V], kwargs: dict[str, V]) -> V:
+    """A method bound to a value: by name (Tensor and container methods), a C method of a builtin base class,
+    an nn.Module traversal, or a Python function called with the value first."""
+    if isinstance(fn.func, str):
+        return frame.call_method(fn.self_v, fn.func, args, kwargs)
+    if isinstance(fn.func, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return frame.call_builtin_method(fn.self_v, fn.func, args, kwargs)
+    if isinstance(fn.self_v, ObjV) and isinstance(fn.self_v.value, torch.nn.Module) and \
+            fn.func is getattr(torch.nn.Module, fn.func.__name__, None) and fn.func.__name__ in MODULE_TRAVERSALS:
+        return frame.module_traversal(fn.self_v, fn.func.__name__, args, kwargs)
+    return frame.call(ObjV(fn.func), [fn.self_v] + args, kwargs)
+
+
+def call_closure(frame: Frame, fn: ClosureV, args: list[V], kwargs: dict[str, V]) -> V:
+    return frame.inline(fn.code, fn.globals, fn.defaults, fn.kwdefaults, fn.closure, args, kwargs, fn.name)
+
+
+def call_partial(frame: Frame, fn: PartialV, args: list[V], kwargs: dict[str, V]) -> V:
+    return frame.call(fn.func, fn.args + list(args), {**fn.kwargs, **kwargs})
+
+
+def call_grad_mode_exit(frame: Frame, fn: GradModeExitV, args: list[V], kwargs: dict[str, V]) -> V:
+    frame.set_grad(fn.prev)
+    return ConstV(None)
+
+
+def call_autocast_exit(frame: Frame, fn: AutocastExitV, args: list[V], kwargs: dict[str, V]) -> V:
+    return frame.exit_autocast(fn)
+
+
+def call_no_op_exit(frame: Frame, fn: NoOpCtxV, args: list[V], kwargs: dict[str, V]) -> V:
+    if fn.exit:
+        return ConstV(None)  # the __exit__ of a no-op context
+    raise cannot_call(frame, fn)
+
+
+def call_real_value(frame: Frame, fn: ObjV | ConstV, args: list[V], kwargs: dict[str, V]) -> V:
+    return frame.call_value(fn, fn.value, args, kwargs)
+
+
+def call_new_object(frame: Frame, fn: NewObjV, args: list[V], kwargs: dict[str, V]) -> V:
+    m = frame.getattr(fn, "__call__")
+    return frame.call(m, args, kwargs)
+
+
 class Calls:
     """Frame methods for calls."""
 
     def call(self, fn: V, args: list[V], kwargs: dict[str, V]) -> V:
-        if isinstance(fn, BoundV):
-            if isinstance(fn.func, str):
-                return self.call_method(fn.self_v, fn.func, args, kwargs)
-            if isinstance(fn.func, (types.MethodDescriptorType, types.WrapperDescriptorType)):
-                return self.call_builtin_method(fn.self_v, fn.func, args, kwargs)
-            if isinstance(fn.self_v, ObjV) and isinstance(fn.self_v.value, torch.nn.Module) and \
-                    fn.func is getattr(torch.nn.Module, fn.func.__name__, None) and fn.func.__name__ in MODULE_TRAVERSALS:
-                return self.module_traversal(fn.self_v, fn.func.__name__, args, kwargs)
-            return self.call(ObjV(fn.func), [fn.self_v] + args, kwargs)
-        if isinstance(fn, ClosureV):
-            return self.inline(fn.code, fn.globals, fn.defaults, fn.kwdefaults, fn.closure, args, kwargs, fn.name)
-        if isinstance(fn, PartialV):
-            return self.call(fn.func, fn.args + list(args), {**fn.kwargs, **kwargs})
-        if isinstance(fn, GradModeExitV):
-            self.set_grad(fn.prev)
-            return ConstV(None)
-        if isinstance(fn, AutocastExitV):
-            return self.exit_autocast(fn)
-        if isinstance(fn, NoOpCtxV) and fn.exit:
-            return ConstV(None)  # the __exit__ of a no-op context
-        if isinstance(fn, (ObjV, ConstV)):
-            return self.call_value(fn, fn.value, args, kwargs)
-        if isinstance(fn, NewObjV):
-            m = self.getattr(fn, "__call__")
-            return self.call(m, args, kwargs)
-        raise Unsupported(f"calling {self.type_name(fn)}", self.where())
+        caller = CALLERS_BY_KIND.get(type(fn))
+        if caller is None:
+            raise cannot_call(self, fn)
+        return caller(self, fn, args, kwargs)
 
     def call_value(self, fn_v: V, f, args: list[V], kwargs: dict[str, V]) -> V:
         if getattr(f, "__ember_disable__", False) or getattr(getattr(f, "__func__", None), "__ember_disable__", False):
@@ -322,3 +353,12 @@ class Calls:
             if v is not None and not self.is_none(v):
                 items[f.name] = v
         return DictV(items, cls=cls)
+
+
+# The caller of each kind of value, by its exact class: the kinds in ember.frontend.values are leaf classes
+# (tests/frontend/test_values.py checks that none is subclassed), so no order among them matters.
+CALLERS_BY_KIND = {
+    BoundV: call_bound, ClosureV: call_closure, PartialV: call_partial, GradModeExitV: call_grad_mode_exit,
+    AutocastExitV: call_autocast_exit, NoOpCtxV: call_no_op_exit, ObjV: call_real_value, ConstV: call_real_value,
+    NewObjV: call_new_object,
+}

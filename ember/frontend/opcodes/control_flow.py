@@ -170,7 +170,7 @@ def before_with(frame: Frame, inst: dis.Instruction) -> None:
         return
     if isinstance(ctx, NoOpCtxV):
         frame.push(NoOpCtxV(ctx.cls, ctx.args, exit=True))  # its __exit__: calling it does nothing (see call)
-        frame.push(ctx)  # record_function.__enter__ returns frame
+        frame.push(ctx)  # record_function.__enter__ returns self
         return
     enter = frame.getattr(ctx, "__enter__")
     exit_ = frame.getattr(ctx, "__exit__")
