@@ -39,8 +39,8 @@ from ember.frontend.values import CellV, ConstV, DictV, IterV, ObjV, TupleV, V
 
 
 def where(code: types.CodeType, offset: int) -> str:
-    """file:line of an instruction (every recorded op carries one: walking co_lines per op was a tenth of
-    GPT-2's capture, so each code's line starts are listed once)"""
+    """file:line of an instruction (every recorded op carries one, so each code's line starts are listed once
+    rather than co_lines walked per op: docs/evidence/frontend.md)"""
     starts = _LINE_STARTS.get(code)
     if starts is None:
         starts = _LINE_STARTS[code] = ([], [])
