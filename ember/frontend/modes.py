@@ -16,6 +16,8 @@ def restore_autocast(state: dict) -> None:
         torch.set_autocast_enabled(d, on)
         torch.set_autocast_dtype(d, dt)
 
+
+# autocast's context classes -> the device type they fix (None: the device is their first argument)
 AUTOCAST_CLASSES = {torch.autocast: None, torch.amp.autocast: None, torch.cpu.amp.autocast: "cpu",
                     torch.cuda.amp.autocast: "cuda"}   # the last two: the deprecated per-device spellings
 

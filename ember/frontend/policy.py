@@ -22,6 +22,7 @@ TORCH_IMPURE = {"manual_seed", "seed", "save", "load", "set_default_dtype", "set
                 "compile", "use_deterministic_algorithms", "set_num_threads", "set_rng_state", "get_rng_state",
                 "initial_seed", "set_float32_matmul_precision", "set_anomaly_enabled", "set_autocast_enabled",
                 "_assert_async", "set_default_tensor_type", "set_deterministic_debug_mode"}
+# torch functions that make tensors: recorded into the graph even without a tensor argument
 FACTORIES = {"zeros", "ones", "empty", "full", "arange", "linspace", "logspace", "tensor", "as_tensor", "randn",
              "rand", "randint", "randperm", "normal", "eye", "scalar_tensor", "empty_strided", "zeros_like",
              "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "bernoulli",
@@ -38,7 +39,7 @@ TORCH_PURE_CONST = {"is_grad_enabled", "get_default_dtype", "is_tensor", "is_flo
 # one graph and one CUDA-graph replay, faster; on the CPU one graph measured slower than a separate backward
 # (docs/evidence/frontend.md). Read as policy.BACKWARD_IN_GRAPH_DEVICES, so tests can widen it.
 BACKWARD_IN_GRAPH_DEVICES = {"cuda"}
-# Tensor methods that need the tensor's value in Python (or change its storage): a graph break
+# Tensor methods that need the tensor's value in Python (or change its storage): a graph break.
 TENSOR_METHODS_UNSUPPORTED = {"item", "tolist", "numpy", "backward", "register_hook", "retain_grad", "data_ptr",
                               "storage", "untyped_storage", "__bool__", "__int__", "__float__", "__index__",
                               "__len__", "__iter__", "__array__", "record_stream", "share_memory_", "pin_memory",
@@ -59,9 +60,11 @@ def _torch_callables() -> dict[int, str]:
     return found
 
 
+# id of each torch op (a callable of TORCH_NAMESPACES, not impure) -> its name, and -> the callable itself (an id
+# alone could be a dead object's reused one)
 TORCH_OPS = _torch_callables()
 TORCH_OP_OBJS = {id(v): v for ns in TORCH_NAMESPACES for _, v in _namespace_items(ns) if id(v) in TORCH_OPS}
-# modules whose functions ember evaluates or reads without guarding their identity: their contents are fixed
+# modules whose attributes ember reads without guarding them: their contents are fixed for the process
 TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "functools", "itertools", "collections", "builtins",
                            "numbers", "typing", "enum", "dataclasses", "warnings", "inspect", "abc", "copy")
 # builtins without side effects: evaluated at capture time on constant arguments

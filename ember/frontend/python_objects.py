@@ -9,8 +9,10 @@ import types
 
 import torch
 
+# code object flags (co_flags)
 CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR = 0x20, 0x80, 0x200
 CO_VARARGS, CO_VARKEYWORDS = 0x04, 0x08
+# the types of dict views (d.keys(), d.values(), d.items())
 DICT_VIEWS = {type({}.keys()), type({}.values()), type({}.items()), type(collections.OrderedDict().keys()),
               type(collections.OrderedDict().values()), type(collections.OrderedDict().items())}
 

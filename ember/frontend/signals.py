@@ -22,6 +22,8 @@ class PyError(Unsupported):
 
 
 class Return(Exception):
+    """A frame's return value, raised by the return opcodes to end the frame loop."""
+
     def __init__(self, value: V):
         self.value = value
 
