@@ -37,7 +37,7 @@ def _isinstance(fr: Frame, args, kwargs):
     return ConstV(issubclass(t, classes))
 
 
-def classes_of(v: V):
+def classes_of(v: V) -> type | tuple:
     if isinstance(v, TupleV):
         return tuple(classes_of(x) for x in v.items)
     return v.value
@@ -248,7 +248,7 @@ def _iter(fr, args, kwargs):
     return IterV(fr.iterate(args[0]))
 
 
-def builtin_next(fr, args, kwargs):
+def builtin_next(fr: Frame, args: list[V], kwargs: dict) -> V:
     it = args[0]
     if not isinstance(it, IterV):
         it = IterV(fr.iterate(it))
@@ -426,7 +426,6 @@ def _deepcopy_v(fr, v: V) -> V:
     if isinstance(v, ObjV) and isinstance(v.value, (type, types.FunctionType, types.ModuleType)):
         return v
     raise Unsupported(f"copy.deepcopy of {fr.type_name(v)}", fr.where())
-
 
 
 def _print(fr, args, kwargs):

@@ -10,7 +10,7 @@ import enum
 import functools
 import operator
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -236,12 +236,10 @@ class Capture:
         raise Unsupported(f"an op returned {type(out).__name__}")
 
 
-
 def _ident(source: str) -> str:
     s = "".join(c if c.isalnum() else "_" for c in source.replace("___K", "K").replace("._parameters", "")
                 .replace("._buffers", "").replace("._modules", "").replace("cell_contents", ""))
     return s.strip("_")[:40] or "x"
-
 
 
 def _guard_by_identity(value) -> bool:
@@ -264,7 +262,7 @@ def _target_name(t) -> str:
     return t if isinstance(t, str) else getattr(t, "__qualname__", None) or getattr(t, "__name__", repr(t))
 
 
-def map_v(x, fn):
+def map_v(x: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(x, tuple):
         return tuple(map_v(y, fn) for y in x)
     if isinstance(x, list):
@@ -274,19 +272,19 @@ def map_v(x, fn):
     return fn(x)
 
 
-def to_node(v):
+def to_node(v: Any) -> Any:
     if isinstance(v, TensorV):
         return v.node
     return python_value(v, lambda t: t.node)
 
 
-def to_fake(v):
+def to_fake(v: Any) -> Any:
     if isinstance(v, TensorV):
         return v.fake
     return python_value(v, lambda t: t.fake)
 
 
-def python_value(v, tensor_fn):
+def python_value(v: Any, tensor_fn: Callable[[TensorV], Any]) -> Any:
     """A V as the plain value an op receives (tensors mapped by tensor_fn)."""
     if isinstance(v, TensorV):
         return tensor_fn(v)

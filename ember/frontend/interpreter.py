@@ -69,7 +69,7 @@ def exception_table(code: types.CodeType) -> list:
     return _EXCEPTION_TABLES[code]
 
 
-def instructions(code: types.CodeType):
+def instructions(code: types.CodeType) -> tuple[list[dis.Instruction], dict[int, int]]:
     if code not in _INSTRUCTIONS:
         insts = list(dis.get_instructions(code))
         _INSTRUCTIONS[code] = (insts, {inst.offset: i for i, inst in enumerate(insts)})
@@ -175,7 +175,8 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
         return result
 
 
-def bind_arguments(code, defaults, kwdefaults, args, kwargs, name, where_) -> dict[str, V]:
+def bind_arguments(code: types.CodeType, defaults: tuple, kwdefaults: dict, args: list[V], kwargs: dict[str, V],
+                   name: str, where_: str) -> dict[str, V]:
     """CPython's argument binding, over tracked values."""
     nargs = code.co_argcount
     nkwonly = code.co_kwonlyargcount

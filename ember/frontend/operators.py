@@ -33,7 +33,6 @@ def _eq_is_identity(v: V) -> bool:
                               types.BuiltinFunctionType)) or type(value).__eq__ is object.__eq__
 
 
-
 class Operators:
     """Frame methods for Python's operators."""
 

@@ -27,12 +27,12 @@ REFLECTED = {operator.add: "__radd__", operator.sub: "__rsub__", operator.mul: "
              operator.truediv: "__rtruediv__"}
 
 
-def has_py_float(args, kwargs) -> bool:
+def has_py_float(args: list[V], kwargs: dict) -> bool:
     items = [*args, *kwargs.values()]
     return any(isinstance(x, PyFloatV) or isinstance(x, (ListV, TupleV)) and has_py_float(x.items, {}) for x in items)
 
 
-def all_py_floats(v) -> bool:
+def all_py_floats(v: V) -> bool:
     return isinstance(v, (ListV, TupleV)) and bool(v.items) and all(isinstance(x, PyFloatV) for x in v.items)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import enum
 import types
+from typing import Any
 
 import torch
 
@@ -17,45 +18,42 @@ DICT_VIEWS = {type({}.keys()), type({}.values()), type({}.items()), type(collect
               type(collections.OrderedDict().values()), type(collections.OrderedDict().items())}
 
 
-def is_namedtuple_cls(cls) -> bool:
+def is_namedtuple_cls(cls: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields") and cls is not tuple
 
 
-def is_structseq_cls(cls) -> bool:
+def is_structseq_cls(cls: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "n_fields")
 
 
-def structseq_fields(cls) -> list[str]:
+def structseq_fields(cls: type) -> list[str]:
     if hasattr(cls, "_fields"):
         return list(cls._fields)
     return [k for k, v in vars(cls).items() if isinstance(v, types.MemberDescriptorType)][: cls.n_sequence_fields]
 
 
-
-def is_key(k) -> bool:
+def is_key(k: Any) -> bool:
     return isinstance(k, (int, str, bool, float, type(None), bytes, enum.Enum, tuple, torch.dtype, type)) and (
         not isinstance(k, tuple) or all(is_key(x) for x in k))
 
 
+MISSING = object()  # what lookup_static finds where no class of the MRO defines the name
 
-MISSING = object()
 
-
-def lookup_static(cls: type, name: str):
+def lookup_static(cls: type, name: str) -> Any:
     for klass in cls.__mro__:
         if name in vars(klass):
             return vars(klass)[name]
     return MISSING
 
 
-def is_data_descriptor(x) -> bool:
+def is_data_descriptor(x: Any) -> bool:
     t = type(x)
     return x is not MISSING and not isinstance(x, (types.FunctionType, property)) and (
         hasattr(t, "__set__") or hasattr(t, "__delete__")) and hasattr(t, "__get__")
 
 
-
-def hashable(f) -> bool:
+def hashable(f: Any) -> bool:
     try:
         hash(f)
         return True
@@ -63,7 +61,7 @@ def hashable(f) -> bool:
         return False
 
 
-def holds_tensor(obj, depth: int = 0) -> bool:
+def holds_tensor(obj: Any, depth: int = 0) -> bool:
     if isinstance(obj, torch.Tensor):
         return True
     if depth > 3:
