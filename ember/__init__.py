@@ -2,18 +2,15 @@
 from ember.api import compile, disable
 from ember.backends import list_backends, register_backend
 from ember.errors import BackendCompilerFailed, EmberError, GraphBreakError
+# imported here, not inside a function: importing the submodule ember.explain binds the package's `explain`
+# attribute to the module, which would hide a function of that name after its first call
+from ember.explain import explain
 
 
 def reset() -> None:
     """Forget every captured graph and guard (like torch._dynamo.reset())."""
-    from ember.frontend import reset_caches
+    from ember.frontend.convert import reset_caches
     reset_caches()
-
-
-def explain(fn):
-    """ember.explain(fn)(*args) -> an object with graphs, breaks and guards; print() it for a summary."""
-    from ember.explain import explain as explain_fn
-    return explain_fn(fn)
 
 
 __all__ = ["compile", "disable", "reset", "explain", "list_backends", "register_backend",

@@ -95,7 +95,7 @@ class CompiledFunction:
     """A function whose calls go through the frontend's cache of captured graphs."""
 
     def __init__(self, fn: Callable, cfg: Config):
-        from ember.frontend import FrameCompiler
+        from ember.frontend.convert import FrameCompiler
         self._fn = fn
         self._cfg = cfg
         self._frame = FrameCompiler.for_callable(fn, cfg)

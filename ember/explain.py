@@ -54,6 +54,7 @@ class ExplainOutput:
 
 
 def explain(fn: Callable, **compile_kwargs) -> Callable[..., ExplainOutput]:
+    """ember.explain(fn)(*args) -> an object with graphs, breaks and guards; print() it for a summary."""
     from ember.api import compile as ember_compile
     from ember.frontend import convert
 

@@ -40,9 +40,11 @@ from ember import config
 from ember.autograd.backward import grads_of, with_freed_history
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import CHECKER_FUNCTIONS, DICT_GET, share_paths
-from ember.frontend.interpreter import (
-    Capture, ConstTable, Frame, StopCapture, autocast_state, instructions, is_namedtuple_cls, restore_autocast, where,
-)
+from ember.frontend.capture import Capture, ConstTable
+from ember.frontend.interpreter import Frame, instructions, where
+from ember.frontend.modes import autocast_state, restore_autocast
+from ember.frontend.python_objects import is_namedtuple_cls
+from ember.frontend.signals import StopCapture
 from ember.frontend.values import GradExit as _GradExit
 from ember.frontend.values import noop_exit as _noop_exit
 from ember.frontend.values import (

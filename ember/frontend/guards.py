@@ -18,7 +18,7 @@ from ember.runtime import native_guards
 
 # The name under which generated code calls `dict.get` (or native_guards' dict_get, the same lookup without a
 # Python Tensor.__hash__ call): a tensor-keyed item (an optimizer's `state[p]`) is read
-# as `___dict_get(<dict source>, <key source>)` (interpreter.tensor_keyed_item), which share_paths knows as a
+# as `___dict_get(<dict source>, <key source>)` (items.Items.tensor_keyed_item), which share_paths knows as a
 # path step, so `opt.state[p]` is looked up once per call however many guards and graph inputs read it.
 DICT_GET = "___dict_get"
 
@@ -89,16 +89,16 @@ class Guards:
             self.dicts[expr] = (source, keys)
 
     def falsy(self, source: str) -> None:
-        """`not S`: what a module's hook dicts (forward, forward pre, backward...) are on every cached call, ~200
-        of them in BertModel's."""
+        """`not S`: what a module's hook dicts (forward, forward pre, backward...) are on every cached call,
+        several per module."""
         expr = f"not {source}"
         self.add(expr, 1)
         self.falsy_batched[expr] = source
 
     def tensor(self, source: str, t: torch.Tensor) -> None:
         """type, dtype, requires_grad, shape, stride and device of the tensor at `source`, written out inline on a
-        local bound at the first check: a call of a checking function cost half again as much (~0.7 against
-        ~0.45 us a tensor, and an optimizer step guards five tensors per parameter). A CPU tensor's device is
+        local bound at the first check, cheaper than a call of a checking function per tensor (an optimizer step
+        guards five tensors per parameter; docs/evidence/frontend.md). A CPU tensor's device is
         checked as `is_cpu` (a bool; `t.device` builds a torch.device to compare)."""
         if source in self._tensors:
             return
@@ -125,8 +125,9 @@ class Guards:
         <keys>)`, all after the other guards of their cost (those that make reading S safe,
         `type(S') is tuple and len(S') == 2`, run first), and the tensor guards by one call
         `___check_tensors((S1, S2, ...), <exact types>, <packed metadata>)` at the place of the first
-        (share_paths binds each S, which the graph call then reads). Each constant guard costs ~40 ns as Python
-        bytecode (resnet50: ~700 of them, conv strides and paddings mostly), ~10 ns in the batch."""
+        (share_paths binds each S, which the graph call then reads). A constant guard costs a few times less in
+        the batch than as Python bytecode, and a model has hundreds of them, conv strides and paddings mostly
+        (docs/evidence/frontend.md)."""
         self.checker = checker = native_guards.checker()
         if checker is None:
             return self.exprs()
@@ -212,12 +213,12 @@ def share_paths(guards: list[str], after: list[str]) -> tuple[str, list[str]]:
     """The guards as one condition that evaluates each attribute path once: its first evaluation binds a local
     (`:=`) that later reads use, in the guards and in `after` (statements that run right after the guards
     passed, before any other code could change what the paths lead to). A module's guards read
-    `mod._modules[...]...` chains thousands of times (densenet121: 5,600 guards); walking each chain once is
-    most of a cached call's cost. A guard whose evaluation may be partial (`or`, `x if c else y`, a lambda or
+    `mod._modules[...]...` chains thousands of times; walking each chain once per guard would be most of a
+    cached call's cost. A guard whose evaluation may be partial (`or`, `x if c else y`, a lambda or
     comprehension) binds nothing. Works on the text (a regex over paths, string literals skipped): parsing and
-    unparsing the guards as a tree cost more than the rest of a resnet18 capture."""
+    unparsing the guards as a tree cost more than the rest of a capture (docs/evidence/frontend.md)."""
     # a path prefix is known by a small int (its parent's int and its last segment), not by its text: hashing
-    # ever longer prefix strings was most of the work on densenet121's 3,500 guards. A path is (head, segments,
+    # ever longer prefix strings was most of the work on a large model's guards. A path is (head, segments,
     # ids): head is the root name, or ("get", dict path, key path, id) for a tensor-keyed lookup.
     prefix_ids: dict[tuple, int] = {}
     counts: list[int] = []

@@ -49,8 +49,8 @@ class TensorV(V):
 class PyFloatV(V):
     """A Python float whose value is known only when the graph runs: `_get_value(state['step'])` in torch.optim,
     which is `step.item()` in eager. It lives in the graph as a float64 0-d tensor (the exact value of the
-    float), and only what keeps Python float semantics bit for bit is recorded on it (ember.frontend.interpreter:
-    Frame.py_float_binary / record_py_float_call); anything else needs its value, so it breaks the graph."""
+    float), and only what keeps Python float semantics bit for bit is recorded on it (ember.frontend.py_float:
+    PyFloats.py_float_binary / record_py_float_call); anything else needs its value, so it breaks the graph."""
     node: torch.fx.Node
     fake: torch.Tensor
     source: str | None = None

@@ -12,7 +12,7 @@ from ember.autograd.backward import grads_of
 @pytest.fixture(autouse=True)
 def _backward_in_graph_on_the_cpu(monkeypatch):
     """The mechanism is device-independent; by default only CUDA losses use it (BACKWARD_IN_GRAPH_DEVICES)."""
-    from ember.frontend import interpreter
+    from ember.frontend import policy as interpreter
     monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cpu", "cuda"})
 
 
@@ -217,7 +217,7 @@ def test_a_process_group_keeps_the_backward_in_autograd(monkeypatch):
 
 def test_a_cpu_loss_keeps_its_backward_in_autograd_by_default(monkeypatch):
     """On the CPU the backward stays a separate graph by default (it measured faster so): a break at backward()."""
-    from ember.frontend import interpreter
+    from ember.frontend import policy as interpreter
     monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cuda"})
     w = torch.randn(4, requires_grad=True)
 

@@ -595,7 +595,7 @@ def test_training_step_in_one_graph_updates_batch_norm_moments_in_place(monkeypa
 
     import ember
     from ember.codegen import schedule
-    from ember.frontend import interpreter
+    from ember.frontend import policy as interpreter
     from tests.codegen.test_layout import Block
     monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cpu", "cuda"})
     scheds = []

@@ -178,7 +178,7 @@ def test_training_step_in_one_graph_keeps_eager_layouts(monkeypatch):
     """A training step whose backward is inside its graph (the GPU's default; here forced on the CPU) goes down
     the inference path but keeps eager's layouts (wants_channels_last: no convolution's backward): every value of
     the step as eager's, gradients with eager's strides, no channels-last buffer."""
-    from ember.frontend import interpreter
+    from ember.frontend import policy as interpreter
     monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cpu", "cuda"})
     lowered = []
     real_lower = lower.lower

@@ -258,7 +258,7 @@ class _DenseBlock(torch.nn.Module):
 
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
 def test_model_through_fast_rules_matches_eager(grad, monkeypatch):
-    import ember.frontend.interpreter as interp
+    import ember.frontend.capture as interp
     answered = []
 
     def counting(mode, kind, target, args, kwargs):
