@@ -12,8 +12,8 @@ from ember.autograd.backward import grads_of
 @pytest.fixture(autouse=True)
 def _backward_in_graph_on_the_cpu(monkeypatch):
     """The mechanism is device-independent; by default only CUDA losses use it (BACKWARD_IN_GRAPH_DEVICES)."""
-    from ember.frontend import policy as interpreter
-    monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cpu", "cuda"})
+    from ember.frontend import policy
+    monkeypatch.setattr(policy, "BACKWARD_IN_GRAPH_DEVICES", {"cpu", "cuda"})
 
 
 def _model():
@@ -217,8 +217,8 @@ def test_a_process_group_keeps_the_backward_in_autograd(monkeypatch):
 
 def test_a_cpu_loss_keeps_its_backward_in_autograd_by_default(monkeypatch):
     """On the CPU the backward stays a separate graph by default (it measured faster so): a break at backward()."""
-    from ember.frontend import policy as interpreter
-    monkeypatch.setattr(interpreter, "BACKWARD_IN_GRAPH_DEVICES", {"cuda"})
+    from ember.frontend import policy
+    monkeypatch.setattr(policy, "BACKWARD_IN_GRAPH_DEVICES", {"cuda"})
     w = torch.randn(4, requires_grad=True)
 
     def f(x):
