@@ -23,11 +23,13 @@ the CPU counters still hold exactly the values the host graph wrote (one C compa
 
 A CPU node that reads a CUDA value (a device-to-host copy, e.g. `.item()`) or a CPU value that is not a 0-d
 tensor gives up the split: the caller runs the graph eagerly.
+A graph whose CPU tensors only travel between library calls (cpu_values_pass_through) needs no split.
 """
 from __future__ import annotations
 
 import collections
 import ctypes
+import operator
 from typing import Callable
 
 import torch
@@ -95,6 +97,31 @@ def _device_type(n: fx.Node) -> str | None:
     """'cpu' / 'cuda' / ... for a node whose tensor values are all on one device type, else None."""
     kinds = {v.device.type for v in pytree.tree_leaves(n.meta.get("val")) if isinstance(v, torch.Tensor)}
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def cpu_values_pass_through(gm: torch.fx.GraphModule) -> bool:
+    """Whether every CPU tensor of a CUDA graph only travels between library calls, inputs and outputs, so no
+    generated kernel reads one: e.g. the philox seed and offset (CPU scalars) that CUDA attention with dropout
+    returns and its backward takes."""
+    from ember.decomp.table import EXTERN, TABLE
+
+    def library_call(n: torch.fx.Node) -> bool:
+        return n.op == "call_function" and (n.target in EXTERN or (
+            isinstance(n.target, torch._ops.OpOverload) and n.target not in TABLE))
+
+    def on_cpu(n: torch.fx.Node) -> bool:
+        v = n.meta.get("val")
+        return isinstance(v, torch.Tensor) and v.device.type == "cpu"
+
+    for n in gm.graph.nodes:
+        if not on_cpu(n):
+            continue
+        made_by = n.args[0] if n.target is operator.getitem else n
+        if not (n.op == "placeholder" or library_call(made_by)):
+            return False
+        if not all(u.op == "output" or library_call(u) for u in n.users):
+            return False
+    return True
 
 
 def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | None:

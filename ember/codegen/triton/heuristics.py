@@ -1,0 +1,155 @@
+"""Which shape a fused group's Triton kernel takes (flat, foreach or rows: see ember/codegen/triton/__init__.py)
+and its launch configuration (block sizes, warps), from the sizes."""
+from __future__ import annotations
+
+import functools
+import math
+
+import sympy
+import torch
+
+from ember import ir
+from ember.ir import FloorDiv, ModIndex
+from ember.codegen.schedule import X0, FusedGroup, Member, rvars
+
+PERSISTENT_MAX_R = 4096     # longest row kept whole in registers
+FLAT = "flat"
+FOREACH = "foreach"
+ROWS = "rows"
+
+
+def inner_size(m: Member) -> int:
+    return ir.prod(m.inner) if m.inner else 1
+
+
+def inner_index(m: Member, rflat) -> dict:
+    """r0, r1, ... of member m as div/mod of its flat inner index."""
+    r = rvars(len(m.inner))
+    strides = ir.contiguous_strides(m.inner)
+    return {v: (ModIndex(FloorDiv(rflat, st), s) if len(m.inner) > 1 else rflat)
+            for v, s, st in zip(r, m.inner, strides)}
+
+
+def group_shape(group: FusedGroup) -> str:
+    pointwise = all(not m.is_reduction for m in group.members)
+    same_r = len({(inner_size(m), m.block) for m in group.members}) == 1
+    names = {m.buf.name for m in group.members}
+    internal = any(m.reads & names for m in group.members)
+    if pointwise and (not internal or group.elementwise):  # reads of each other: values forwarded in registers
+        return FLAT if same_r else FOREACH
+    return ROWS
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+
+
+ARITHMETIC_BOUND = 3   # transcendental ops an element of a flat kernel (ir.EXPENSIVE) from which it gets smaller blocks
+
+
+def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reductions: str = "all") -> dict:
+    """Block sizes and warps from the sizes (the heuristics). A large flat kernel doing at least
+    ARITHMETIC_BOUND transcendental ops an element is bound by its arithmetic, not memory: 512-element blocks
+    (one 16-byte vector a thread) ran the pointwise chain (sin, cos, sigmoid, tanh) 1.7% faster than 1024,
+    and resnet50's memory-bound batch-norm kernels 3% slower (bench/gpu_flat_blocks.py, H100, 2026-11-25).
+
+    Row kernels, from each kernel of GPT-2's, BERT's and densenet121's training steps timed alone under ~30
+    configs (bench/gpu_kernel_configs.py, H100, 2026-11-26; bench/results/gpu_2026-11-26_s16_h100_configs_*):
+    - a row padded to its power of two (GPT-2's and BERT's layer norms, 768 in 1024) runs one row a program on
+      8 warps: 10.0 us against 11.5 for two rows on 8 warps over GPT-2's 2048 rows;
+    - rows of 2048 to 4096 elements, at least 3 SMs' worth of them, loop instead of holding the row in
+      registers: reductions alone (`reductions` "all") in 256-element steps on 8 warps, 5.4 us against 6.4 for
+      densenet121's 1024 rows of 2048 (batch-norm backward sums); with an epilogue ("some": the input gradient
+      after them) in 512-element steps on 16 warps, 10.3 us against 12.8 over 512 rows of 4096, 18.6 against
+      19.5 with L2 emptied before each launch (--cold). Fewer rows, or a group without a reduction ("none":
+      members reading each other's rows), keep the persistent kernel, as fast or faster there;
+    - longer rows loop one row a program in 2048-element steps on 16 warps: GPT-2's cross-entropy over 2048
+      rows of 50257, 151 us against 192 for two rows a program in 1024-element steps on 8 warps.
+    A flat kernel of under 1M elements takes smaller blocks, down to 128, until it has 2 programs an SM:
+    densenet121's backward sums 24 gradient slices of 32768 elements for each concatenated feature map, 8 us
+    (0.4 TB/s) in 32 programs of 1024."""
+    if shape in (FLAT, FOREACH):
+        total = rows * rmax
+        big = 512 if shape == FLAT and expensive >= ARITHMETIC_BOUND else 1024
+        block = big if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
+        while shape == FLAT and block > 128 and math.ceil(total / block) < 2 * sm_count():
+            block //= 2   # few programs stream at a fraction of the bandwidth (the docstring's last case)
+        warps = 4 if block >= 512 else (2 if block >= 256 else 1)
+        return {"BLOCK": block, "num_warps": warps}
+    if rmax <= 1:
+        xblock = max(1, min(1024, triton_next_pow2(rows)))
+        return {"XBLOCK": xblock, "RBLOCK": 1, "num_warps": 4 if xblock >= 512 else 2, "persistent": True}
+    if rmax > PERSISTENT_MAX_R:
+        return {"XBLOCK": 1, "RBLOCK": 2048, "num_warps": 16, "persistent": False}
+    if reductions != "none" and rmax >= 2048 and rows >= 3 * sm_count():
+        return {"XBLOCK": 1, "RBLOCK": 256, "num_warps": 8, "persistent": False} if reductions == "all" else \
+            {"XBLOCK": 1, "RBLOCK": 512, "num_warps": 16, "persistent": False}
+    rblock = triton_next_pow2(rmax)
+    if rmax < rblock and rblock >= 1024:
+        return {"XBLOCK": 1, "RBLOCK": rblock, "num_warps": 8, "persistent": True}
+    # enough programs to fill the GPU before making tiles taller
+    xblock = 1
+    while xblock * rblock < 2048 and xblock * 2 <= triton_next_pow2(rows) and \
+            math.ceil(rows / (xblock * 2)) >= 2 * sm_count():
+        xblock *= 2
+    tile = xblock * rblock
+    warps = 16 if tile >= 8192 else 8 if tile >= 2048 else 4 if tile >= 512 else 2 if tile >= 128 else 1
+    return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps, "persistent": True}
+
+
+def reduction_share(group: FusedGroup) -> str:
+    """Whether "all", "some" or "none" of a group's members are reductions (launch_config's rows)."""
+    n = sum(m.is_reduction for m in group.members)
+    return "all" if n == len(group.members) else "some" if n else "none"
+
+
+def column_config(rows: int, rmax: int) -> dict:
+    """Reductions down columns (a bias or layer-norm weight gradient: a sum over the rows of a row-major
+    matrix). One column per program read each row's element alone, a 32-byte sector for 4 bytes (GPT-2's
+    backward: 47 us for three sums over 2048 x 768); here a program takes a strip of at least 8 columns, so
+    each row's piece is whole sectors, as many strips as fill the GPU, and loops down the rows. A strip that
+    loops takes 16 columns or more in tiles of 1024 on 8 warps: GPT-2's column sums of 768 x 2048 ran 4.5 us
+    against 8.2 with tiles of 8 x 512 on 4 warps (bench/gpu_kernel_configs.py, H100, 2026-11-26)."""
+    from ember.codegen.lower import GPU_COLUMN_STRIP
+    xblock = GPU_COLUMN_STRIP
+    while xblock < 64 and math.ceil(rows / (xblock * 2)) >= 2 * sm_count():
+        xblock *= 2
+    rblock = max(1, min(triton_next_pow2(rmax), 4096 // xblock))
+    if rmax <= rblock:
+        return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": 4, "persistent": True}
+    xblock = max(xblock, 16)
+    return {"XBLOCK": xblock, "RBLOCK": 1024 // xblock, "num_warps": 8, "persistent": False}
+
+
+def is_columnwise(group: FusedGroup) -> bool:
+    """Whether every member is a reduction and the loads run down columns: consecutive kept indices (x0) are
+    neighbours in memory while the reduced index strides over rows, and no load runs along the reduction."""
+    rflat = sympy.Symbol("rflat", integer=True, nonnegative=True)
+    column = False
+    for m in group.members:
+        if not m.is_reduction or m.buf.kind.startswith("arg"):
+            return False
+        subst = inner_index(m, rflat) if m.inner else {}
+        for x in m.body.walk():
+            if x.op != "load":
+                continue
+            off = sympy.sympify(x.args[1]).xreplace(subst)
+            try:
+                base = int(off.subs({X0: 0, rflat: 0}))
+                along_x, along_r = int(off.subs({X0: 1, rflat: 0})) - base, int(off.subs({X0: 0, rflat: 1})) - base
+            except (TypeError, ValueError):
+                return False
+            if along_x != 0 and abs(along_r) == 1:
+                return False
+            column |= along_x == 1 and abs(along_r) >= 8
+    return column
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def launch_meta(cfg: dict) -> dict:
+    """A launch config's Triton meta-parameters (BLOCK..., num_warps), without ember's own keys."""
+    return {k: v for k, v in cfg.items() if k not in ("persistent", "fixup")}
