@@ -26,9 +26,10 @@ import statistics
 import torch
 
 from ember.ir import ExternBuffer, TensorArg
+from ember.codegen.printer import kernel_args
 from ember.codegen.schedule import FusedGroup, Schedule
 from ember.codegen.triton.heuristics import FLAT, group_shape, inner_size
-from ember.codegen.triton.kernels import canonical, flat_range, kernel_args, kernel_source, storage_extent
+from ember.codegen.triton.kernels import canonical, flat_range, in_registers, kernel_source, storage_extent
 from ember.codegen.triton.printer import PRELUDE
 from ember.runtime.triton_launch import cache_dir, load_module
 from ember.tools.logs import get_logger
@@ -113,7 +114,7 @@ def template_source(group: FusedGroup, o, ops, sched: Schedule):
     bias, a, b, beta, alpha = ops
     m_, k_ = (int(s) for s in a.size)
     n_ = int(b.size[1])
-    ep_args, _ = kernel_args(group)
+    ep_args, _ = kernel_args(group, in_registers)
     args = list(dict.fromkeys([a.buffer, b.buffer] + ([bias.buffer] if bias is not None else [])
                               + [x for x in ep_args if x != o.name]))
     extents = {x: storage_extent(sched.buffers[x]) for x in ep_args}

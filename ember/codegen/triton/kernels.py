@@ -13,7 +13,8 @@ import sympy
 from ember import config
 from ember import ir
 from ember.ir import Expr, FloorDiv, ModIndex
-from ember.codegen.schedule import X0, FusedGroup, Schedule
+from ember.codegen.printer import kernel_args
+from ember.codegen.schedule import X0, FusedGroup, Member, Schedule
 from ember.codegen.triton import heuristics
 from ember.codegen.triton.heuristics import FLAT, FOREACH, ROWS, column_config, group_shape, inner_index, \
     inner_size, is_columnwise, launch_config, reduction_share
@@ -24,13 +25,10 @@ from ember.tools import collector
 FOREACH_SHARED_MAX = 32     # ranges (parameters) at most that share one printed body (a where-chain of pointers)
 
 
-def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
-    """Pointer arguments (buffers read, then written). A local reduction lives in registers; a local pointwise
-    member that could not be inlined is stored (to a scratch buffer, see `inline_locals`)."""
-    reductions = {m.buf.name for m in group.members if m.is_reduction}
-    reads = sorted(set().union(*(m.reads for m in group.members)) - reductions)
-    writes = [m.target for m in group.members if not (m.local and m.is_reduction)]  # in place: the input
-    return list(dict.fromkeys(reads + writes)), writes
+def in_registers(m: Member) -> bool:
+    """A local reduction lives in registers: no pointer argument. A local pointwise member that could not be
+    inlined is stored (to a scratch buffer, see `inline_locals`)."""
+    return m.local and m.is_reduction
 
 
 def inline_locals(group: FusedGroup) -> tuple[FusedGroup, list[str]]:
@@ -67,7 +65,7 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
     `fixup`, a flat kernel computing float32 sin or cos may come as a flagged pair (_flagged_sincos): its
     config's "fixup" is then the second kernel's number of programs."""
     group, _ = inline_locals(group)
-    args, writes = kernel_args(group)
+    args, writes = kernel_args(group, in_registers)
     shape = group_shape(group)
     rows = max(int(group.numel), 1)
     rmax = max(inner_size(m) for m in group.members)

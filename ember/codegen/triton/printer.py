@@ -4,13 +4,13 @@ float16/bfloat16 values runs in float32 (loads upcast, stores round); casts to a
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from ember import config
 from ember import ir
 from ember.ir import Expr
+from ember.codegen import printer
 from ember.codegen.schedule import Member
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -149,6 +149,7 @@ UNARY_FLOAT = {"exp": "tl.exp({})", "exp2": "tl.exp2({})", "log": "tl.log({})", 
                "isinf": "(tl.abs({}) == float('inf'))", "isfinite": "(tl.abs({}) < float('inf'))",
                "signbit": "(libdevice.signbit({}) != 0)", "abs": "tl.abs({})",
                "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0 * {0}))"}
+UNARY_BOOL = {"bitwise_not": "({} == 0)", "logical_not": "({} == 0)"}
 UNARY_ANY = {"neg": "(-{})", "relu": "tl.where({0} < 0, 0, {0})", "logical_not": "({} == 0)"}
 UNARY_INT = {"floor": "{}", "ceil": "{}", "round": "{}", "trunc": "{}", "isnan": "({} != {0})",
              "isinf": "({0} != {0})", "isfinite": "({0} == {0})", "signbit": "({} < 0)", "bitwise_not": "(~{})",
@@ -178,24 +179,6 @@ def compute_type(d: torch.dtype) -> str:
     return "tl.float32" if d in LOW_PRECISION else TL[d]
 
 
-def literal(v, dtype: torch.dtype) -> str:
-    if dtype == torch.bool:
-        return "1" if v else "0"
-    if dtype.is_floating_point:
-        v = float(v)
-        if math.isnan(v):
-            s = "float('nan')"
-        elif math.isinf(v):
-            s = "float('-inf')" if v < 0 else "float('inf')"
-        else:
-            s = repr(v)
-        # Python floats are float32 constants in Triton: give float64 ones their type
-        return f"tl.full([1], {s}, tl.float64)" if dtype == torch.float64 else s
-    if dtype == torch.int64 and not -2 ** 31 <= int(v) < 2 ** 31:
-        return f"tl.full([1], {int(v)}, tl.int64)"
-    return str(int(v))
-
-
 # Triton expression of a sympy index
 index_code = functools.partial(ir.index_code, syntax=ir.IndexSyntax("//", "tl.minimum", "tl.maximum"))
 
@@ -215,37 +198,34 @@ def _scalar_expr(e: Expr) -> bool:
     return True
 
 
-class Body:
-    """Straight-line Triton for Exprs, one statement per DAG node (Exprs are interned: CSE by identity)."""
+class Body(printer.Body):
+    """Straight-line Triton for Exprs (printer.Body): loads masked to their buffers, 16-bit values computed in
+    float32."""
+
+    TYPES = TL
+    TRUE, FALSE = "1", "0"
+    NAN, INF, NEG_INF, FINITE = "float('nan')", "float('inf')", "float('-inf')", "{v!r}"
 
     def __init__(self, scalars: dict, mask: str, indent: str, ranges: dict, extents: dict):
-        self.scalars, self.mask, self.indent = scalars, mask, indent
+        super().__init__(scalars, indent)
+        self.mask = mask
         self.ranges, self.extents = ranges, extents   # loop symbol -> size; buffer -> elements addressable
-        self.index_names: dict = {}
-        self.lines: list[str] = []
-        self.names: dict = {}
-        self.stored: dict = {}   # (buffer, offset) -> the variable this program stored there (read back as is)
         self.sincos: dict = {}   # id(argument Expr) -> (sin, cos) variables of one _sincos call
         self.sincos_call = "_sincos({})"   # or _sincos_flagged's (a flagged flat kernel)
         # a row kernel's mask of the row alone: a load whose index holds no position in the row (a batch norm's
         # weight, mean) is one [XBLOCK, 1] value under it, not an [XBLOCK, RBLOCK] tile of one address each
         self.row_mask: str | None = None
 
-    def emit(self, e: Expr) -> str:
-        for x in e.walk():
-            if id(x) not in self.names:
-                self.names[id(x)] = self._node(x)
-        return self.names[id(e)]
+    def assignment(self, name: str, code: str, dtype: torch.dtype) -> str:
+        return f"{self.indent}{name} = {code}"
 
-    prefix = "t"
+    def literal(self, v, dtype: torch.dtype) -> str:
+        s = super().literal(v, dtype)
+        # Python floats are float32 constants in Triton: give float64 ones their type
+        return f"tl.full([1], {s}, tl.float64)" if dtype == torch.float64 else s
 
-    def var(self, code: str) -> str:
-        n = f"{self.prefix}{len(self.lines)}"
-        self.lines.append(f"{self.indent}{n} = {code}")
-        return n
-
-    def _node(self, x: Expr) -> str:
-        return self._value(x)
+    def integer_literal(self, v: int, dtype: torch.dtype) -> str:
+        return f"tl.full([1], {v}, tl.int64)" if dtype == torch.int64 and not -2 ** 31 <= v < 2 ** 31 else str(v)
 
     def rounded(self, e: Expr) -> str:
         """The value of e as eager would have materialized it: 16-bit results computed here in float32 are
@@ -267,86 +247,79 @@ class Body:
         return self.sincos[id(arg)]
 
     def offset(self, off) -> str:
-        ind = dict(self.index_names)
-        ind.update({s: f"{self.names[id(s.value)]}" for s in ir.indirect_symbols(off)})
-        return index_code(off, ind)
+        return index_code(off, {s: f"{self.names[id(s.value)]}" for s in ir.indirect_symbols(off)})
 
-    def _value(self, x: Expr) -> str:
-        if x.op == "const":
-            return literal(x.args[0], x.dtype)
-        if x.op == "load":
-            name, off = x.args
-            if name in self.scalars:
-                return self.scalars[name]
-            if (name, off) in self.stored:
-                return self.stored[(name, off)]
-            code = self.offset(off)
-            if not off.free_symbols:  # one element for the whole program (a seed, a scalar tensor)
-                v = f"tl.load({name} + {code})"
-            elif _scalar_offset(off):  # one element at an index read from memory (index_select of one index):
-                # a scalar pointer takes a scalar mask only
-                v = f"tl.load({name} + {code}, ({code} >= 0) & ({code} < {self.extents[name]}), other=0)"
-            else:
-                # Both sides of a `where` are evaluated here (C++ evaluates one): a load that may fall outside
-                # its buffer (cat, pad, gather) is masked to it. Provably in-range loads keep the plain mask,
-                # so contiguous ones stay vectorized.
-                b = ir.bounds(off, self.ranges) if not ir.indirect_symbols(off) else None
-                mask = self.mask
-                if self.row_mask and b is not None and not any(s.name == "rflat" for s in off.free_symbols):
-                    mask = self.row_mask
-                if b is None or b[0] < 0 or b[1] >= self.extents[name]:
-                    mask = f"{mask} & ({code} >= 0) & ({code} < {self.extents[name]})"
-                v = f"tl.load({name} + {code}, {mask}, other=0)"
-            if x.dtype in LOW_PRECISION:
-                v += ".to(tl.float32)"
-            return self.var(v)
-        if x.op == "index":
-            if not x.args[0].free_symbols:  # a constant index (a select of one element): a python int has no .to
-                return literal(int(x.args[0]), x.dtype)
-            return self.var(f"({self.offset(x.args[0])}).to({TL[x.dtype]})" if x.dtype != torch.bool
-                            else f"({self.offset(x.args[0])}) != 0")
-        a = [self.names[id(y)] if isinstance(y, Expr) else y for y in x.args]
-        if x.op == "cast":
-            a[0] = self.rounded(x.args[0])
-            if x.dtype == torch.bool:
-                return self.var(f"({a[0]} != 0)")
-            if x.dtype in LOW_PRECISION:  # round to the 16-bit type, keep computing in float32
-                return self.var(f"({a[0]}).to({TL[x.dtype]}).to(tl.float32)")
-            return self.var(f"({a[0]}).to({TL[x.dtype]})")
-        if x.op == "checked_index":  # negative indices wrap; out-of-range reads are masked to 0 (no error flag)
-            return self.var(f"tl.where({a[0]} < 0, {a[0]} + {a[1]}, {a[0]})")
-        if x.op == "rand":
-            return self.var(f"tl.rand(({a[0]}).to(tl.uint32), ({a[1]}).to(tl.uint32))"
-                            + (f".to({compute_type(x.dtype)})" if x.dtype != torch.float32 else ""))
-        if x.op == "where":
-            return self.var(f"tl.where({a[0]}, {a[1]}, {a[2]})")
-        arg_dtype = x.args[0].dtype
-        t = compute_type(arg_dtype)
-        if len(a) == 1:
-            if arg_dtype == torch.bool and x.op in ("bitwise_not", "logical_not"):
-                f = "({} == 0)"
-            elif not arg_dtype.is_floating_point and x.op in UNARY_INT:
-                f = UNARY_INT[x.op]
-            elif x.op in UNARY_ANY:
-                f = UNARY_ANY[x.op]
-            elif x.op in ("sin", "cos") and config.OWN_SINCOS and t == "tl.float32":
-                return self._sincos(x.args[0], a[0])[x.op == "cos"]
-            elif arg_dtype.is_floating_point:
-                f = UNARY_FLOAT[x.op]
-            else:
-                raise NotImplementedError(f"{x.op} on {arg_dtype}")
-            return self.var(f.format(a[0], t=t))
-        if arg_dtype == torch.bool and x.op in BINARY_BOOL:
-            f = BINARY_BOOL[x.op]
-        elif not arg_dtype.is_floating_point and x.op in BINARY_INT:
-            f = BINARY_INT[x.op]
-            if x.op == "truediv":
-                raise NotImplementedError("integer truediv (decompositions cast to float first)")
-        elif x.op == "pow" and not arg_dtype.is_floating_point:
-            raise NotImplementedError("integer pow")
+    def load(self, x: Expr) -> str:
+        name, off = x.args
+        code = self.offset(off)
+        if not off.free_symbols:  # one element for the whole program (a seed, a scalar tensor)
+            v = f"tl.load({name} + {code})"
+        elif _scalar_offset(off):  # one element at an index read from memory (index_select of one index):
+            # a scalar pointer takes a scalar mask only
+            v = f"tl.load({name} + {code}, ({code} >= 0) & ({code} < {self.extents[name]}), other=0)"
         else:
-            f = BINARY[x.op]
-        return self.var(f.format(*a))
+            # Both sides of a `where` are evaluated here (C++ evaluates one): a load that may fall outside
+            # its buffer (cat, pad, gather) is masked to it. Provably in-range loads keep the plain mask,
+            # so contiguous ones stay vectorized.
+            b = ir.bounds(off, self.ranges) if not ir.indirect_symbols(off) else None
+            mask = self.mask
+            if self.row_mask and b is not None and not any(s.name == "rflat" for s in off.free_symbols):
+                mask = self.row_mask
+            if b is None or b[0] < 0 or b[1] >= self.extents[name]:
+                mask = f"{mask} & ({code} >= 0) & ({code} < {self.extents[name]})"
+            v = f"tl.load({name} + {code}, {mask}, other=0)"
+        if x.dtype in LOW_PRECISION:
+            v += ".to(tl.float32)"
+        return self.var(v, x.dtype)
+
+    def index(self, x: Expr) -> str:
+        if not x.args[0].free_symbols:  # a constant index (a select of one element): a python int has no .to
+            return self.literal(int(x.args[0]), x.dtype)
+        return self.var(f"({self.offset(x.args[0])}).to({TL[x.dtype]})" if x.dtype != torch.bool
+                        else f"({self.offset(x.args[0])}) != 0", x.dtype)
+
+    def cast(self, x: Expr, a: list) -> str:
+        v = self.rounded(x.args[0])
+        if x.dtype == torch.bool:
+            return self.var(f"({v} != 0)", x.dtype)
+        if x.dtype in LOW_PRECISION:  # round to the 16-bit type, keep computing in float32
+            return self.var(f"({v}).to({TL[x.dtype]}).to(tl.float32)", x.dtype)
+        return self.var(f"({v}).to({TL[x.dtype]})", x.dtype)
+
+    def checked_index(self, x: Expr, a: list) -> str:
+        # negative indices wrap; out-of-range reads are masked to 0 (no error flag)
+        return self.var(f"tl.where({a[0]} < 0, {a[0]} + {a[1]}, {a[0]})", x.dtype)
+
+    def rand(self, x: Expr, a: list) -> str:
+        return self.var(f"tl.rand(({a[0]}).to(tl.uint32), ({a[1]}).to(tl.uint32))"
+                        + (f".to({compute_type(x.dtype)})" if x.dtype != torch.float32 else ""), x.dtype)
+
+    def where(self, x: Expr, a: list) -> str:
+        return self.var(f"tl.where({a[0]}, {a[1]}, {a[2]})", x.dtype)
+
+    def operation(self, x: Expr, a: list) -> str:
+        dtype = x.args[0].dtype
+        if x.op in ("sin", "cos") and config.OWN_SINCOS and compute_type(dtype) == "tl.float32":
+            return self._sincos(x.args[0], a[0])[x.op == "cos"]
+        if x.op == "truediv" and not dtype.is_floating_point:
+            raise NotImplementedError("integer truediv (decompositions cast to float first)")
+        if x.op == "pow" and not dtype.is_floating_point:
+            raise NotImplementedError("integer pow")
+        return super().operation(x, a)
+
+    def format_fields(self, dtype: torch.dtype) -> dict:
+        return {"t": compute_type(dtype)}
+
+    def unary_tables(self, dtype: torch.dtype) -> list[dict]:
+        return [*([UNARY_BOOL] if dtype == torch.bool else []), *([UNARY_INT] if not dtype.is_floating_point else []),
+                UNARY_ANY, *([UNARY_FLOAT] if dtype.is_floating_point else [])]
+
+    def binary_tables(self, dtype: torch.dtype) -> list[dict]:
+        return [*([BINARY_BOOL] if dtype == torch.bool else []), *([BINARY_INT] if not dtype.is_floating_point else []),
+                BINARY]
+
+    def no_template(self, op: str, dtype: torch.dtype, arity: int) -> Exception:
+        return NotImplementedError(f"{op} on {dtype}") if arity == 1 and not dtype.is_floating_point else KeyError(op)
 
 
 def kernel_header(group, name, args, consts) -> list[str]:
