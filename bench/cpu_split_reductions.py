@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from ember.backends.ember_backend import compile_aten  # noqa: E402
+from ember.backends.cpp_backend import compile_aten  # noqa: E402
 from ember.codegen import lower  # noqa: E402
 from tests.codegen.aten_trace import trace_aten  # noqa: E402
 

@@ -12,10 +12,9 @@ they scale; eager CUDA kernels read such a 0-d CPU tensor as a scalar argument. 
   3. runs the host graph, the CPU nodes the graph's CPU outputs need (step + 1), through the C++ backend, which
      writes the step counters in place.
 In a big graph (SENT_FROM_HOST_ABOVE), CPU values the device reads that need a libdevice function on the GPU
-(`beta ** step`, LINKED_ON_DEVICE) are not recomputed there: every kernel reading one linked libdevice (~40 ms
-of compile each: 191 kernels of densenet121's training step in one graph, whose Adam updates fused into the
-backward's kernels). The host graph runs first and computes them, and they reach the device in packs of their
-own, sent each call.
+(`beta ** step`, LINKED_ON_DEVICE) are not recomputed there: every kernel reading one would link libdevice,
+slow to compile, and a training step's optimizer updates fuse into hundreds of its backward's kernels. The host
+graph runs first and computes them, and they reach the device in packs of their own, sent each call.
 
 An optimizer's step counters change by `+ 1` each call, on the CPU and (recomputed) on the GPU alike: the
 device graph also returns the new counters, stacked, and the next call passes that tensor as the pack when
@@ -60,7 +59,7 @@ _build = None   # the future of GATHER_SOURCE's library, started when a graph is
 
 
 def _start_build():
-    """Start building GATHER_SOURCE's library in the background (g++: ~60 ms that the split graph's own code
+    """Start building GATHER_SOURCE's library in the background (g++, which the split graph's own code
     generation then overlaps; the first call waits for it in `_c_functions`)."""
     global _build
     if _build is None:
@@ -251,8 +250,7 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
 # CPU ops computed on the host when the device reads their results: their device versions call libdevice
 LINKED_ON_DEVICE = {aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar}
 # ... in graphs of more nodes than this. An optimizer step alone fuses its updates into a few kernels, where
-# recomputing costs less than the transfer each call (the Adam row: 0.12 -> 0.17 ms a step on an H200 with the
-# values sent); a training step with its backward fuses them into hundreds.
+# recomputing costs less than the transfer each call; a training step with its backward fuses them into hundreds.
 SENT_FROM_HOST_ABOVE = 1000
 
 
@@ -302,9 +300,9 @@ class _Pack:
 
 def _eager_while_building(host_fn: Callable, host_gm: fx.GraphModule) -> list[Callable]:
     """[host_fn], or, while its C++ build still runs, [a function that runs host_gm's few ATen ops on the CPU and
-    puts host_fn in its place once the build is done]. That g++ (~0.25 s for the Adam row's `step + 1`) ran beside
-    the device part's Triton compile and ended just before it: the first call's wait as soon as that compile got
-    shorter. The eager part's outputs are fresh tensors (the caller copies the counters back) where the C++ part
+    puts host_fn in its place once the build is done]: the first call need not wait for g++, which runs beside
+    the device part's Triton compile and may end after it. The eager part's outputs are fresh tensors (the
+    caller copies the counters back) where the C++ part
     wrote them in place, so the next call copies the pack to the GPU once (_Pack.send), as for a counter set from
     outside."""
     build = getattr(getattr(host_fn, "compiled", None), "build", None)

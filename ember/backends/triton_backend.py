@@ -32,18 +32,18 @@ STATS = {"graphs": 0, "kernels": 0, "eager_graphs": 0, "compile_s": 0.0}   # for
 
 _COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(8, triton_workers.WORKERS),
                                                       thread_name_prefix="ember-triton")
-WORKERS_FROM = 4   # kernels in a graph from which they compile in worker processes (starting one costs ~0.2 s)
+WORKERS_FROM = 4   # kernels in a graph from which they compile in worker processes (each costs a start-up)
 
 
 def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> list:
     """Compile and load every kernel now, concurrently, instead of one by one at first launch: Triton's passes
     and PTX assembly run outside the GIL, its Python frontend inside it, so a graph of many kernels compiles in
     worker processes (triton_workers) and only loads here. Loaded for ember's launcher (cuda_launch) where it
-    fits: Triton 3.6's own launcher is a C stub built for each new argument signature (~0.3 s of gcc each;
-    resnet50 has 8, a third of its cold compile when built serially at first launch). Argument dtypes stand in
+    fits: Triton's own launcher is a C stub built with gcc for each new argument signature, slow when built
+    one by one at first launch. Argument dtypes stand in
     for tensors (Triton's warmup takes them). A kernel is compiled once per source, block sizes and argument
     dtypes: groups printing one source may launch it with other block sizes (a full-mask flat kernel's text
-    does not hold its size: one compiled for 256-element blocks, launched on a grid counted in 128s, wrote past
+    does not hold its size: one compiled for 256-element blocks, launched on a grid counted in 128s, writes past
     its output). Returns, per entry of `kernels`, (the loaded kernel, its fixup's): cuda_launch.Loaded or
     Triton's compiled kernel, None where it did not load."""
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -59,7 +59,7 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> li
         keys.append((name, tuple(sorted(launch_meta(cfg).items())), tuple(dtypes)))
         wanted[keys[-1]] = (dtypes, cfg)
     jobs = {}
-    # the longest sources first (the slowest to compile): one of them started last was the pool's tail
+    # the longest sources first (the slowest to compile): one of them started last would be the pool's tail
     for key in sorted(wanted, key=lambda k: -len(getattr(getattr(mod, k[0]), "src", ""))):
         name, (dtypes, cfg) = key[0], wanted[key]
         jobs[key] = (_COMPILE_POOL.submit(_compile_and_load, getattr(mod, name), dtypes, launch_meta(cfg), device,
@@ -162,8 +162,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             def compile_device(g, ex):
                 f = compile_aten(g, ex, device_options)
                 return graphed(f, g) if graphed is not None else f
-            split = host_scalars.compile_split(gm, example_inputs, lambda g, ex: cpp_backend.compile_aten(g, ex, options),
-                                               compile_device)
+            split = host_scalars.compile_split(
+                gm, example_inputs, lambda g, ex: cpp_backend.compile_aten(g, ex, options), compile_device)
             if split is not None:
                 return split
         fallback_log.warning("graph runs eagerly (Triton backend): it mixes %s tensors with CUDA ones",

@@ -249,10 +249,10 @@ MAX_MEMBERS_PER_KERNEL = 64
 
 def too_big_for_one_function(group: FusedGroup) -> bool:
     """Whether a group's kernel would take more pointers than one ctypes call passes (an Adam step over ~150
-    parameters fused horizontally: 7 pointers each), or more members than g++ compiles quickly in one function:
-    densenet121's 120 folded convolution weights (~300 members) were one 102K-character function, 7 s of
-    g++ -O3; cut into functions of at most 64 members, which also compile side by side (cache._build), 1.6 s.
-    An Adam step over 10 parameters (~40 members) stays one function with one parallel region."""
+    parameters fused horizontally: 7 pointers each), or more members than g++ compiles quickly in one function
+    (g++ -O3's time grows faster than a function's size); functions of at most 64 members also compile side by
+    side (cache._build). An Adam step over 10 parameters (~40 members) stays one function with one parallel
+    region."""
     return len(group.members) > MAX_MEMBERS_PER_KERNEL or len(printer.kernel_args(group, _local)[0]) > MAX_KERNEL_ARGS
 
 
@@ -318,7 +318,7 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
 def _widen(lines: list[str]) -> str:
     if any(f"ember_{n}" in line for line in lines for n in MVEC_UNARY + MVEC_BINARY):
         # loops calling libm: 512-bit vectors and libmvec's AVX-512 variants (g++ otherwise prefers 256 bits)
-        # ran sin/cos/exp on 4M floats twice as fast; a layer_norm+gelu+softmax row 1.2x, exp+row sum 1.25x
+        # run them faster
         lines[1] = lines[1].replace('extern "C" void', 'extern "C" EMBER_WIDE void', 1)
     return "\n".join(lines)
 
@@ -335,8 +335,8 @@ def _step(off, var) -> object:
 def columnwise(group: FusedGroup) -> bool:
     """Whether a group reduces over outer dims of its inputs (x.sum(0) of a contiguous matrix): its rows x0
     are adjacent in memory and its reduction loops are not. The row-per-x0 loop nest then walks each
-    reduction with a large stride (no vectorization, a cache line per element: x.tanh().mean(0) of 4096x1024
-    ran 50x slower than .mean(1)); `_column_group` swaps the loops instead. Only groups of plain reductions
+    reduction with a large stride (no vectorization, a cache line per element: many times slower than the
+    same reduction over inner dims); `_column_group` swaps the loops instead. Only groups of plain reductions
     (no argmax/argmin) and pointwise members of one element per row, without row buffers."""
     if group.numel <= 1 or not any(m.is_reduction for m in group.members):
         return False
@@ -398,8 +398,8 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
     block each reduction keeps one accumulator per row in a local array and loops over its reduction range
     outside, the rows inside (`omp simd`: contiguous loads, one vector of accumulators per step)."""
     n, blk = group.numel, min(COLUMN_BLOCK, group.numel)
-    # threaded: 768 columns on 16 threads run as 16 blocks of 48, not 3 of 256 (blocks of 16 columns ran a
-    # 3-D sum 5x slower than of 256: the loop over a block's columns is then one vector per reduction step)
+    # threaded: 768 columns on 16 threads run as 16 blocks of 48, not 3 of 256 (not narrower than 16: the loop
+    # over a block's columns would be one vector per reduction step)
     if parallel:  # as many blocks per thread for every thread (one per CPU), each at most COLUMN_BLOCK, 16 | width
         cpus = os.cpu_count() or 1
         blocks = cpus * math.ceil(n / (cpus * COLUMN_BLOCK))
@@ -554,7 +554,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
             init = ""
         lines.append(f"{ind}{vt} {acc} = {init}{lim};")
         # the NaN flag of max/min is an integer as wide as the value: a bool flag next to float lanes makes
-        # g++ vectorize the loop at mixed widths (a softmax row max ran 2x slower than with this flag)
+        # g++ vectorize the loop at mixed widths (slower)
         flag = "int64_t" if m.body.dtype.itemsize == 8 else "int32_t"
         lines.append(f"{ind}{flag if kind in ('max', 'min') else 'bool'} {acc}_nan = 0;")
         if kind.startswith("arg"):

@@ -1,5 +1,5 @@
 """mode="max-autotune": a Triton matmul template with the pointwise epilogue that follows the matmul fused in,
-chosen over the library call only where it measured faster on this GPU.
+chosen over the library call only where it measures faster on the GPU it compiles for.
 
 A schedule has `mm`/`addmm` as extern calls (cuBLAS) followed by a flat pointwise group reading the product
 (bias, activation, residual...). `fuse_mm_epilogues` replaces such a pair by one `TemplateGroup`: a tiled

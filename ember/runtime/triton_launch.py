@@ -7,10 +7,15 @@ import importlib.util
 import math
 import os
 import sys
+import types
 
 import torch
 
 from ember.runtime import cuda_launch, native_guards
+
+# Launcher's own launch path (off in Triton's interpreter, whose kernels have no compiled launcher); read on import
+FAST_LAUNCH = os.environ.get("TRITON_INTERPRET") != "1"
+_data_ptr = torch.Tensor.data_ptr
 
 
 class _InterpretedLibdevice:
@@ -51,13 +56,14 @@ class _InterpretedLibdevice:
 
 
 def cache_dir() -> str:
+    """The directory of generated Triton modules (and autotuning choices): $EMBER_CACHE_DIR/triton."""
     root = os.environ.get("EMBER_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ember")
     d = os.path.join(root, "triton")
     os.makedirs(d, exist_ok=True)
     return d
 
 
-def load_module(source: str):
+def load_module(source: str) -> types.ModuleType:
     """Import generated source from the on-disk cache (Triton needs a real file to read kernels' source)."""
     key = hashlib.sha256(source.encode()).hexdigest()[:24]
     name = f"ember_triton_{key}"
@@ -83,16 +89,16 @@ def load_module(source: str):
 class Launcher:
     """Launches one compiled kernel with a fixed grid, skipping Triton's per-call binder.
 
-    `kernel[grid](...)` re-derives the argument specialization and looks up the compiled kernel on every call
-    (about 19 µs on the H100 machine, bench/gpu_launch.py); a graph launches hundreds of kernels, so that is
-    most of a step's host time. The first launch goes through Triton and keeps the CompiledKernel; later ones
-    call its launcher directly (about 8 µs). Triton specialized the pointers on 16-byte alignment, so a call
-    whose pointers are not all aligned (a view at an odd offset) goes through Triton again.
+    `kernel[grid](...)` re-derives the argument specialization and looks up the compiled kernel on every call,
+    and a graph launches hundreds of kernels: that would be most of a step's host time. The first launch goes
+    through Triton and keeps the CompiledKernel; later ones call its launcher directly, at less than half the
+    cost. Triton specialized the pointers on 16-byte alignment, so a call whose pointers are not all aligned
+    (a view at an odd offset) goes through Triton again.
 
     Pointers go to the launcher as integers, computed once for the alignment test: given a tensor, Triton's C
     launcher calls its data_ptr() and then asks the driver whether that address is device memory
-    (cuPointerGetAttribute), ~1 us per argument (an Adam step over 10 parameters passes 50). A launcher that
-    refuses integers gets the tensors (`raw` False, found at the first call)."""
+    (cuPointerGetAttribute), a cost per argument. A launcher that refuses integers gets the tensors (`raw`
+    False, found at the first call)."""
 
     def __init__(self, fn, grid: int, meta: dict, device: torch.device):
         self.fn, self.grid, self.meta = fn, grid, meta
@@ -141,19 +147,16 @@ class Launcher:
             self.aligned_only = not any(a.data_ptr() % 16 for a in args)
 
 
-FAST_LAUNCH = os.environ.get("TRITON_INTERPRET") != "1"
-_data_ptr = torch.Tensor.data_ptr
-
-
 def _aligned_ptrs(args: tuple) -> tuple | None:
     """The arguments' addresses, or None when one is not 16-byte aligned. Replaced by native_guards'
     aligned_data_ptrs once that is loaded (use_native_pointers): one C++ call in place of a data_ptr() call
-    and a test per argument (~1 us of a small kernel's launch; densenet121's default mode launches ~300)."""
+    and a test per argument, a large share of a small kernel's launch."""
     ptrs = tuple(map(_data_ptr, args))
     return None if any(p % 16 for p in ptrs) else ptrs
 
 
 def use_native_pointers() -> None:
+    """Launchers test alignment with native_guards' aligned_data_ptrs from now on, where the extension loaded."""
     global _aligned_ptrs
     native = native_guards.checker()
     if native is not None and hasattr(native, "aligned_data_ptrs"):
@@ -161,6 +164,7 @@ def use_native_pointers() -> None:
 
 
 def _raw_stream(index: int) -> int:
+    """The current CUDA stream of device `index`, as the integer a launcher takes."""
     return torch.cuda.current_stream(index).cuda_stream
 
 

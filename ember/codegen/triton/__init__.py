@@ -2,7 +2,7 @@
 FusedGroup, launched from the backend-neutral host program of ember.codegen.wrapper (ember.backends.triton_backend
 compiles the module and launches its kernels).
 
-The second printer beside cpp.py, over the same loop IR. A group is printed in one of two shapes:
+The second printer beside cpp.py, over the same loop IR. A group is printed in one of three shapes:
   flat   every member is pointwise over the same rows x inner range and none reads another member:
          one 1-D range over all numel*R elements, `BLOCK` per program. The row/inner indices are
          substituted as div/mod of the flat index and simplified back (sympy), so contiguous buffers
@@ -19,12 +19,9 @@ The second printer beside cpp.py, over the same loop IR. A group is printed in o
          is separated by a barrier.
 
 Arithmetic on float16/bfloat16 values runs in float32 (loads upcast, stores round), like Inductor; casts to a
+16-bit type round-trip so explicit casts keep their rounding. Sizes are specialized to the example's.
 
-Arithmetic on float16/bfloat16 values runs in float32 (loads upcast, stores round), like Inductor; casts to a
-16-bit type round-trip so explicit casts keep their rounding. Sizes are specialized to the example's; block sizes
-come from the sizes (heuristics.py).
-
-  printer.py      the prelude of helpers, op tables, literals: Body prints an Expr DAG as straight-line Triton
+  printer.py      the prelude of helpers, op tables, literals; Body prints an Expr DAG as straight-line Triton
   heuristics.py   a group's kernel shape and launch configuration (block sizes, warps)
   passes.py       schedule passes for the GPU (splits, chunks, values kept in registers, results over dying inputs)
   kernels.py      kernel_source (flat and foreach kernels, the flagged sin/cos pair) and generate (the module)

@@ -19,10 +19,11 @@ ROWS = "rows"
 
 
 def inner_size(m: Member) -> int:
+    """Elements of a member's inner (row) range: 1 where it has none."""
     return ir.prod(m.inner) if m.inner else 1
 
 
-def inner_index(m: Member, rflat) -> dict:
+def inner_index(m: Member, rflat: sympy.Expr) -> dict:
     """r0, r1, ... of member m as div/mod of its flat inner index."""
     r = rvars(len(m.inner))
     strides = ir.contiguous_strides(m.inner)
@@ -31,6 +32,9 @@ def inner_index(m: Member, rflat) -> dict:
 
 
 def group_shape(group: FusedGroup) -> str:
+    """FLAT, FOREACH or ROWS (ember/codegen/triton/__init__.py): pointwise members that do not read each other
+    (or an elementwise group's, which forward their values in registers) are flat, or foreach when their ranges
+    differ; anything else runs in row kernels."""
     pointwise = all(not m.is_reduction for m in group.members)
     same_r = len({(inner_size(m), m.block) for m in group.members}) == 1
     names = {m.buf.name for m in group.members}
@@ -42,6 +46,8 @@ def group_shape(group: FusedGroup) -> str:
 
 @functools.lru_cache(maxsize=None)
 def sm_count() -> int:
+    """The GPU's multiprocessors; without a visible GPU (the interpreter, the compile profile) a fixed count, so
+    the printed code does not depend on the machine."""
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
@@ -49,32 +55,22 @@ ARITHMETIC_BOUND = 3   # transcendental ops an element of a flat kernel (ir.EXPE
 
 
 def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reductions: str = "all") -> dict:
-    """Block sizes and warps from the sizes (the heuristics). A large flat kernel doing at least
-    ARITHMETIC_BOUND transcendental ops an element is bound by its arithmetic, not memory: 512-element blocks
-    (one 16-byte vector a thread) ran the pointwise chain (sin, cos, sigmoid, tanh) 1.7% faster than 1024,
-    and resnet50's memory-bound batch-norm kernels 3% slower (bench/gpu_flat_blocks.py, H100, 2026-11-25).
-
-    Row kernels, from each kernel of GPT-2's, BERT's and densenet121's training steps timed alone under ~30
-    configs (bench/gpu_kernel_configs.py, H100, 2026-11-26; bench/results/gpu_2026-11-26_s16_h100_configs_*):
-    - a row padded to its power of two (GPT-2's and BERT's layer norms, 768 in 1024) runs one row a program on
-      8 warps: 10.0 us against 11.5 for two rows on 8 warps over GPT-2's 2048 rows;
-    - rows of 2048 to 4096 elements, at least 3 SMs' worth of them, loop instead of holding the row in
-      registers: reductions alone (`reductions` "all") in 256-element steps on 8 warps, 5.4 us against 6.4 for
-      densenet121's 1024 rows of 2048 (batch-norm backward sums); with an epilogue ("some": the input gradient
-      after them) in 512-element steps on 16 warps, 10.3 us against 12.8 over 512 rows of 4096, 18.6 against
-      19.5 with L2 emptied before each launch (--cold). Fewer rows, or a group without a reduction ("none":
-      members reading each other's rows), keep the persistent kernel, as fast or faster there;
-    - longer rows loop one row a program in 2048-element steps on 16 warps: GPT-2's cross-entropy over 2048
-      rows of 50257, 151 us against 192 for two rows a program in 1024-element steps on 8 warps.
-    A flat kernel of under 1M elements takes smaller blocks, down to 128, until it has 2 programs an SM:
-    densenet121's backward sums 24 gradient slices of 32768 elements for each concatenated feature map, 8 us
-    (0.4 TB/s) in 32 programs of 1024."""
+    """Block sizes and warps from the sizes; each rule was timed (docs/evidence/codegen_printers.md).
+    - A flat kernel takes 1024-element blocks; 512 (one 16-byte vector a thread) where it does at least
+      ARITHMETIC_BOUND transcendental ops an element, being bound by its arithmetic, not memory. Under 1M
+      elements, blocks shrink (down to 128) until there are 2 programs an SM: few programs stream slowly.
+    - A row padded to its power of two (768 in 1024) runs one row a program on 8 warps.
+    - Rows of 2048 to 4096 elements, at least 3 SMs' worth of them, loop instead of holding the row in
+      registers: reductions alone (`reductions` "all") in 256-element steps on 8 warps, with an epilogue
+      ("some") in 512-element steps on 16 warps. Fewer rows, or no reduction ("none": members reading each
+      other's rows), keep the persistent kernel.
+    - Longer rows loop one row a program in 2048-element steps on 16 warps."""
     if shape in (FLAT, FOREACH):
         total = rows * rmax
         big = 512 if shape == FLAT and expensive >= ARITHMETIC_BOUND else 1024
         block = big if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
         while shape == FLAT and block > 128 and math.ceil(total / block) < 2 * sm_count():
-            block //= 2   # few programs stream at a fraction of the bandwidth (the docstring's last case)
+            block //= 2   # few programs stream at a fraction of the bandwidth
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)
         return {"BLOCK": block, "num_warps": warps}
     if rmax <= 1:
@@ -106,11 +102,9 @@ def reduction_share(group: FusedGroup) -> str:
 
 def column_config(rows: int, rmax: int) -> dict:
     """Reductions down columns (a bias or layer-norm weight gradient: a sum over the rows of a row-major
-    matrix). One column per program read each row's element alone, a 32-byte sector for 4 bytes (GPT-2's
-    backward: 47 us for three sums over 2048 x 768); here a program takes a strip of at least 8 columns, so
-    each row's piece is whole sectors, as many strips as fill the GPU, and loops down the rows. A strip that
-    loops takes 16 columns or more in tiles of 1024 on 8 warps: GPT-2's column sums of 768 x 2048 ran 4.5 us
-    against 8.2 with tiles of 8 x 512 on 4 warps (bench/gpu_kernel_configs.py, H100, 2026-11-26)."""
+    matrix). A program takes a strip of at least 8 columns, so each row's piece is whole 32-byte sectors (one
+    column a program reads a sector for 4 bytes), as many strips as fill the GPU, and loops down the rows; a
+    strip that loops takes 16 columns or more in tiles of 1024 on 8 warps (timed: docs/evidence)."""
     from ember.codegen.lower import GPU_COLUMN_STRIP
     xblock = GPU_COLUMN_STRIP
     while xblock < 64 and math.ceil(rows / (xblock * 2)) >= 2 * sm_count():
@@ -147,6 +141,7 @@ def is_columnwise(group: FusedGroup) -> bool:
 
 
 def triton_next_pow2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1)."""
     return 1 << max(0, (int(n) - 1).bit_length())
 
 

@@ -12,7 +12,7 @@ import sympy
 
 from ember import config
 from ember import ir
-from ember.ir import Expr, FloorDiv, ModIndex
+from ember.ir import Buffer, Expr, FloorDiv, ModIndex
 from ember.codegen.printer import kernel_args
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule
 from ember.codegen.triton import heuristics
@@ -37,7 +37,7 @@ def inline_locals(group: FusedGroup) -> tuple[FusedGroup, list[str]]:
     kept as scratch buffers. Returns the group to print and the scratch buffer names."""
     members, scratch = list(group.members), []
     for k in range(len(members)):
-        m = members[k]   # (its body has the locals before it substituted already)
+        m = members[k]   # (the locals before it are substituted into its body already)
         if not m.local or m.is_reduction:
             continue
         readers = [j for j in range(k + 1, len(members)) if m.buf.name in members[j].reads]
@@ -56,6 +56,7 @@ def inline_locals(group: FusedGroup) -> tuple[FusedGroup, list[str]]:
 
 
 def _replace_loads(e: Expr, name: str, value: Expr) -> Expr:
+    """e with every load of buffer `name` replaced by `value`."""
     return ir.rewrite(e, lambda x, go: value if x.op == "load" and x.args[0] == name else None)
 
 
@@ -91,7 +92,7 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
     return src, args, cfg, grid
 
 
-def storage_extent(buf) -> int:
+def storage_extent(buf: Buffer) -> int:
     """Elements of a buffer's storage its own layout can address (what a load may touch)."""
     if any(int(s) == 0 for s in buf.size):
         return 0
@@ -105,10 +106,10 @@ def is_empty(group: FusedGroup) -> bool:
 
 def _flagged_sincos(group: FusedGroup, elements: int) -> bool:
     """Whether a flat kernel of `elements` (FLAGGED_MIN or more) computes float32 sin or cos and may run twice
-    over the same inputs: _sincos's test for an argument past the fast path, a block-wide max, cost the
-    pointwise chain 15% (0.215 against 0.183 ms, bench/gpu_pointwise_bound.py, H100, 2026-11-26); a flagged
-    kernel skips it and raises a flag instead, and a second kernel, which returns at once unless the flag is
-    up, redoes the whole range with _sincos (~2 us a call). Not where the kernel stores over memory it reads
+    over the same inputs. _sincos's test for an argument past the fast path, a block-wide max, is a large
+    share of a sin/cos-bound kernel's time; a flagged kernel skips it and raises a flag instead, and a second
+    kernel, which returns at once unless the flag is up, redoes the whole range with _sincos (a launch of a
+    few microseconds). Not where the kernel stores over memory it reads
     (an in-place update, or a result taking over a dying input): running it again would read its own results."""
     if not config.OWN_SINCOS or elements < FLAGGED_MIN or any(m.dest for m in group.members):
         return False
@@ -119,10 +120,11 @@ def _flagged_sincos(group: FusedGroup, elements: int) -> bool:
                for m in group.members if m.body is not None for e in m.body.walk())
 
 
-FLAGGED_MIN = 1 << 22   # elements from which a flat kernel is flagged: the block test costs ~0.5 ns an element
-# (0.03 ms of the chain's 64M), a fixup ~2 us of the GPU's and a launch of the host's
-FIXUP_META = {"BLOCK": 128, "num_warps": 4}   # a fixup kernel's: one element a thread, so libdevice's sin and
-# cos are inlined once, not once per element a thread holds (the pointwise chain's compiled in 0.15 s, not 0.27)
+# elements from which a flat kernel is flagged: below, the fixup's launch costs more than the block test it saves
+FLAGGED_MIN = 1 << 22
+# a fixup kernel's: one element a thread, so libdevice's sin and cos are inlined once, not once per element a
+# thread holds (faster to compile)
+FIXUP_META = {"BLOCK": 128, "num_warps": 4}
 
 
 def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int, flagged: bool = False) -> list[str]:
@@ -132,11 +134,11 @@ def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int, flagg
     the same bits), which lowers the flag when all its programs have run."""
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
     if not flagged:
-        return kernel_header(group, name, args, ["BLOCK"]) + flat_range(group.members, pid, rows, rsize, extents, "    ",
-                                                                  block=block)
+        return kernel_header(group, name, args, ["BLOCK"]) + flat_range(group.members, pid, rows, rsize, extents,
+                                                                         "    ", block=block)
     L = kernel_header(group, name, args + ["sincos_flag"], ["BLOCK"])
     L += flat_range(group.members, pid, rows, rsize, extents, "    ", block=block,
-                     sincos_call="_sincos_flagged({}, sincos_flag)")
+                    sincos_call="_sincos_flagged({}, sincos_flag)")
     L += ["", ""] + kernel_header(group, f"{name}_fixup", args + ["sincos_flag"], ["BLOCK"])[1:]
     fix_block = FIXUP_META["BLOCK"]
     # (an int64 start makes the loop's variable int64: Triton promotes it to the widest of start, end and step)
@@ -149,8 +151,8 @@ def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int, flagg
     return L
 
 
-def flat_range(members, pid: str, rows, rsize, extents, ind: str, prefix: str = "t",
-                block: int | None = None, sincos_call: str | None = None) -> list[str]:
+def flat_range(members: list[Member], pid: str, rows: int, rsize: int, extents: dict, ind: str, prefix: str = "t",
+               block: int | None = None, sincos_call: str | None = None) -> list[str]:
     """Members over rows x rsize as one flat range, program `pid` taking BLOCK elements of it. When `block`
     (BLOCK's value) divides the range, every lane is in it: a mask of constants, which Triton folds away (no
     compare, no predicated loads and stores: the pointwise chain is bound by its arithmetic)."""
@@ -271,7 +273,7 @@ def canonical(src: list[str], buffers: list[str]) -> tuple[str, str]:
     """Kernel text with buffers renamed p0, p1... in argument order, named by the hash of that text."""
     comment, body = src[0], "\n".join(src[1:])
     new = {n: f"p{j}" for j, n in enumerate(dict.fromkeys(buffers))}
-    if new:   # one pass over the text (a pass per buffer was quadratic in a wide kernel's size)
+    if new:   # one pass over the text (a pass per buffer is quadratic in a wide kernel's size)
         names = "|".join(map(re.escape, sorted(new, key=len, reverse=True)))
         body = re.sub(rf"\b({names})(?=\b|_)", lambda m: new[m.group(1)], body)
     name = "k_" + hashlib.sha256(body.encode()).hexdigest()[:16]

@@ -17,9 +17,8 @@ from ember.codegen.wrapper import CONV_RESULTS, OUT_VARIANTS, buffer_layout
 def registers_for_private_values(sched: Schedule) -> None:
     """Pointwise members of a group without reductions that nothing outside the group reads (no graph output, no
     in-place write, no later kernel or library call): `local`, so `inline_locals` substitutes them into their
-    readers and they are never stored (GPT-2's GELU backward stored the tanh and a partial product it computed
-    for its gradient: 50 MB of writes per layer). After the splits and chunks that could part a value from its
-    readers."""
+    readers and they are never stored (a value computed only for a gradient in the same kernel costs a write
+    otherwise). Runs after the splits and chunks, which could part a value from its readers."""
     outputs = {o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg)}
     readers: dict[str, set] = {}
     for j, it in enumerate(sched.items):
@@ -42,14 +41,12 @@ def overwrite_dying_inputs(sched: Schedule) -> None:
     """A flat pointwise kernel stores its result over an input it reads for the last time, where that input is
     an intermediate of the same layout: a convolution's or product's fresh result, or a buffer an earlier kernel
     stored (not a graph input, output or a value an ATen fallback saw); the result may be an output (the
-    memory is the call's own, fresh each call). The result takes over the input's
-    memory (`Schedule.takes_over`; the wrapper passes the name on), so the input's lines, which the kernel has
-    just read into the L2 cache, are overwritten there, and a step's working set is one activation, not two:
-    resnet50's batch norm + relu after a convolution at 64x56x56 (25.7 MB) took 23.7 us a launch into a fresh
-    buffer, where Inductor's, in place, took 13 (H100, 2026-11-26). Safe where every element is read only by
-    the thread that overwrites it: each load of the input in the group is at the member's store offset over
-    the same loops and in the member's range (a horizontally fused kernel runs one range per size and block,
-    each on programs of its own), and a range stores after all its loads."""
+    memory is the call's own, fresh each call). The result takes over the input's memory
+    (`Schedule.takes_over`; the wrapper passes the name on): the input's lines, which the kernel has just read
+    into the L2 cache, are overwritten there, and a step's working set is one activation, not two. Safe where
+    every element is read only by the thread that overwrites it: each load of the input in the group is at the
+    member's store offset over the same loops and in the member's range (a horizontally fused kernel runs one
+    range per size and block, each on programs of its own), and a range stores after all its loads."""
     items = sched.items
     last, pinned = lifetimes(sched)
     fresh: set = set()   # intermediates whose memory is theirs alone
@@ -73,9 +70,9 @@ def overwrite_dying_inputs(sched: Schedule) -> None:
                 if r in taken or r not in fresh or r in pinned or last.get(r) != j or rb is None \
                         or buffer_layout(rb) != buffer_layout(b) or int(rb.offset) != 0 or int(b.offset) != 0:
                     continue
-                if all(tuple(x.inner) == tuple(m.inner) and (x.block, inner_size(x)) == (m.block, inner_size(m)) and all(
-                        sympy.expand(e.args[1] - m.store) == 0 for e in x.body.walk()
-                        if e.op == "load" and e.args[0] == r) for x in it.members if r in x.reads):
+                if all(tuple(x.inner) == tuple(m.inner) and (x.block, inner_size(x)) == (m.block, inner_size(m))
+                       and all(sympy.expand(e.args[1] - m.store) == 0 for e in x.body.walk()
+                               if e.op == "load" and e.args[0] == r) for x in it.members if r in x.reads):
                     m.dest = r
                     sched.takes_over[b.name] = r
                     taken.add(r)
@@ -86,9 +83,9 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
     """Split groups of few rows into their independent parts.
 
     The scheduler joins independent buffers into one group when their row counts match (horizontal fusion);
-    a contiguous buffer is one row, so unrelated pointwise buffers of different sizes became one group of one
-    row: one Triton program looping over every member (a GPT-2 backward kernel ran 75M elements in a single
-    program, 4.6 ms). On a GPU the parallelism is across rows, so a group with fewer rows than the GPU has SMs
+    a contiguous buffer is one row, so unrelated pointwise buffers of different sizes become one group of one
+    row: one Triton program looping over every member. On a GPU the parallelism is across rows, so a group with
+    fewer rows than the GPU has SMs
     is split into its connected parts (members joined by reads); each part gets the shape that suits it
     (a lone pointwise part is flat). Parts keep the order of their first members."""
     items = []
@@ -130,9 +127,9 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
             part_of[m.buf.name] = k
             for key in shared:
                 part_of.setdefault(key, k)
-        # one-element parts (each batch norm's num_batches_tracked + 1: densenet121 launched 121 kernels of one
-        # element) share flat kernels of at most MAX_BLOCKS_PER_KERNEL members; nothing is read between parts.
-        # (All of them and the loss in one program made a kernel of 1,873 lines, 11 s of Triton's compile.)
+        # one-element parts (each batch norm's num_batches_tracked + 1) share flat kernels of at most
+        # MAX_BLOCKS_PER_KERNEL members, not a launch each nor one program over all (slow to compile); nothing
+        # is read between parts
         order = {id(m): i for i, m in enumerate(it.members)}
         lone = [p for p in parts if p and all(not m.is_reduction and not m.inner for m in p)]
         if len(lone) > 1:
@@ -149,8 +146,8 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
                 continue
             part = dataclasses.replace(it, members=sorted(members, key=lambda m: order[id(m)]))
             if group_shape(part) == ROWS and not any(m.is_reduction for m in members):
-                # pointwise members reading each other's stored values in other shapes (a gelu recomputed in
-                # GPT-2's backward: 6.3M elements in one program, 16 ms): one flat kernel each, in order
+                # pointwise members reading each other's stored values in other shapes (a gelu recomputed in a
+                # backward) would run in one program: one flat kernel each, in order
                 items += [dataclasses.replace(it, members=[m]) for m in part.members]
             else:
                 items.append(part)
@@ -163,8 +160,7 @@ MAX_BLOCKS_PER_KERNEL = 32   # independent blocks (an optimizer's parameters) on
 def chunk_wide_groups(sched: Schedule, limit: int = MAX_BLOCKS_PER_KERNEL) -> Schedule:
     """Horizontally fused groups of many independent blocks in kernels of at most `limit` blocks each.
 
-    densenet121's Adam step fused 364 parameters (1,500 pointer arguments, 364 program ranges) into one Triton
-    kernel, which took minutes to compile; a few launches more cost microseconds."""
+    One kernel over hundreds of parameters takes minutes to compile; a few launches more cost microseconds."""
     def too_big(g: FusedGroup) -> bool:
         return len(g.members) > limit and group_shape(g) != ROWS and len({m.block for m in g.members}) > limit
     return split_elementwise(sched, too_big)

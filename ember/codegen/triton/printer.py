@@ -11,7 +11,7 @@ from ember import config
 from ember import ir
 from ember.ir import Expr
 from ember.codegen import printer
-from ember.codegen.schedule import Member
+from ember.codegen.schedule import FusedGroup, Member
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
       torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
@@ -164,7 +164,8 @@ BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv":
           "hypot": "libdevice.hypot({}, {})", "pow": "libdevice.pow({}, {})", "fmod": "libdevice.fmod({}, {})",
           "nextafter": "libdevice.nextafter({}, {})", "lshift": "({} << {})", "rshift": "({} >> {})",
           "floordiv": "_floordiv_f({}, {})", "remainder": "_remainder_f({}, {})"}
-# ops printed as libdevice calls (or helpers making them): a kernel using one links libdevice, ~35 ms of its compile
+# ops printed as libdevice calls (or helpers making them): a kernel using one links libdevice, a large share of its
+# compile time
 LIBDEVICE_OPS = frozenset(op for table in (UNARY_FLOAT, BINARY) for op, text in table.items()
                           if "libdevice" in text or text.startswith(("_floordiv_f", "_remainder_f")))
 BINARY_INT = {"floordiv": "_floordiv_i({}, {})", "remainder": "_remainder_i({}, {})", "fmod": "({} % {})",
@@ -237,9 +238,8 @@ class Body(printer.Body):
         return v
 
     def _sincos(self, arg: Expr, name: str) -> tuple:
-        """sin and cos of one value share _sincos's range reduction (the pointwise chain's sin(y) * cos(y):
-        libdevice's sinf and cosf each reduce, and the two were half the chain's arithmetic); the one not used
-        is dead code to Triton."""
+        """sin and cos of one value share _sincos's range reduction (libdevice's sinf and cosf each reduce, a
+        large part of their arithmetic); the one not used is dead code to Triton."""
         if id(arg) not in self.sincos:
             n = f"{self.prefix}{len(self.lines)}"
             self.lines.append(f"{self.indent}{n}s, {n}c = {self.sincos_call.format(name)}")
@@ -322,7 +322,9 @@ class Body(printer.Body):
         return NotImplementedError(f"{op} on {dtype}") if arity == 1 and not dtype.is_floating_point else KeyError(op)
 
 
-def kernel_header(group, name, args, consts) -> list[str]:
+def kernel_header(group: FusedGroup, name: str, args: list[str], consts: list[str]) -> list[str]:
+    """A kernel's first lines: the fx nodes it computes, @triton.jit, and its signature (pointers, then the
+    constexpr block sizes)."""
     return [f"# fused fx nodes: {', '.join(group.origins())[:200]}", "@triton.jit",
             f"def {name}({', '.join(args + [f'{c}: tl.constexpr' for c in consts])}):"]
 
@@ -333,6 +335,7 @@ def _is_literal(v: str) -> bool:
 
 
 def store_statement(m: Member, value: str, offset: str, mask: str, shape: str) -> str:
+    """tl.store of `value` to member m's buffer at `offset`, cast to its dtype; `shape` is the tile's."""
     t = TL[m.buf.dtype]
     if offset.lstrip("-").isdigit():  # one element (a full reduction): a pointer per lane, all the same
         offset = f"{offset} + 0 * {'xindex' if shape == '[BLOCK]' else 'x0'}"

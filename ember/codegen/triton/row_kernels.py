@@ -9,7 +9,7 @@ import torch
 from ember import config
 from ember import ir
 from ember.ir import Expr
-from ember.codegen.schedule import X0, Member
+from ember.codegen.schedule import X0, FusedGroup, Member
 from ember.codegen.triton.heuristics import inner_index, inner_size
 from ember.codegen.triton.printer import Body, compute_type, index_code, kernel_header, store_statement
 
@@ -17,6 +17,7 @@ REDUCE_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
 
 
 def _identity(kind: str, dtype: torch.dtype) -> str:
+    """The identity of a reduction of `kind` over values of `dtype` (what masked lanes contribute)."""
     if kind in REDUCE_IDENTITY:
         return REDUCE_IDENTITY[kind]
     big = kind in ("min", "argmin")
@@ -28,7 +29,11 @@ def _identity(kind: str, dtype: torch.dtype) -> str:
     return str(info.max if big else info.min)
 
 
-def rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
+def rows_kernel(group: FusedGroup, name: str, args: list[str], rows: int, cfg: dict, i64: bool,
+                extents: dict) -> list[str]:
+    """The kernel of a ROWS group (module docstring): members in order; a reduction's result is an [XBLOCK, 1]
+    value later members read; a member reading what this program stored waits at a barrier unless every value
+    it reads is still in a register."""
     L = kernel_header(group, name, args, ["XBLOCK", "RBLOCK"])
     ind = "    "
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
@@ -96,8 +101,8 @@ def rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                 L.append(f"{ind}{m.buf.name}_v = tl.full([XBLOCK, 1], {ident}, {compute_type(m.buf.dtype)})")
                 scalars[m.buf.name] = f"{m.buf.name}_v"
                 if not m.local:
-                    L.append(ind + store_statement(m, f"{m.buf.name}_v", index_code(sympy.sympify(m.store), {}), "xmask",
-                                          "[XBLOCK, 1]"))
+                    L.append(ind + store_statement(m, f"{m.buf.name}_v", index_code(sympy.sympify(m.store), {}),
+                                                   "xmask", "[XBLOCK, 1]"))
                     stored_here.add(m.buf.name)
             continue
         if R <= 1 and not m.inner:
@@ -134,7 +139,7 @@ def rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
                 bodies[R].stored.update(row_values)
                 bodies[R].stored.update(hoisted)
                 # every load of the row this group reads but does not compute, issued before the first reduction
-                # (a layer norm's weight and bias were loaded after its two, each waiting a latency of its own)
+                # (a layer norm's weight and bias loaded after its reductions each wait a latency of their own)
                 for r_len, _, later, _ in at_row.values():
                     if r_len == R:
                         for x in later.walk():
@@ -168,6 +173,7 @@ def rows_kernel(group, name, args, rows, cfg, i64, extents) -> list[str]:
 
 
 def _acc_type(m: Member) -> str:
+    """The type a reduction accumulates in (bools count as int32)."""
     d = m.body.dtype
     if d == torch.bool:
         return "tl.int32"
@@ -235,8 +241,8 @@ def _load_from_outside(x: Expr, computed: set, scalars: dict) -> bool:
 
 def _row_loads(computed: set, bodies: list, rows: int, scalars: dict, ind: str, extents: dict) -> dict:
     """The loads of one value per row (a batch norm's weight, bias, running statistics) that no member of the
-    group computes, issued at the kernel's start: {(buffer, offset): variable, "lines": their statements}. Where
-    they were first used, after a reduction's barrier, each waited a memory latency of its own. (A graph input
+    group computes, issued at the kernel's start: {(buffer, offset): variable, "lines": their statements}.
+    Issued where first used, after a reduction's barrier, each would wait a memory latency of its own. (A graph input
     a member updates in place is read for its old value, by the thread that overwrites it: earlier is as right.)"""
     b = Body(scalars, "xmask", ind, {X0: rows}, extents)
     b.prefix = "h"
