@@ -198,12 +198,12 @@ def phases(gm, example_inputs, backend: str) -> tuple[dict, dict]:
             source, kernels = cpp.generate(sched)
             names = {n: None for n, *_ in kernels}
         else:
-            from ember.codegen import triton
-            sched = triton.chunk_wide_groups(triton.split_few_row_groups(
+            from ember.codegen.triton import kernels as triton_kernels, passes
+            sched = passes.chunk_wide_groups(passes.split_few_row_groups(
                 schedule.schedule(low, mutations=gm.meta.get("ember_input_mutations"), across=True)))
             times["schedule"] = CLOCK() - t
             t = CLOCK()
-            source, kernels = triton.generate(sched)
+            source, kernels = triton_kernels.generate(sched)
             names = {g.name: name for g, name, *_ in kernels}
         times["print"] = CLOCK() - t
         t = CLOCK()
@@ -236,14 +236,16 @@ def build_for_sm90(source: str, kernels: list, sched) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ember.codegen import triton as tr
-    mod, target, seen = tr.load_module(source), GPUTarget("cuda", 90, 32), set()
+    from ember.codegen.triton.heuristics import launch_meta
+    from ember.codegen.triton.kernels import FIXUP_META
+    from ember.runtime.triton_launch import load_module
+    mod, target, seen = load_module(source), GPUTarget("cuda", 90, 32), set()
     for _, name, args, cfg, _grid in kernels:
         if name in seen:
             continue
         seen.add(name)
         types = [f"*{TRITON_TYPES[str(sched.buffers[a].dtype).removeprefix('torch.')]}" for a in args]
-        jobs = [(name, tr.launch_meta(cfg))] + ([(f"{name}_fixup", tr.FIXUP_META)] if "fixup" in cfg else [])
+        jobs = [(name, launch_meta(cfg))] + ([(f"{name}_fixup", FIXUP_META)] if "fixup" in cfg else [])
         for kname, meta in jobs:
             fn = getattr(mod, kname)
             names = [n for n in fn.arg_names if n not in meta]

@@ -50,7 +50,7 @@ def main() -> None:
     triton.knobs.compilation.listener = listener
     text = open(args.path).read()
     if "import triton" not in text:   # a kernel saved without the module's prelude: today's
-        from ember.codegen.triton import PRELUDE
+        from ember.codegen.triton.printer import PRELUDE
         text = PRELUDE + "\n\n" + text
     variants = {"as printed": text}
     for e in args.edit:

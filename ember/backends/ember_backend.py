@@ -1,8 +1,9 @@
-"""The "ember" backend: autograd (ember.autograd) -> decompositions -> loop IR -> fused kernels: C++/OpenMP
-for CPU graphs (compile_aten here), Triton for CUDA graphs (ember.codegen.triton.compile_aten).
+"""The "ember" backend: autograd (ember.autograd) -> decompositions -> loop IR -> fused kernels, printed for each
+graph's device by the backend DEVICE_BACKENDS names: C++/OpenMP for CPU graphs (cpp_backend), Triton for CUDA
+graphs (triton_backend, which also splits off a graph's CPU scalars: host_scalars).
 
-compile_graph(gm, example_inputs, mode=None, options=None) is the backend; the compile_aten functions are the
-inner compilers the autograd layer calls on each ATen-level graph (forward and backward).
+compile_graph(gm, example_inputs, mode=None, options=None) is the backend; each device backend's compile_aten is
+the inner compiler the autograd layer calls on each ATen-level graph (forward and backward).
 mode (ember.compile(mode=...)): "reduce-overhead" and "max-autotune" replay CUDA graphs (ember.runtime.cudagraphs).
 options (ember.compile(options=...)):
   {"fallback": "eager"}         a graph whose generated code fails to build runs eagerly (logged), not raising
@@ -12,38 +13,31 @@ options (ember.compile(options=...)):
 """
 from __future__ import annotations
 
-import ctypes
-import time
+import importlib
 from typing import Callable
 
 import torch
 
-from ember.codegen import cpp, lower, schedule, wrapper
-from ember.errors import CannotLower
-from ember.runtime import cache
-from ember.tools.logs import get_logger
-
-fallback_log = get_logger("fallbacks")
-code_log = get_logger("output_code")
-STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0, "internal_errors": 0}
+# device type -> the module whose compile_aten(gm, example_inputs, options) compiles an ATen graph for it, imported
+# when a graph first needs it (a CPU program never loads the Triton printer)
+DEVICE_BACKENDS = {"cpu": "ember.backends.cpp_backend", "cuda": "ember.backends.triton_backend"}
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | None = None,
                   options: dict | None = None) -> Callable:
     """The backend entry point (torch.compile's custom-backend contract, with its `mode` and `options`).
 
-    Each ATen graph (forward, backward) goes to the C++ code generator, or to the Triton one when it works on
-    CUDA tensors; mode="reduce-overhead" / "max-autotune" replay the CUDA ones as CUDA graphs."""
+    Each ATen graph (forward, backward) goes to the backend of its device (DEVICE_BACKENDS: the C++ code
+    generator, or the Triton one when it works on CUDA tensors); mode="reduce-overhead" / "max-autotune" replay
+    the CUDA ones as CUDA graphs."""
     from ember.autograd import aot_module
     options = dict(options or {})
     if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
         options.setdefault("max_autotune", True)
 
     def inner(g: torch.fx.GraphModule, ex: list, more_options: dict | None = None) -> Callable:
-        if _on_cuda(g, ex):
-            from ember.codegen import triton
-            return triton.compile_aten(g, ex, {**options, **(more_options or {})})
-        return compile_aten(g, ex, options)
+        backend = importlib.import_module(DEVICE_BACKENDS["cuda" if _on_cuda(g, ex) else "cpu"])
+        return backend.compile_aten(g, ex, {**options, **(more_options or {})})
 
     cuda_graphs = mode in ("reduce-overhead", "max-autotune") and options.get("triton.cudagraphs", True) \
         and _on_cuda(gm, example_inputs)
@@ -63,114 +57,3 @@ def _on_cuda(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
     return any(isinstance(v, torch.Tensor) and v.is_cuda
                for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val")))
 
-
-class CompiledGraph:
-    """A compiled ATen graph; the C++ build runs in the background until the first call needs it."""
-
-    def __init__(self, gm, sched, source, kernels, build, options):
-        self.gm, self.sched, self.source, self.kernels = gm, sched, source, kernels
-        self.build, self.options = build, options
-        self.call = None
-        self.err = (ctypes.c_int64 * 1)()
-
-    def _load(self):
-        try:
-            path = self.build.result()
-        except cache.BuildError:
-            if self.options.get("fallback") == "eager":
-                fallback_log.warning("C++ build failed; graph runs eagerly (options={'fallback': 'eager'})",
-                                     exc_info=True)
-                self.call = lambda args: self.gm(*args)
-                return
-            raise
-        lib = ctypes.CDLL(str(path)) if path is not None else None
-        fns = {}
-        for name, args, _ in self.kernels:
-            f = getattr(lib, name)
-            f.argtypes = [ctypes.c_void_p] * (len(args) + 1)
-            f.restype = None
-            fns[name] = f
-        errp = ctypes.addressof(self.err)
-        err = self.err
-
-        def kernel_call(group):
-            _, args, checks = next(k for k in self.kernels if k[0] == group.name)
-            ptrs = ", ".join(f"{a}.data_ptr()" for a in args)
-            check = "; _check_err()" if checks else ""
-            return f"{group.name}({ptrs}{', ' if ptrs else ''}_errp){check}"
-
-        def check_err():
-            if err[0]:
-                err[0] = 0
-                raise IndexError("ember: index out of range in a gather/indexing operation of the compiled graph")
-
-        self.lib = lib
-        self.call = wrapper.python_wrapper(self.sched, kernel_call, {
-            **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)},
-            check_inputs=not self.gm.meta.get("ember_guarded", False), persistent=True,
-            consumed_outputs=frozenset(self.gm.meta.get("ember_consumed_outputs", ())))
-        if code_log.isEnabledFor(10):
-            code_log.debug("host program:\n%s", self.call.source)
-
-    def __call__(self, *args):
-        if self.call is None:
-            self._load()
-        return self.call(list(args))
-
-
-def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
-    """Compile a functional ATen-level fx graph (node.meta['val'] set) into fused C++ kernels."""
-    options = options or {}
-    t0 = time.perf_counter()
-    bad = _dtypes(gm) - set(cpp.CTYPE)
-    if bad:
-        fallback_log.warning("graph runs eagerly: the C++ backend has no kernels for %s", sorted(map(str, bad)))
-        STATS["eager_graphs"] += 1
-        return gm.forward
-    try:
-        with lower.LOWERING_LOCK:
-            low, out_spec, _ = lower.lower(gm, example_inputs)
-            sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
-            sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
-            source, kernels = cpp.generate(sched)
-    except CannotLower as e:
-        fallback_log.warning("graph runs eagerly: %s", e)
-        STATS["eager_graphs"] += 1
-        return gm.forward
-    except Exception as e:  # a bug in ember must not break the user's program: run eagerly, loudly
-        fallback_log.warning("graph runs eagerly: ember internal error %s: %s", type(e).__name__, e, exc_info=True)
-        STATS["eager_graphs"] += 1
-        STATS["internal_errors"] += 1
-        return gm.forward
-    STATS["graphs"] += 1
-    STATS["kernels"] += len(kernels)
-    STATS["externs"] += sum(isinstance(i, schedule.ExternBuffer) for i in sched.items)
-    STATS["fallback_ops"] += len(low.fallbacks)
-    build = cache.build_cpp(source) if kernels else None
-    if code_log.isEnabledFor(10):
-        code_log.debug("graph %s: %d kernels, %d extern calls, ATen fallbacks %s (lowered in %.3fs)\n%s",
-                       gm.__class__.__name__, len(kernels), len(sched.items) - len(kernels), low.fallbacks or "none",
-                       time.perf_counter() - t0, source[len(cpp.PRELUDE):])
-    if build is None:
-        build = _done(None)
-    compiled = CompiledGraph(gm, sched, source, kernels, build, options)
-
-    unflatten = wrapper.fast_unflatten(out_spec)
-
-    def run(*args):
-        return unflatten(compiled(*args))
-    run.compiled = compiled
-    return run
-
-
-def _dtypes(gm) -> set:
-    import torch.utils._pytree as pytree
-    return {v.dtype for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
-            if isinstance(v, torch.Tensor)}
-
-
-def _done(v):
-    import concurrent.futures
-    f = concurrent.futures.Future()
-    f.set_result(v)
-    return f

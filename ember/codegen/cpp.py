@@ -17,6 +17,7 @@ import torch
 
 from ember import ir
 from ember.ir import Expr, IndirectSymbol
+from ember.codegen import printer
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
 from ember.runtime import cache
 
@@ -113,22 +114,13 @@ BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv":
           "floordiv": "ember_floordiv({}, {})", "remainder": "ember_remainder({}, {})",
           "fmod": "std::fmod({}, {})", "nextafter": "std::nextafter({}, {})",
           "lshift": "({} << {})", "rshift": "({} >> {})"}
+UNARY_BOOL = {"bitwise_not": "(!{})"}
+BINARY_BOOL = {"add": "({} || {})", "mul": "({} && {})", "maximum": "({} || {})", "minimum": "({} && {})"}
+# libmvec's functions, through their `simd` aliases (see MVEC_UNARY)
+MVEC_UNARY_FORMS = {n: f"ember_{n}{{sfx}}({{}})" for n in MVEC_UNARY}
+MVEC_BINARY_FORMS = {n: f"ember_{n}{{sfx}}({{}}, {{}})" for n in MVEC_BINARY}
 REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
 OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "max": "max", "min": "min"}
-
-
-def literal(v, dtype: torch.dtype) -> str:
-    t = CTYPE[dtype]
-    if dtype == torch.bool:
-        return "true" if v else "false"
-    if dtype.is_floating_point:
-        v = float(v)
-        if math.isnan(v):
-            return f"std::numeric_limits<{t}>::quiet_NaN()"
-        if math.isinf(v):
-            return f"{'-' if v < 0 else ''}std::numeric_limits<{t}>::infinity()"
-        return f"{t}({v!r})"
-    return f"{t}({int(v)}LL)" if abs(int(v)) < 2 ** 63 else f"{t}({int(v)}ULL)"
 
 
 # C expression of a sympy index (int64 arithmetic)
@@ -136,33 +128,34 @@ index_code = functools.partial(ir.index_code,
                                syntax=ir.IndexSyntax("/", "ember_imin", "ember_imax", "LL"))
 
 
+class Body(printer.Body):
+    """Straight-line C++ for Exprs (printer.Body); values that do not change inside a loop may be hoisted."""
 
-class Body:
-    """Straight-line C++ for Exprs, one statement per DAG node (CSE by identity, since Exprs are interned)."""
+    TYPES = CTYPE
+    NAN, FINITE = "std::numeric_limits<{t}>::quiet_NaN()", "{t}({v!r})"
+    INF, NEG_INF = "std::numeric_limits<{t}>::infinity()", "-std::numeric_limits<{t}>::infinity()"
 
     def __init__(self, ptrs: dict, scalars: dict, indent: str, rows: dict, hoist: tuple | None = None):
-        self.ptrs, self.scalars, self.indent, self.rows = ptrs, scalars, indent, rows
-        self.forward: dict = {}  # (buffer, offset) -> C variable already holding that element
-        self.lines: list[str] = []
-        self.names: dict = {}
+        super().__init__(scalars, indent)
+        self.ptrs, self.rows = ptrs, rows
         # hoist = (indent before the loop, its loop variables): values that do not change inside the loop
         # (a learning rate from a scalar tensor, bias corrections from a step count) are computed before it,
         # once, instead of per element (g++ does not hoist calls such as powf out of a simd loop)
         self.hoist, self.pre, self.invariant = hoist, [], {}
 
-    def emit(self, e: Expr) -> str:
-        for x in e.walk():
-            if id(x) not in self.names:
-                if self.hoist is not None and self._invariant(x):
-                    lines, indent = self.lines, self.indent
-                    self.lines, self.indent = self.pre, self.hoist[0]
-                    try:
-                        self.names[id(x)] = self._node(x)
-                    finally:
-                        self.lines, self.indent = lines, indent
-                else:
-                    self.names[id(x)] = self._node(x)
-        return self.names[id(e)]
+    @property
+    def prefix(self) -> str:   # h<n>: hoisted before the loop, t<n>: in it
+        return "h" if self.lines is self.pre else "t"
+
+    def _node(self, x: Expr) -> str:
+        if self.hoist is None or not self._invariant(x):
+            return super()._node(x)
+        lines, indent = self.lines, self.indent
+        self.lines, self.indent = self.pre, self.hoist[0]
+        try:
+            return super()._node(x)
+        finally:
+            self.lines, self.indent = lines, indent
 
     def _invariant(self, x: Expr) -> bool:
         if id(x) not in self.invariant:
@@ -170,7 +163,7 @@ class Body:
             if x.op == "load":
                 name, off = x.args
                 ok = name in self.scalars or (not (off.free_symbols & loopvars) and name not in self.rows
-                                              and (name, off) not in self.forward
+                                              and (name, off) not in self.stored
                                               and not off.atoms(IndirectSymbol))
             elif x.op == "index":
                 ok = not (x.args[0].free_symbols & loopvars) and not x.args[0].atoms(IndirectSymbol)
@@ -181,60 +174,45 @@ class Body:
             self.invariant[id(x)] = ok
         return self.invariant[id(x)]
 
-    def var(self, code: str, dtype) -> str:
-        n = f"{'h' if self.lines is self.pre else 't'}{len(self.lines)}"
-        self.lines.append(f"{self.indent}{CTYPE[dtype]} {n} = {code};")
-        return n
+    def assignment(self, name: str, code: str, dtype: torch.dtype) -> str:
+        return f"{self.indent}{CTYPE[dtype]} {name} = {code};"
 
-    def _node(self, x: Expr) -> str:
-        t = CTYPE[x.dtype]
-        if x.op == "const":
-            return literal(x.args[0], x.dtype)
-        if x.op == "load":
-            name, off = x.args
-            if name in self.scalars:
-                return self.scalars[name]
-            if (name, off) in self.forward:
-                return self.forward[(name, off)]
-            ind = {s: self.names[id(s.value)] for s in off.atoms(IndirectSymbol)}
-            if name in self.rows:  # a row buffer holds this row only
-                return self.var(f"{name}[{index_code(ir.simplify_index(off - X0 * self.rows[name]), ind)}]", x.dtype)
-            return self.var(f"{self.ptrs[name]}[{index_code(off, ind)}]", x.dtype)
-        if x.op == "index":
-            ind = {s: self.names[id(s.value)] for s in x.args[0].atoms(IndirectSymbol)}
-            return self.var(f"static_cast<{t}>({index_code(x.args[0], ind)})", x.dtype)
-        a = [self.names[id(y)] if isinstance(y, Expr) else y for y in x.args]
-        if x.op == "cast":
-            return self.var(f"static_cast<{t}>({a[0]})", x.dtype)
-        if x.op == "checked_index":
-            return self.var(f"ember_index({a[0]}, {a[1]}, err)", x.dtype)
-        if x.op == "rand":
-            return self.var(f"ember_rand<{t}>({a[0]}, {a[1]})", x.dtype)
-        if x.op == "where":
-            return self.var(f"({a[0]} ? {a[1]} : {a[2]})", x.dtype)
-        arg_dtype = x.args[0].dtype
-        at = CTYPE[arg_dtype]
-        if len(a) == 1:
-            if not arg_dtype.is_floating_point and x.op in UNARY_INT:
-                f = UNARY_INT[x.op]
-            elif x.op in UNARY_ANY:
-                f = UNARY_ANY[x.op]
-            elif arg_dtype == torch.bool and x.op == "bitwise_not":
-                f = "(!{})"
-            elif x.op in MVEC_UNARY:
-                f = f"ember_{x.op}{{sfx}}({{}})"
-            else:
-                f = UNARY_FLOAT[x.op]
-            return self.var(f.format(a[0], t=at, sfx="f" if arg_dtype == torch.float32 else ""), x.dtype)
-        if arg_dtype == torch.bool and x.op in ("add", "mul", "maximum", "minimum"):
-            f = {"add": "({} || {})", "mul": "({} && {})", "maximum": "({} || {})", "minimum": "({} && {})"}[x.op]
-        elif x.op in BINARY_INT and not arg_dtype.is_floating_point:
-            f = BINARY_INT[x.op]
-        elif x.op in MVEC_BINARY and arg_dtype.is_floating_point:
-            f = f"ember_{x.op}{'f' if arg_dtype == torch.float32 else ''}({{}}, {{}})"
-        else:
-            f = BINARY[x.op]
-        return self.var(f.format(*a), x.dtype)
+    def integer_literal(self, v: int, dtype: torch.dtype) -> str:
+        return f"{CTYPE[dtype]}({v}LL)" if abs(v) < 2 ** 63 else f"{CTYPE[dtype]}({v}ULL)"
+
+    def load(self, x: Expr) -> str:
+        name, off = x.args
+        ind = {s: self.names[id(s.value)] for s in off.atoms(IndirectSymbol)}
+        if name in self.rows:  # a row buffer holds this row only
+            return self.var(f"{name}[{index_code(ir.simplify_index(off - X0 * self.rows[name]), ind)}]", x.dtype)
+        return self.var(f"{self.ptrs[name]}[{index_code(off, ind)}]", x.dtype)
+
+    def index(self, x: Expr) -> str:
+        ind = {s: self.names[id(s.value)] for s in x.args[0].atoms(IndirectSymbol)}
+        return self.var(f"static_cast<{CTYPE[x.dtype]}>({index_code(x.args[0], ind)})", x.dtype)
+
+    def cast(self, x: Expr, a: list) -> str:
+        return self.var(f"static_cast<{CTYPE[x.dtype]}>({a[0]})", x.dtype)
+
+    def checked_index(self, x: Expr, a: list) -> str:
+        return self.var(f"ember_index({a[0]}, {a[1]}, err)", x.dtype)
+
+    def rand(self, x: Expr, a: list) -> str:
+        return self.var(f"ember_rand<{CTYPE[x.dtype]}>({a[0]}, {a[1]})", x.dtype)
+
+    def where(self, x: Expr, a: list) -> str:
+        return self.var(f"({a[0]} ? {a[1]} : {a[2]})", x.dtype)
+
+    def format_fields(self, dtype: torch.dtype) -> dict:
+        return {"t": CTYPE[dtype], "sfx": "f" if dtype == torch.float32 else ""}
+
+    def unary_tables(self, dtype: torch.dtype) -> list[dict]:
+        return [*([UNARY_INT] if not dtype.is_floating_point else []), UNARY_ANY,
+                *([UNARY_BOOL] if dtype == torch.bool else []), MVEC_UNARY_FORMS, UNARY_FLOAT]
+
+    def binary_tables(self, dtype: torch.dtype) -> list[dict]:
+        return [*([BINARY_BOOL] if dtype == torch.bool else []), *([BINARY_INT] if not dtype.is_floating_point else []),
+                *([MVEC_BINARY_FORMS] if dtype.is_floating_point else []), BINARY]
 
 
 def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True, team: bool = False):
@@ -261,12 +239,9 @@ def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True, t
 MAX_KERNEL_ARGS = 1000   # ctypes passes at most 1024 arguments in one call (the error pointer is one more)
 
 
-def kernel_args(group: FusedGroup) -> tuple[list[str], list[str]]:
-    """(pointer arguments of a group's kernel: buffers read, then written; the written ones)."""
-    reads = sorted(set().union(*(m.reads for m in group.members)) - {m.buf.name for m in group.members if m.local}
-                   - {m.buf.name for m in group.members if m.is_reduction})
-    writes = [m.target for m in group.members if not m.local]  # an in-place member writes its input's pointer
-    return list(dict.fromkeys(reads + writes)), writes
+def _local(m: Member) -> bool:
+    """A local member's values stay in the kernel (a register, a row buffer): no pointer argument."""
+    return m.local
 
 
 MAX_MEMBERS_PER_KERNEL = 64
@@ -274,16 +249,16 @@ MAX_MEMBERS_PER_KERNEL = 64
 
 def too_big_for_one_function(group: FusedGroup) -> bool:
     """Whether a group's kernel would take more pointers than one ctypes call passes (an Adam step over ~150
-    parameters fused horizontally: 7 pointers each), or more members than g++ compiles quickly in one function:
-    densenet121's 120 folded convolution weights (~300 members) were one 102K-character function, 7 s of
-    g++ -O3; cut into functions of at most 64 members, which also compile side by side (cache._build), 1.6 s.
-    An Adam step over 10 parameters (~40 members) stays one function with one parallel region."""
-    return len(group.members) > MAX_MEMBERS_PER_KERNEL or len(kernel_args(group)[0]) > MAX_KERNEL_ARGS
+    parameters fused horizontally: 7 pointers each), or more members than g++ compiles quickly in one function
+    (g++ -O3's time grows faster than a function's size); functions of at most 64 members also compile side by
+    side (cache._build). An Adam step over 10 parameters (~40 members) stays one function with one parallel
+    region."""
+    return len(group.members) > MAX_MEMBERS_PER_KERNEL or len(printer.kernel_args(group, _local)[0]) > MAX_KERNEL_ARGS
 
 
 def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     """C++ of one group: `extern "C" void name(pointers..., int64_t* err)`; returns (source, buffer args)."""
-    args, writes = kernel_args(group)
+    args, writes = printer.kernel_args(group, _local)
     ptrs = {n: n for n in args}
     ptrs.update({m.buf.name: m.target for m in group.members if m.dest})
     params = ", ".join(f"{'const ' if n not in writes else ''}{CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
@@ -343,7 +318,7 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
 def _widen(lines: list[str]) -> str:
     if any(f"ember_{n}" in line for line in lines for n in MVEC_UNARY + MVEC_BINARY):
         # loops calling libm: 512-bit vectors and libmvec's AVX-512 variants (g++ otherwise prefers 256 bits)
-        # ran sin/cos/exp on 4M floats twice as fast; a layer_norm+gelu+softmax row 1.2x, exp+row sum 1.25x
+        # run them faster
         lines[1] = lines[1].replace('extern "C" void', 'extern "C" EMBER_WIDE void', 1)
     return "\n".join(lines)
 
@@ -360,8 +335,8 @@ def _step(off, var) -> object:
 def columnwise(group: FusedGroup) -> bool:
     """Whether a group reduces over outer dims of its inputs (x.sum(0) of a contiguous matrix): its rows x0
     are adjacent in memory and its reduction loops are not. The row-per-x0 loop nest then walks each
-    reduction with a large stride (no vectorization, a cache line per element: x.tanh().mean(0) of 4096x1024
-    ran 50x slower than .mean(1)); `_column_group` swaps the loops instead. Only groups of plain reductions
+    reduction with a large stride (no vectorization, a cache line per element: many times slower than the
+    same reduction over inner dims); `_column_group` swaps the loops instead. Only groups of plain reductions
     (no argmax/argmin) and pointwise members of one element per row, without row buffers."""
     if group.numel <= 1 or not any(m.is_reduction for m in group.members):
         return False
@@ -423,8 +398,8 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
     block each reduction keeps one accumulator per row in a local array and loops over its reduction range
     outside, the rows inside (`omp simd`: contiguous loads, one vector of accumulators per step)."""
     n, blk = group.numel, min(COLUMN_BLOCK, group.numel)
-    # threaded: 768 columns on 16 threads run as 16 blocks of 48, not 3 of 256 (blocks of 16 columns ran a
-    # 3-D sum 5x slower than of 256: the loop over a block's columns is then one vector per reduction step)
+    # threaded: 768 columns on 16 threads run as 16 blocks of 48, not 3 of 256 (not narrower than 16: the loop
+    # over a block's columns would be one vector per reduction step)
     if parallel:  # as many blocks per thread for every thread (one per CPU), each at most COLUMN_BLOCK, 16 | width
         cpus = os.cpu_count() or 1
         blocks = cpus * math.ceil(n / (cpus * COLUMN_BLOCK))
@@ -553,7 +528,7 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: b
         v = b.emit(m.body)
         off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
         stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {v};")
-        b.forward[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
+        b.stored[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
     # stores last: every load of the iteration comes first (an input updated in place is read before written)
     # hoisted values go before the loop, in a scope of their own (shared, read-only, under `omp parallel for`)
     out = [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"]
@@ -579,7 +554,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
             init = ""
         lines.append(f"{ind}{vt} {acc} = {init}{lim};")
         # the NaN flag of max/min is an integer as wide as the value: a bool flag next to float lanes makes
-        # g++ vectorize the loop at mixed widths (a softmax row max ran 2x slower than with this flag)
+        # g++ vectorize the loop at mixed widths (slower)
         flag = "int64_t" if m.body.dtype.itemsize == 8 else "int32_t"
         lines.append(f"{ind}{flag if kind in ('max', 'min') else 'bool'} {acc}_nan = 0;")
         if kind.startswith("arg"):

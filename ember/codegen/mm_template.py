@@ -1,5 +1,5 @@
 """mode="max-autotune": a Triton matmul template with the pointwise epilogue that follows the matmul fused in,
-chosen over the library call only where it measured faster on this GPU.
+chosen over the library call only where it measures faster on the GPU it compiles for.
 
 A schedule has `mm`/`addmm` as extern calls (cuBLAS) followed by a flat pointwise group reading the product
 (bias, activation, residual...). `fuse_mm_epilogues` replaces such a pair by one `TemplateGroup`: a tiled
@@ -26,9 +26,12 @@ import statistics
 import torch
 
 from ember.ir import ExternBuffer, TensorArg
+from ember.codegen.printer import kernel_args
 from ember.codegen.schedule import FusedGroup, Schedule
-from ember.codegen.triton import (FLAT, PRELUDE, _canonical, _extent, _flat_range, _rsize, cache_dir, group_shape,
-                                  kernel_args, kernel_source, load_module)
+from ember.codegen.triton.heuristics import FLAT, group_shape, inner_size
+from ember.codegen.triton.kernels import canonical, flat_range, in_registers, kernel_source, storage_extent
+from ember.codegen.triton.printer import PRELUDE
+from ember.runtime.triton_launch import cache_dir, load_module
 from ember.tools.logs import get_logger
 
 log = get_logger("autotune")
@@ -92,7 +95,7 @@ def _candidate(sched: Schedule, i: int, readers: dict, outputs: set):
         return None
     if readers.get(o.name, set()) != {i + 1} or o.name in outputs:
         return None
-    if max(int(group.numel), 1) * max(_rsize(m) for m in group.members) != m_ * n_ or m_ * n_ == 0:
+    if max(int(group.numel), 1) * max(inner_size(m) for m in group.members) != m_ * n_ or m_ * n_ == 0:
         return None
     return ext, group, o, ops
 
@@ -111,13 +114,13 @@ def template_source(group: FusedGroup, o, ops, sched: Schedule):
     bias, a, b, beta, alpha = ops
     m_, k_ = (int(s) for s in a.size)
     n_ = int(b.size[1])
-    ep_args, _ = kernel_args(group)
+    ep_args, _ = kernel_args(group, in_registers)
     args = list(dict.fromkeys([a.buffer, b.buffer] + ([bias.buffer] if bias is not None else [])
                               + [x for x in ep_args if x != o.name]))
-    extents = {x: _extent(sched.buffers[x]) for x in ep_args}
+    extents = {x: storage_extent(sched.buffers[x]) for x in ep_args}
     # the epilogue as the flat kernel prints it, minus its 1-D xindex/xmask (the tile defines 2-D ones)
     rows = max(int(group.numel), 1)
-    body = _flat_range(group.members, "0", rows, max(_rsize(m) for m in group.members), extents, "    ")[2:]
+    body = flat_range(group.members, "0", rows, max(inner_size(m) for m in group.members), extents, "    ")[2:]
     body = [line.replace("tl.full([BLOCK],", "tl.full([BM, BN],") for line in body]
     # the product's loads become the accumulator; any other use of it (another index) cannot take the tile
     load = re.escape(f"tl.load({o.name} + xindex, xmask, other=0)") + r"(\.to\(tl\.float32\))?"
@@ -207,7 +210,7 @@ def _time_ms(fn, reps: int = 20) -> float:
 def _choose(sched: Schedule, ext, group, o, src: list, args: list, mn: tuple, device) -> tuple | None:
     """The fastest config of the template, or None when the library call plus the epilogue kernel wins."""
     configs = CONFIGS[torch.float32] if o.dtype == torch.float32 else CONFIGS["16bit"]
-    name, text = _canonical(src, args + [m.buf.name for m in group.members])
+    name, text = canonical(src, args + [m.buf.name for m in group.members])
     key = hashlib.sha256((text + torch.cuda.get_device_name(device)).encode()).hexdigest()[:24]
     choices = _load_choices()
     if key in choices:
@@ -220,7 +223,7 @@ def _choose(sched: Schedule, ext, group, o, src: list, args: list, mn: tuple, de
         return bufs[x.buffer].as_strided(x.size, x.stride, bufs[x.buffer].storage_offset() + x.offset) \
             if isinstance(x, TensorArg) else x
     ep_src, ep_args, ep_cfg, ep_grid = kernel_source(group, sched, "KERNEL")
-    ep_name, ep_text = _canonical(ep_src, ep_args + [m.buf.name for m in group.members])
+    ep_name, ep_text = canonical(ep_src, ep_args + [m.buf.name for m in group.members])
     mod = load_module(PRELUDE + "\n\n" + ep_text + "\n\n\n" + text + "\n")
     ep_meta = {k: v for k, v in ep_cfg.items() if k != "persistent"}
     ep_kernel, tpl = getattr(mod, ep_name), getattr(mod, name)

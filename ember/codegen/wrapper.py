@@ -6,8 +6,8 @@ Backend-neutral: a backend supplies `kernel_call(group) -> str`, the Python stat
 
 `persistent=True` (the C++ backend) keeps the buffers that never leave a call (not graph outputs, nothing a
 kept ATen op could return a view of) from one call to the next, and matmul externs write into theirs
-(`aten.addmm.out`...): on CPU each fresh multi-megabyte tensor is fresh pages from the kernel, and first
-touching them cost BERT-base ~90K page faults per call (the bias copy inside addmm was 16% of its time).
+(`aten.addmm.out`...): on CPU each fresh multi-megabyte tensor is fresh pages from the kernel, and the page
+faults of first touching them are a large share of a call.
 A call that finds the set in use (another thread inside the same graph) allocates a private one.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ember.runtime import native_guards
 
 def fast_unflatten(spec: pytree.TreeSpec) -> Callable[[list], object]:
     """`lambda leaves: tree_unflatten(leaves, spec)`, without pytree's walk for a flat list or tuple of leaves
-    (most graphs' outputs; the walk cost ~1 us per output on every call)."""
+    (most graphs' outputs; the walk costs on every call)."""
     if spec.type in (list, tuple):
         kids = spec.children() if hasattr(spec, "children") else spec.children_specs
         if all(k.is_leaf() for k in kids):
@@ -84,8 +84,8 @@ class _Overlap:
     """`overlap(args)`: whether the memory of an input in `written` overlaps another input's. The inputs' layouts
     are fixed (checked or guarded), so each one's byte range follows from its address; the addresses of the
     last call that passed are remembered (an optimizer passes the same tensors every step): only pairs with an
-    input whose address changed since are checked again (a fresh step-counter pack each call: 30 pairs, not
-    the 1,260 of all written inputs against all inputs)."""
+    input whose address changed since are checked again (a fresh step-counter pack each call: a few pairs, not
+    all written inputs against all inputs)."""
 
     def __init__(self, written: tuple, extents: list[int]):
         self.written, self.extents, self.last = written, extents, None
@@ -97,15 +97,15 @@ class _Overlap:
         native = native_guards.EXTENSION.module   # once loaded (an Adam step over densenet121 passes 1,456 tensors)
         ptrs = native.data_ptrs(tuple(args)) if native is not None else None
         if ptrs is None:
-            ptrs = tuple(map(_data_ptr, args))   # (map over the C method: a quarter faster than a comprehension)
+            ptrs = tuple(map(_data_ptr, args))   # (map over the C method: faster than a comprehension)
         last = self.last
         if ptrs == last:
             return False
         changed = self.written if last is None else [k for k, (a, b) in enumerate(zip(ptrs, last)) if a != b]
         ext = self.extents
         if len(changed) * len(self.written) > 8 * len(ptrs):
-            # many moved (an optimizer's fresh gradients every step: 364 x 1,092 pairs, ~15 ms a step on the dev
-            # VM): one sweep over all inputs by address instead
+            # many moved (an optimizer's fresh gradients every step: hundreds x thousands of pairs): one sweep over
+            # all inputs by address instead
             if self._sweep_overlaps(ptrs):
                 return True
             self.last = ptrs
@@ -166,15 +166,15 @@ def _mkldnn(name: str, overload: str):
 
 # a convolution with a residual add post-op, and its form that accumulates into the residual's memory: oneDNN's
 # sum post-op writes into the buffer the convolution's result would be added from, where the binary post-op
-# reads it and writes a freshly allocated result (resnet18's 64-channel 56x56 layers, one thread: 8.5 ms in
-# place, 11.4 ms binary, 9.4 ms as eager's convolution + add_ + relu_)
+# reads it and writes a freshly allocated result (the in-place form is the faster, also than eager's
+# convolution + add_ + relu_)
 CONV_ADD = _mkldnn("_convolution_pointwise", "binary")
 CONV_ADD_INPLACE = _mkldnn("_convolution_pointwise_", "binary")
 
 
 # ATen ops a host program calls through their torch.* binding instead of the OpOverload: the binding's argument
-# parser is unboxed and ~10 us cheaper per call than `OpOverload.__call__` (H100 host, torch 2.11: a 3x3
-# convolution 41.0 -> 33.7 us, one of resnet50's 53 and densenet121's 120 per step). The schemas are the same
+# parser is unboxed and cheaper per call than `OpOverload.__call__` (a model calls dozens of convolutions a
+# step). The schemas are the same
 # (`torch.convolution` is `aten::convolution`), so positional arguments and keywords carry over; `.out`
 # overloads take `out=` in the binding too.
 _BOUND_NAMES = ("convolution", "mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
@@ -382,8 +382,8 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
                 dead.append(r)
         if dead:
             # a library result (a convolution's output) is freed after its last reader, so the allocator hands
-            # its memory to the next result: held to the end of the call, all of them were fresh pages from the
-            # kernel on every call (resnet18 b8: ~6K page faults per call)
+            # its memory to the next result: held to the end of the call, all of them would be fresh pages from
+            # the kernel on every call
             body.append(f"    del {', '.join(dead)}")
     outs = [w.arg(o) if isinstance(o, TensorArg) else w.const(o) for o in low.outputs]
     body.append(f"    return [{', '.join(outs)}]")

@@ -2,7 +2,7 @@
 import torch
 
 import ember
-from ember.backends import ember_backend
+from ember.backends import cpp_backend as ember_backend
 
 
 def compiled_graphs(fn, *args, run=lambda f, *args: f(*args)):

@@ -4,7 +4,7 @@ random inputs, NaN/inf for max/min, keepdim, non-contiguous inputs, and the case
 import pytest
 import torch
 
-from ember.backends.ember_backend import compile_aten
+from ember.backends.cpp_backend import compile_aten
 from tests.codegen.aten_trace import trace_aten
 
 

@@ -7,7 +7,7 @@ import torch
 
 from ember import config
 import ember
-from ember.backends import ember_backend
+from ember.backends import cpp_backend
 from tests.codegen.recording import compiled_graphs as _compiled_graphs
 from tests.optim_steps import step_both
 
@@ -318,7 +318,7 @@ def test_input_with_other_strides_is_copied_into_the_compiled_layout():
     torch.manual_seed(0)
     gm, _ = trace_aten(fn, [torch.randn(32, 48).t(), torch.randn(48, 32)])   # traced: x a transposed view
     x, y = torch.randn(48, 32), torch.randn(48, 32)                           # real: x dense
-    compiled = ember_backend.compile_aten(gm, [x, y])
+    compiled = cpp_backend.compile_aten(gm, [x, y])
     eager_calls = []
     traced_forward = gm.forward
     gm.forward = lambda *a: eager_calls.append(1) or traced_forward(*a)
@@ -335,7 +335,7 @@ def test_host_scalars_split_assembles_outputs_in_order(monkeypatch):
     returns it (device, host, constants, a host value returned twice), inputs passed to the right part."""
     import torch.fx as fx
 
-    from ember.codegen import host_scalars
+    from ember.backends import host_scalars
 
     class Pack:
         def __init__(self, dtype, positions, device):
@@ -368,7 +368,7 @@ def test_host_scalars_split_assembles_outputs_in_order(monkeypatch):
 def _recording_packs(monkeypatch) -> list:
     """host_scalars' packs made to record the values each send carries (the meta device standing in for CUDA),
     with the host computing the values the device reads that need libdevice (as in a training step's graph)."""
-    from ember.codegen import host_scalars
+    from ember.backends import host_scalars
     sent = []
 
     class Pack:
@@ -405,7 +405,7 @@ def test_host_scalars_computes_libdevice_values_on_the_host_and_sends_them(monke
     """In a big graph, a CPU value the device reads that would need libdevice there (`1 - 0.9 ** (step + 1)`,
     Adam's bias correction) is an output of the host graph, which runs first, and reaches the device graph in a
     pack of its own; the device graph has no pow, and still recomputes the cheap `step + 1` it reads."""
-    from ember.codegen import host_scalars
+    from ember.backends import host_scalars
     aten = torch.ops.aten
     sent = _recording_packs(monkeypatch)
     gm = _bias_correction_graph()
@@ -425,13 +425,13 @@ def test_host_scalars_values_sent_live_in_kept_buffers_and_results_stay_fresh(mo
     """The values the host part computes only to send them (a training step's ~1,100 bias corrections) are
     written into buffers kept from call to call (not allocated on every call): each call still sends its own
     values, and the host results returned to the caller (the new step counter) are fresh tensors."""
-    from ember.codegen import host_scalars
+    from ember.backends import host_scalars
     sent = _recording_packs(monkeypatch)
     gm = _bias_correction_graph()
     programs = []
 
     def compile_host(h, ex):
-        run = ember_backend.compile_aten(h, ex)
+        run = cpp_backend.compile_aten(h, ex)
         programs.append(run.compiled)
         return run
     w, g = torch.randn(3, device="meta"), torch.randn(3, device="meta")
@@ -451,13 +451,13 @@ def test_host_scalars_host_part_runs_eagerly_until_its_build_is_done(monkeypatch
     """While the host part's C++ build runs, calls compute its CPU values with ATen (the first call does not
     wait for g++); the calls after the build is done run the C++ program. Values as eager's throughout."""
     import concurrent.futures
-    from ember.codegen import host_scalars
+    from ember.backends import host_scalars
     sent = _recording_packs(monkeypatch)
     gm = _bias_correction_graph()
     programs, gate = [], concurrent.futures.Future()
 
     def compile_host(h, ex):
-        run = ember_backend.compile_aten(h, ex)
+        run = cpp_backend.compile_aten(h, ex)
         programs.append((run.compiled, run.compiled.build))
         run.compiled.build = gate   # a build that ends when the test says so
         return run
@@ -509,7 +509,7 @@ def test_host_scalars_device_graph_returns_the_next_step_counters():
     a counter changed by something else (`step * 2`) keeps its pack transferred every call."""
     import torch.fx as fx
 
-    from ember.codegen import host_scalars
+    from ember.backends import host_scalars
 
     def f(w, step, g, scale):
         s1 = torch.ops.aten.add.Tensor(step, 1, alpha=1)
@@ -624,8 +624,8 @@ def test_wide_horizontal_groups_are_cut_into_kernels_of_at_most_64_members(monke
     opt, ref = torch.optim.SGD(ps, lr=0.1, momentum=0.9), torch.optim.SGD(qs, lr=0.1, momentum=0.9)
     ember.reset()
     step = ember.compile(lambda: opt.step())
-    graphs, orig = [], ember_backend.compile_aten
-    monkeypatch.setattr(ember_backend, "compile_aten", lambda gm, ex, options=None: graphs.append(
+    graphs, orig = [], cpp_backend.compile_aten
+    monkeypatch.setattr(cpp_backend, "compile_aten", lambda gm, ex, options=None: graphs.append(
         orig(gm, ex, options)) or graphs[-1])
     _steps_against_eager(step, ref, ps, qs, 3)
     kernels = [k for g in graphs if hasattr(g, "compiled") for k in g.compiled.kernels]
@@ -688,7 +688,7 @@ def test_graph_compiled_for_an_expanded_input_runs_a_dense_one_eagerly():
         return (x * 2).sum(1)
     x = torch.randn(1, 16).expand(8, 16)
     gm, _ = trace_aten(f, [x])
-    compiled = ember_backend.compile_aten(gm, [x])
+    compiled = cpp_backend.compile_aten(gm, [x])
     x = torch.randn(1, 16).expand(8, 16)
     torch.testing.assert_close(compiled(x)[0], f(x))
     y = torch.randn(8, 16)

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ember.backends.ember_backend import compile_aten, compile_graph
+from ember.backends.cpp_backend import compile_aten
+from ember.backends.ember_backend import compile_graph
 from ember.codegen.schedule import FusedGroup
 from ember.runtime import cache
 from tests.codegen.aten_trace import trace_aten

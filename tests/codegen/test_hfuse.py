@@ -16,7 +16,7 @@ from torch.optim.adam import adam as eager_adam
 from torch.optim.sgd import sgd as eager_sgd
 
 from ember.autograd import aot_module
-from ember.backends import ember_backend
+from ember.backends import cpp_backend, ember_backend
 from tests.optim_steps import step_both
 
 CUDA = torch.cuda.is_available()
@@ -322,7 +322,7 @@ def test_ember_compile_of_foreach_update_on_lists():
     """Through the frontend: lists of tensors passed as arguments (whatever it captures must stay exact)."""
     import ember
     state = adam_state(SHAPES)
-    before = dict(ember_backend.STATS)
+    before = dict(cpp_backend.STATS)
     f = ember.compile(adam_scalar_path)
     for _ in range(2):
         mine, ref = clones(state), clones(state)
@@ -330,14 +330,14 @@ def test_ember_compile_of_foreach_update_on_lists():
         adam_scalar_path(*split(ref, 5))
         assert_all_close(mine, ref)
         state = mine
-    assert ember_backend.STATS["graphs"] - before["graphs"] == 1
-    assert ember_backend.STATS["kernels"] - before["kernels"] == 1
+    assert cpp_backend.STATS["graphs"] - before["graphs"] == 1
+    assert cpp_backend.STATS["kernels"] - before["kernels"] == 1
 
 
 # --------------------------------------------------------------------------------------------------- Triton
 def triton_compile(gm, inputs):
-    from ember.codegen import triton as tr
-    return aot_module(gm, inputs, fw_compiler=tr.compile_aten)
+    from ember.backends import triton_backend
+    return aot_module(gm, inputs, fw_compiler=triton_backend.compile_aten)
 
 
 @needs_triton
@@ -377,7 +377,7 @@ def test_triton_capturable_adam_writes_step_counters_in_place(variant, monkeypat
     each; AdamW with a tensor learning rate (a graph input the recomputed step size reads) too."""
     import ember
     import torch.optim.adam as adam_module
-    from ember.codegen import triton as tr
+    from ember.backends import triton_backend
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     if not CUDA:   # torch allows capturable=True on accelerators only; the Triton interpreter runs on the CPU
         supported = adam_module._get_capturable_supported_devices
@@ -388,7 +388,7 @@ def test_triton_capturable_adam_writes_step_counters_in_place(variant, monkeypat
     programs = []
 
     def graph(gm, ex):
-        run = tr.compile_aten(gm, ex)
+        run = triton_backend.compile_aten(gm, ex)
         programs.append(run)
         return run
 
@@ -489,9 +489,9 @@ def test_triton_parameters_of_one_shape_share_one_printed_body(monkeypatch, tmp_
 def test_triton_shared_bodies_split_at_the_most_ranges_a_body_takes(monkeypatch, tmp_path):
     """More parameters of one shape than FOREACH_SHARED_MAX: several bodies of the same code, one after the
     other (here 5 parameters, at most 2 a body: 3 bodies); values as eager's."""
-    from ember.codegen import triton as tr
+    from ember.codegen.triton import kernels
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tr, "FOREACH_SHARED_MAX", 2)
+    monkeypatch.setattr(kernels, "FOREACH_SHARED_MAX", 2)
     src = triton_adam_against_eager([(24, 40)] * 5).kernel_source.split("def k_", 1)[1]
     assert src.count("if ") == 3 and src.count("tl.sqrt(") == 3 and src.count("tl.where(seg == 1, ") >= 2
 
@@ -554,7 +554,8 @@ def test_triton_a_loss_and_many_counters_updated_in_place_split_into_kernels(mon
     num_batches_tracked + 1 in one group of one row: one program over all of it, a kernel of 1,873 lines that
     Triton took 11 s to compile. The counters are written in place; each writer stays with its input's readers,
     the loss gets its own kernel and the counters kernels of at most MAX_BLOCKS_PER_KERNEL."""
-    from ember.codegen import triton as tr
+    from ember.codegen.schedule import FusedGroup
+    from ember.codegen.triton import passes
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     dev = "cuda" if CUDA else "cpu"
     n = 70
@@ -582,9 +583,9 @@ def test_triton_a_loss_and_many_counters_updated_in_place_split_into_kernels(mon
         torch.testing.assert_close(got[0] if isinstance(got, (tuple, list)) else got, want)
         assert_all_close(mine, ref)
     call = forward_of(run)
-    groups = [g for g in call.sched.items if isinstance(g, tr.FusedGroup)]
+    groups = [g for g in call.sched.items if isinstance(g, FusedGroup)]
     sizes = sorted(len(g.members) for g in groups)
-    assert len(groups) >= 3 and sizes[-1] <= tr.MAX_BLOCKS_PER_KERNEL + 8, sizes
+    assert len(groups) >= 3 and sizes[-1] <= passes.MAX_BLOCKS_PER_KERNEL + 8, sizes
 
 
 def test_training_step_in_one_graph_updates_batch_norm_moments_in_place(monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from ember.backends.ember_backend import STATS, compile_aten
+from ember.backends.cpp_backend import STATS, compile_aten
 from ember.codegen import lower
 from tests.codegen.aten_trace import trace_aten
 

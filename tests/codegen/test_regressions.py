@@ -91,7 +91,7 @@ def test_reshaped_linear_output_is_read_without_division_in_the_inner_loop():
     """gelu(linear(x)) on [batch, seq, hidden] then viewed [batch*seq, hidden] for the next linear (BERT's
     MLP): the load's index had (r0 + 96*x0) / 1536 and r0 % 96 left in the vectorized loop until
     ir.simplify_index learned (a + k*b) // (k*m) == b // m for 0 <= a < k."""
-    from ember.backends.ember_backend import compile_aten
+    from ember.backends.cpp_backend import compile_aten
     from tests.codegen.aten_trace import trace_aten
     torch.manual_seed(0)
     w1, b1, w2, b2 = torch.randn(96, 64), torch.randn(96), torch.randn(64, 96), torch.randn(64)

@@ -29,7 +29,7 @@ def _fresh_cache(monkeypatch, tmp_path):
 
 
 def compile_and_check(fn, *xs, may_fall_back=False, **tol):
-    from ember.codegen.triton import compile_aten
+    from ember.backends.triton_backend import compile_aten
     gm, ref = trace_aten(fn, list(xs))
     compiled = compile_aten(gm, list(xs))
     assert may_fall_back or hasattr(compiled, "compiled"), "graph fell back to eager"
@@ -174,18 +174,19 @@ def test_cuda_sdpa_with_mask_stays_the_fused_kernel_eager_runs(mask):
 def test_unrelated_buffers_of_one_row_become_separate_flat_kernels():
     """Horizontal fusion joined unrelated contiguous buffers (one row each) into one group: a single Triton
     program looped over all of them. On the GPU each independent part must be its own (flat) kernel."""
-    from ember.codegen import lower, schedule, triton as tb
+    from ember.codegen import lower, schedule
+    from ember.codegen.triton import heuristics, passes
     a, b = torch.randn(1000, device=DEV), torch.randn(30, 100, device=DEV)
 
     def f(a, b):
         return a.sin() * 2, b.cos() + 1, (a * 3).sum()
     gm, _ = trace_aten(f, [a, b])
     low, _, _ = lower.lower(gm, [a, b])
-    sched = tb.split_few_row_groups(schedule.schedule(low))
+    sched = passes.split_few_row_groups(schedule.schedule(low))
     groups = [g for g in sched.items if isinstance(g, schedule.FusedGroup)]
-    assert all(len({tb._rsize(m) for m in g.members}) == 1 for g in groups), [
+    assert all(len({heuristics.inner_size(m) for m in g.members}) == 1 for g in groups), [
         [m.buf.name for m in g.members] for g in groups]
-    assert sum(tb.group_shape(g) == tb.FLAT for g in groups) >= 2
+    assert sum(heuristics.group_shape(g) == heuristics.FLAT for g in groups) >= 2
     compile_and_check(f, a, b)
 
 
@@ -194,7 +195,7 @@ def test_max_autotune_matmul_template_fuses_the_epilogue(case):
     """mode="max-autotune": a Triton matmul with the following pointwise ops in its epilogue (here forced, as
     the interpreter cannot time; on a GPU the template is timed against the library call)."""
     from ember.codegen import mm_template
-    from ember.codegen.triton import compile_aten
+    from ember.backends.triton_backend import compile_aten
     a, w, b, r = torch.randn(33, 40, device=DEV), torch.randn(40, 24, device=DEV), torch.randn(24, device=DEV), \
         torch.randn(33, 24, device=DEV)
     fns = {"addmm_gelu": lambda a, w, b, r: (torch.nn.functional.gelu(torch.addmm(b, a, w)) * 2,),
@@ -215,7 +216,7 @@ def test_max_autotune_times_template_against_library_and_caches_the_choice(dtype
     import json
 
     from ember.codegen import mm_template
-    from ember.codegen.triton import compile_aten
+    from ember.backends.triton_backend import compile_aten
     a, w, b = (torch.randn(512, 768, device="cuda", dtype=dtype), torch.randn(768, 1024, device="cuda", dtype=dtype),
                torch.randn(1024, device="cuda", dtype=dtype))
     gm, ref = trace_aten(lambda a, w, b: (torch.nn.functional.gelu(torch.addmm(b, a, w)),), [a, w, b])
@@ -244,7 +245,7 @@ def test_bfloat16_log_softmax_near_zero_computed_in_float32():
     bfloat16 before subtracting, which loses exactly the digits near 0 this test is about. (The GPU OpInfo
     failure came from a row sum stored in bfloat16 between kernels; in the interpreter this graph keeps it in
     one kernel, so here the test checks the values, and on the GPU also that regression.)"""
-    from ember.codegen.triton import compile_aten
+    from ember.backends.triton_backend import compile_aten
     x = torch.randn(5, 5, device=DEV).to(torch.bfloat16)
     x[:, 0] += 12     # rows where one element dominates: log_softmax near 0 there
 
@@ -264,7 +265,7 @@ def test_cuda_attention_training_passes_its_cpu_philox_state_between_library_cal
     between the two library calls, so the graphs compile (they used to run eagerly: 'mixes cpu tensors'); the
     same calls on the same generator state draw the same dropout mask as eager."""
     import ember
-    from ember.codegen import triton as tb
+    from ember.backends import triton_backend
     torch.manual_seed(0)
     proj = torch.nn.Linear(64, 64).cuda()
 
@@ -275,7 +276,7 @@ def test_cuda_attention_training_passes_its_cpu_philox_state_between_library_cal
 
     ember.reset()
     compiled = ember.compile(f)
-    before = dict(tb.STATS)
+    before = dict(triton_backend.STATS)
     for _ in range(2):
         x = torch.randn(2, 40, 64, device="cuda", requires_grad=True)
         xe = x.detach().clone().requires_grad_()
@@ -292,7 +293,7 @@ def test_cuda_attention_training_passes_its_cpu_philox_state_between_library_cal
         for g, p in zip(grads, proj.parameters()):
             torch.testing.assert_close(g, p.grad)
         proj.zero_grad()
-    made = {k: tb.STATS[k] - before[k] for k in before}
+    made = {k: triton_backend.STATS[k] - before[k] for k in before}
     assert made["eager_graphs"] == 0 and made["graphs"] == 2, made
 
 
@@ -311,9 +312,9 @@ def _steps_against_eager(step, opt, ref, ps, qs, n: int, state_key: str) -> None
 def test_compiled_adam_step_on_cuda(capturable):
     """capturable=True keeps the step counters on the GPU: the whole step is one graph of few Triton kernels.
     capturable=False (torch's default) keeps them on the CPU: the C++ backend computes those scalars, and the
-    CUDA part reads them from one packed copy (ember.codegen.host_scalars)."""
+    CUDA part reads them from one packed copy (ember.backends.host_scalars)."""
     import ember
-    from ember.codegen import triton as tb
+    from ember.backends import triton_backend
     torch.manual_seed(0)
     ps = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in [(64, 32), (32,), (128, 64), (7,)]]
     qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
@@ -321,9 +322,9 @@ def test_compiled_adam_step_on_cuda(capturable):
     o2 = torch.optim.Adam(qs, lr=0.01, capturable=capturable)
     ember.reset()
     step = ember.compile(lambda: o1.step())
-    before = dict(tb.STATS)
+    before = dict(triton_backend.STATS)
     _steps_against_eager(step, o1, o2, ps, qs, 3, "exp_avg_sq")
-    made = {k: tb.STATS[k] - before[k] for k in before}
+    made = {k: triton_backend.STATS[k] - before[k] for k in before}
     assert made["eager_graphs"] == 0 and made["graphs"] == 1 and made["kernels"] <= 2, made
     # parameters and moments written in place: the copy-back after the kernels (a foreach copy) has at most the
     # one-element step counters left
@@ -344,7 +345,7 @@ def test_step_counters_reach_the_gpu_once_while_only_the_step_changes_them(monke
     """The device graph returns the next step counters, so they are copied to the GPU once; a counter set from
     outside (a loaded state dict) is copied again at the next call. Values as eager's throughout."""
     import ember
-    from ember.codegen import host_scalars
+    from ember.backends import host_scalars
     packs, base = [], host_scalars._Pack
     monkeypatch.setattr(host_scalars, "_Pack", type("Pack", (base,), {
         "__init__": lambda self, *a: (base.__init__(self, *a), packs.append(self))[0]}))
@@ -370,7 +371,8 @@ def test_step_counters_reach_the_gpu_once_while_only_the_step_changes_them(monke
 def test_one_element_values_run_before_an_elementwise_rest_in_parallel():
     """A bias correction (one element) and the updates that read it were one group of one row: a single
     program looping over every element. The scalars get a kernel of their own, the rest one parallel kernel."""
-    from ember.codegen import lower, schedule, triton as tb
+    from ember.codegen import lower, schedule
+    from ember.codegen.triton import heuristics, passes
     s, x, y = torch.tensor(3.0, device=DEV), torch.randn(5000, device=DEV), torch.randn(300, device=DEV)
 
     def f(s, x, y):
@@ -378,9 +380,10 @@ def test_one_element_values_run_before_an_elementwise_rest_in_parallel():
         return x * c, y * c + 1, s + 1
     gm, _ = trace_aten(f, [s, x, y])
     low, _, _ = lower.lower(gm, [s, x, y])
-    groups = [g for g in tb.split_few_row_groups(schedule.schedule(low)).items if isinstance(g, schedule.FusedGroup)]
-    assert len(groups) <= 2 and all(tb.group_shape(g) != tb.ROWS for g in groups), \
-        [(tb.group_shape(g), [m.buf.name for m in g.members]) for g in groups]
+    groups = [g for g in passes.split_few_row_groups(schedule.schedule(low)).items
+              if isinstance(g, schedule.FusedGroup)]
+    assert len(groups) <= 2 and all(heuristics.group_shape(g) != heuristics.ROWS for g in groups), \
+        [(heuristics.group_shape(g), [m.buf.name for m in g.members]) for g in groups]
     compile_and_check(f, s, x, y)
 
 
@@ -394,7 +397,7 @@ def test_max_pool_indices_are_integer_divisions():
 def test_horizontal_fusion_of_many_parameters_is_chunked():
     """An update of 70 parameters is not one kernel of 70 program ranges (densenet121's Adam step as one
     kernel took minutes to compile): at most MAX_BLOCKS_PER_KERNEL parameters a kernel, values as eager."""
-    from ember.codegen import triton as tb
+    from ember.codegen.triton import passes
     ps = [rand(5 + i % 7, 3) for i in range(70)]
     gs = [rand(*p.shape) for p in ps]
 
@@ -404,7 +407,7 @@ def test_horizontal_fusion_of_many_parameters_is_chunked():
     compiled = compile_and_check(f, *ps, *gs)
     kernels = {name for _, name, *_ in compiled.kernels}
     assert 3 <= len(kernels) <= 4, len(kernels)   # ceil(70 / 32) = 3
-    assert tb.MAX_BLOCKS_PER_KERNEL == 32
+    assert passes.MAX_BLOCKS_PER_KERNEL == 32
 
 
 # (case, fn, input, the config launch_config / column_config must pick): the rules from bench/tools/gpu_kernel_configs.py
@@ -427,8 +430,8 @@ def test_launch_configs_from_the_kernel_sweep_match_eager(case, fn, shape, confi
     """Each branch of the row and column heuristics (padded rows on 8 warps, looped long rows, one very long row
     a program, strips looping in tiles of 1024) prints a kernel that computes what eager does. Four SMs stand
     for the H100's 132, so that small inputs take the branches for many rows."""
-    from ember.codegen import triton as tb
-    monkeypatch.setattr(tb, "_sm_count", lambda: 4)
+    from ember.codegen.triton import heuristics
+    monkeypatch.setattr(heuristics, "sm_count", lambda: 4)
     compiled = compile_and_check(fn, rand(*shape), atol=1e-4, rtol=1e-5)
     assert config in [cfg for *_, cfg, _ in compiled.kernels]
 
@@ -439,7 +442,6 @@ def test_one_source_at_two_block_sizes_is_compiled_for_each(small_first):
     blocks of 128 and 1024: each launch runs the kernel compiled for its own block (one compiled for 256 and
     launched on a grid counted in 128s wrote past its output: densenet121's inference). Without a GPU the
     interpreter runs both launches (the compile per block size: test_precompile_compiles_a_source_once_...)."""
-    from ember.codegen import triton as tb
     a, w = (rand(64, 64), rand(64, 16384)) if small_first else (rand(16384, 64), rand(64, 4))
 
     def f(a, w):
@@ -454,7 +456,8 @@ def test_precompile_compiles_a_source_once_per_block_size(monkeypatch):
     """_precompile (the GPU's ahead-of-launch compile, here with a stand-in compiler) compiles the source the two
     flat kernels above share once for each block size, and hands each kernel the one compiled for its own."""
     import types
-    from ember.codegen import triton as tb
+    from ember.backends import triton_backend
+    from ember.runtime import triton_launch
     x = rand(16384, 64)
 
     def f(a, w):
@@ -466,9 +469,10 @@ def test_precompile_compiles_a_source_once_per_block_size(monkeypatch):
     def compile_and_load(fn, dtypes, meta, device, module_path=None):
         compiled.append(meta["BLOCK"])
         return types.SimpleNamespace(function=object(), block=meta["BLOCK"])
-    monkeypatch.setattr(tb, "_compile_and_load", compile_and_load)
+    monkeypatch.setattr(triton_backend, "_compile_and_load", compile_and_load)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    loaded = tb._precompile(tb.load_module(call.kernel_source), call.kernels, call.sched, torch.device("cpu"))
+    loaded = triton_backend._precompile(triton_launch.load_module(call.kernel_source), call.kernels, call.sched,
+                                        torch.device("cpu"))
     blocks = [cfg["BLOCK"] for *_, cfg, _ in call.kernels]
     assert len({name for _, name, *_ in call.kernels}) == 1 and sorted(compiled) == sorted(blocks) == [128, 1024]
     assert [k.block for k, fixup in loaded] == blocks and all(fixup is None for _, fixup in loaded)
@@ -480,7 +484,7 @@ def test_batch_norm_relu_overwrites_the_convolution_result_it_reads_last():
     again later, nor where an element is read by another thread than the one overwriting it (a flipped read)."""
     import torch.nn.functional as F
 
-    from ember.codegen.triton import compile_aten
+    from ember.backends.triton_backend import compile_aten
 
     def bn(y, rm, rv, g, b):   # eval batch norm's arithmetic (CUDA records cudnn_batch_norm, CPU another op)
         c = (-1, 1, 1)
@@ -529,7 +533,7 @@ def test_conv_block_channels_last_layout(inference):
     import torch.nn.functional as F
 
     from ember.codegen.lower import channels_last_strides
-    from ember.codegen.triton import compile_aten
+    from ember.backends.triton_backend import compile_aten
 
     def f(x, w1, w2, rm, rv, g, b):
         y = F.max_pool2d(torch.relu(F.batch_norm(F.conv2d(x, w1, padding=1), rm, rv, g, b)), 3, 2, 1)
@@ -572,11 +576,11 @@ def test_column_sums_take_strips_of_columns(monkeypatch):
         assert any(c.get("XBLOCK", 0) >= 8 and c.get("RBLOCK", 0) > 1 for c in cfgs), cfgs
     # reductions of one row length in one group (as GPT-2's layer-norm backward schedules them) share one loop
     # over the rows, each value (a load of g) computed once per step
-    from ember.codegen import triton as tb
+    from ember.codegen.triton import kernels
     from ember.codegen.schedule import FusedGroup
     groups = [it for it in call.sched.items if isinstance(it, FusedGroup)]
     merged = FusedGroup(groups[0].numel, [m for g in groups for m in g.members])
-    src = "\n".join(tb.kernel_source(merged, call.sched, "k")[0])
+    src = "\n".join(kernels.kernel_source(merged, call.sched, "k")[0])
     assert src.count("for roff in range(") == 1 and src.count("tl.load(arg0 +") == 1, src
 
 
@@ -598,7 +602,7 @@ def test_a_row_stored_and_read_back_in_one_program_stays_in_registers():
 def test_launcher_passes_integer_pointers_or_falls_back_to_tensors(takes_integers, monkeypatch):
     """Launcher's fast path (a stand-in for Triton's compiled kernel): pointers go as integers; a launcher that
     refuses them (TypeError) gets the tensors, from that call on; an unaligned pointer goes through Triton."""
-    from ember.codegen import triton as tb
+    from ember.runtime import triton_launch
     calls = []
 
     class Kernel:
@@ -609,8 +613,8 @@ def test_launcher_passes_integer_pointers_or_falls_back_to_tensors(takes_integer
             if not takes_integers and any(isinstance(p, int) for p in ptrs):
                 raise TypeError("Pointer argument must be a tensor")
             calls.append(ptrs)
-    monkeypatch.setattr(tb, "_raw_stream", lambda index: 0)
-    launcher = tb.Launcher.__new__(tb.Launcher)
+    monkeypatch.setattr(triton_launch, "_raw_stream", lambda index: 0)
+    launcher = triton_launch.Launcher.__new__(triton_launch.Launcher)
     launcher.grid, launcher.device_index, launcher.constexprs = 4, 0, (128,)
     launcher.kernel, launcher.aligned_only, launcher.raw, launcher.native = Kernel(), True, None, None
     through_triton = []
@@ -629,11 +633,11 @@ def test_launcher_through_embers_launcher(monkeypatch):
     """A kernel loaded for ember's launcher (runtime/cuda_launch.py; a stand-in launch function here): each call
     passes the loaded kernel's function, grid, threads, shared memory, null parameters, device, stream and the
     integer pointers; an unaligned pointer goes through Triton."""
-    from ember.codegen import triton as tb
+    from ember.runtime import triton_launch
     from ember.runtime.cuda_launch import Loaded
     calls, through_triton = [], []
-    monkeypatch.setattr(tb, "_raw_stream", lambda index: 77)
-    launcher = tb.Launcher.__new__(tb.Launcher)
+    monkeypatch.setattr(triton_launch, "_raw_stream", lambda index: 77)
+    launcher = triton_launch.Launcher.__new__(triton_launch.Launcher)
     launcher.grid, launcher.device_index, launcher.constexprs, launcher.meta = 4, 0, (128,), {}
     launcher.kernel, launcher.aligned_only, launcher.raw, launcher.native = None, True, None, None
     launcher.fn = type("Fn", (), {"__getitem__": lambda self, grid: lambda *a, **k: through_triton.append(a)})()
@@ -853,7 +857,7 @@ def test_values_read_only_in_their_kernel_are_not_stored():
         gy = g @ w
         inner = torch.ops.aten.tanh_backward(gy * x * 0.5, t) * 0.7978845608028654
         return inner * (1 + 0.134145 * x * x) + inner.exp() * 1e-3 + (t + 1) * 0.5 * gy
-    from ember.codegen.triton import PRELUDE
+    from ember.codegen.triton.printer import PRELUDE
     call = compile_and_check(f, rand(64, 96), rand(32, 96), rand(64, 32))
     assert call.kernel_source[len(PRELUDE):].count("tl.store(") == 1, call.kernel_source
 
@@ -908,8 +912,8 @@ def test_online_max_and_sum_of_rows_with_inf_and_nan():
 def test_online_sum_ignores_masked_lanes_of_a_row_shorter_than_a_block(monkeypatch):
     """Looped rows of 300 in a 1024-wide tile: lanes 300.. are masked from the start (their running max stays
     -inf, they add nothing), some real lanes hold only -inf."""
-    from ember.codegen import triton as tb
-    monkeypatch.setattr(tb, "PERSISTENT_MAX_R", 256)
+    from ember.codegen.triton import heuristics
+    monkeypatch.setattr(heuristics, "PERSISTENT_MAX_R", 256)
     x = rand(7, 300)
     x[0] = -math.inf
     x[1, :150] = -math.inf
@@ -943,11 +947,11 @@ def test_cross_entropy_over_long_rows_forward_and_gradient(scale):
     logits: log_softmax stays whole, its decomposition's max and sum share a loop."""
     import ember
     from ember.autograd import aot_module
-    from ember.codegen import triton as tb
+    from ember.backends import triton_backend
     sources = []
 
     def triton_graph(gm, ex):
-        run = tb.compile_aten(gm, ex)
+        run = triton_backend.compile_aten(gm, ex)
         sources.append(run.compiled.kernel_source)
         return run
 
@@ -958,7 +962,7 @@ def test_cross_entropy_over_long_rows_forward_and_gradient(scale):
         return torch.nn.functional.cross_entropy(logits if scale is None else logits * scale, labels)
 
     torch.manual_seed(0)
-    before = dict(tb.STATS)
+    before = dict(triton_backend.STATS)
     compiled = ember.compile(f, backend=backend)
     for _ in range(2):
         x = _inf_rows(6, 5000)
@@ -971,7 +975,7 @@ def test_cross_entropy_over_long_rows_forward_and_gradient(scale):
         want.backward()
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(xg.grad, xe.grad, atol=1e-6, rtol=1e-5)
-    made = {k: tb.STATS[k] - before[k] for k in before}
+    made = {k: triton_backend.STATS[k] - before[k] for k in before}
     assert made["eager_graphs"] == 0 and made["graphs"] == 2, made
     forward, backward = sources
     assert forward.count("_new = _max_nan(") == 1 and _loops(forward) == (1 if scale is None else 2), forward
@@ -1043,14 +1047,14 @@ def test_row_values_stored_are_read_back_from_registers():
     import torch.fx as fx
 
     from ember.autograd.trace import trace_forward
-    from ember.codegen import triton as tb
+    from ember.backends import triton_backend
 
     def f(x, w, b, rm, rv):
         return torch.relu(torch.nn.functional.batch_norm(x, rm, rv, w, b, training=True)), rm, rv
     x, w, b = rand(16, 128, 8, 8), rand(128), rand(128)
     rm, rv = rand(128), torch.rand(128, device=DEV) + 0.5
     gm, _ = trace_forward(fx.symbolic_trace(f), [x, w, b, rm, rv])
-    run = tb.compile_aten(gm, [x, w, b, rm, rv])
+    run = triton_backend.compile_aten(gm, [x, w, b, rm, rv])
     source = run.compiled.kernel_source
     assert len(run.compiled.kernels) == 1 and "tl.debug_barrier()" not in source, source
     got = run(x, w, b, rm.clone(), rv.clone())
@@ -1100,8 +1104,8 @@ def _sincos_inputs() -> torch.Tensor:
 @pytest.fixture
 def flag_small_kernels(monkeypatch):
     """Flat kernels of any size flagged (FLAGGED_MIN: 4M elements), so the pair runs on the tests' sizes."""
-    from ember.codegen import triton as tr
-    monkeypatch.setattr(tr, "FLAGGED_MIN", 0)
+    from ember.codegen.triton import kernels
+    monkeypatch.setattr(kernels, "FLAGGED_MIN", 0)
 
 
 def test_sin_and_cos_share_one_reduction_and_the_fixup_redoes_large_arguments(flag_small_kernels):
@@ -1123,7 +1127,7 @@ def test_sin_and_cos_share_one_reduction_and_the_fixup_redoes_large_arguments(fl
 
 def test_sin_in_a_reduction_tests_its_block_for_large_arguments(flag_small_kernels):
     """Kernels other than flat ones (here a row reduction) keep _sincos's block test: no flag, no fixup."""
-    from ember.codegen.triton import PRELUDE
+    from ember.codegen.triton.printer import PRELUDE
     x = _sincos_inputs()[:36000].reshape(120, 300)
     call = compile_and_check(lambda x: torch.sin(x).sum(1), x)
     kernels = call.kernel_source[len(PRELUDE):]
@@ -1132,7 +1136,7 @@ def test_sin_in_a_reduction_tests_its_block_for_large_arguments(flag_small_kerne
 
 def test_small_flat_kernels_test_their_block_instead_of_a_flag():
     """Under FLAGGED_MIN elements a fixup's launch would cost more than the block test it saves."""
-    from ember.codegen.triton import PRELUDE
+    from ember.codegen.triton.printer import PRELUDE
     call = compile_and_check(lambda x: torch.sin(x) * torch.cos(x), _sincos_inputs())
     kernels = call.kernel_source[len(PRELUDE):]
     assert kernels.count(" = _sincos(") == 1 and "_fixup" not in kernels, kernels
@@ -1140,13 +1144,13 @@ def test_small_flat_kernels_test_their_block_instead_of_a_flag():
 
 def test_a_kernel_storing_over_what_it_reads_is_not_flagged(flag_small_kernels):
     """Running such a kernel again (the fixup) would read its own results: it keeps _sincos's block test."""
-    from ember.codegen import triton as tr
+    from ember.codegen.triton import kernels
     call = compile_and_check(lambda x: torch.cos(x) + 1, rand(4096))
     (group, *_), = call.kernels
-    assert tr._flagged_sincos(group, 4096)
+    assert kernels._flagged_sincos(group, 4096)
     m = group.members[0]
     m.dest = sorted(m.reads)[0]   # as schedule.inplace and overwrite_dying_inputs mark a store over an input
-    assert not tr._flagged_sincos(group, 4096)
+    assert not kernels._flagged_sincos(group, 4096)
 
 
 @pytest.mark.skipif(not CUDA, reason="bit-for-bit against eager's CUDA kernels (the interpreter's sin is numpy's)")
@@ -1155,11 +1159,12 @@ def test_a_kernel_storing_over_what_it_reads_is_not_flagged(flag_small_kernels):
 def test_sin_and_cos_are_eagers_bits_on_cuda(dtype, flagged, monkeypatch):
     """Both ways: the block test (_sincos), and the flagged pair whose fixup redoes the range (the inputs hold
     values past the fast path)."""
-    from ember.codegen import triton as tr
-    monkeypatch.setattr(tr, "FLAGGED_MIN", 0 if flagged else 1 << 40)
+    from ember.backends import triton_backend
+    from ember.codegen.triton import kernels
+    monkeypatch.setattr(kernels, "FLAGGED_MIN", 0 if flagged else 1 << 40)
     x = _sincos_inputs().to(dtype)
     gm, (s_ref, c_ref) = trace_aten(lambda x: (torch.sin(x), torch.cos(x)), [x])
-    call = tr.compile_aten(gm, [x])
+    call = triton_backend.compile_aten(gm, [x])
     assert ("_fixup(" in call.compiled.kernel_source) == flagged
     s, c = call(x)
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0, equal_nan=True)
@@ -1230,7 +1235,7 @@ def test_sibling_linears_on_one_input_are_one_library_product(returned):
     returns takes ATen's addmm (its bias in the product's epilogue) and stays out of the merge."""
     import torch.nn.functional as F
 
-    from ember.codegen.triton import compile_aten
+    from ember.backends.triton_backend import compile_aten
 
     def f(x, wq, bq, wk, bk, wv, bv):
         b, s, d = x.shape

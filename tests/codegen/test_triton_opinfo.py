@@ -21,7 +21,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 def run_sample(op, dtype, sample) -> tuple[str, str]:
     from ember.codegen import lower
-    from ember.codegen.triton import compile_aten
+    from ember.backends.triton_backend import compile_aten
     from tests.codegen.aten_trace import trace_aten
     if any(w in op.name for w in sweep_cpu.NONDETERMINISTIC):
         return "skip", "nondeterministic or uninitialized output"

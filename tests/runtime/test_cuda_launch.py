@@ -36,7 +36,7 @@ def test_triton_kernels_launch_through_embers_launcher(monkeypatch, tmp_path):
     import torch.fx as fx
 
     from ember.autograd.trace import trace_forward
-    from ember.codegen import triton as tr
+    from ember.backends import triton_backend as tr
 
     def f(x, y):
         return (torch.sin(x) * y + 1.0).sum(1), torch.relu(x - y)

@@ -33,7 +33,7 @@ def test_a_graph_of_many_kernels_compiles_in_workers(monkeypatch, tmp_path):
     from triton.compiler import compiler
 
     from ember.autograd.trace import trace_forward
-    from ember.codegen import triton as tr
+    from ember.backends import triton_backend as tr
 
     def f(x, y):   # reductions over different axes and shapes: one kernel each
         return x.sum(0), (x * y).amax(1), torch.softmax(x + y, -1), (y.sin() * 2).mean(0, keepdim=True) + x

@@ -12,10 +12,9 @@ they scale; eager CUDA kernels read such a 0-d CPU tensor as a scalar argument. 
   3. runs the host graph, the CPU nodes the graph's CPU outputs need (step + 1), through the C++ backend, which
      writes the step counters in place.
 In a big graph (SENT_FROM_HOST_ABOVE), CPU values the device reads that need a libdevice function on the GPU
-(`beta ** step`, LINKED_ON_DEVICE) are not recomputed there: every kernel reading one linked libdevice (~40 ms
-of compile each: 191 kernels of densenet121's training step in one graph, whose Adam updates fused into the
-backward's kernels). The host graph runs first and computes them, and they reach the device in packs of their
-own, sent each call.
+(`beta ** step`, LINKED_ON_DEVICE) are not recomputed there: every kernel reading one would link libdevice,
+slow to compile, and a training step's optimizer updates fuse into hundreds of its backward's kernels. The host
+graph runs first and computes them, and they reach the device in packs of their own, sent each call.
 
 An optimizer's step counters change by `+ 1` each call, on the CPU and (recomputed) on the GPU alike: the
 device graph also returns the new counters, stacked, and the next call passes that tensor as the pack when
@@ -23,11 +22,13 @@ the CPU counters still hold exactly the values the host graph wrote (one C compa
 
 A CPU node that reads a CUDA value (a device-to-host copy, e.g. `.item()`) or a CPU value that is not a 0-d
 tensor gives up the split: the caller runs the graph eagerly.
+A graph whose CPU tensors only travel between library calls (cpu_values_pass_through) needs no split.
 """
 from __future__ import annotations
 
 import collections
 import ctypes
+import operator
 from typing import Callable
 
 import torch
@@ -58,7 +59,7 @@ _build = None   # the future of GATHER_SOURCE's library, started when a graph is
 
 
 def _start_build():
-    """Start building GATHER_SOURCE's library in the background (g++: ~60 ms that the split graph's own code
+    """Start building GATHER_SOURCE's library in the background (g++, which the split graph's own code
     generation then overlaps; the first call waits for it in `_c_functions`)."""
     global _build
     if _build is None:
@@ -95,6 +96,31 @@ def _device_type(n: fx.Node) -> str | None:
     """'cpu' / 'cuda' / ... for a node whose tensor values are all on one device type, else None."""
     kinds = {v.device.type for v in pytree.tree_leaves(n.meta.get("val")) if isinstance(v, torch.Tensor)}
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def cpu_values_pass_through(gm: torch.fx.GraphModule) -> bool:
+    """Whether every CPU tensor of a CUDA graph only travels between library calls, inputs and outputs, so no
+    generated kernel reads one: e.g. the philox seed and offset (CPU scalars) that CUDA attention with dropout
+    returns and its backward takes."""
+    from ember.decomp.table import EXTERN, TABLE
+
+    def library_call(n: torch.fx.Node) -> bool:
+        return n.op == "call_function" and (n.target in EXTERN or (
+            isinstance(n.target, torch._ops.OpOverload) and n.target not in TABLE))
+
+    def on_cpu(n: torch.fx.Node) -> bool:
+        v = n.meta.get("val")
+        return isinstance(v, torch.Tensor) and v.device.type == "cpu"
+
+    for n in gm.graph.nodes:
+        if not on_cpu(n):
+            continue
+        made_by = n.args[0] if n.target is operator.getitem else n
+        if not (n.op == "placeholder" or library_call(made_by)):
+            return False
+        if not all(u.op == "output" or library_call(u) for u in n.users):
+            return False
+    return True
 
 
 def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | None:
@@ -224,8 +250,7 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
 # CPU ops computed on the host when the device reads their results: their device versions call libdevice
 LINKED_ON_DEVICE = {aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar}
 # ... in graphs of more nodes than this. An optimizer step alone fuses its updates into a few kernels, where
-# recomputing costs less than the transfer each call (the Adam row: 0.12 -> 0.17 ms a step on an H200 with the
-# values sent); a training step with its backward fuses them into hundreds.
+# recomputing costs less than the transfer each call; a training step with its backward fuses them into hundreds.
 SENT_FROM_HOST_ABOVE = 1000
 
 
@@ -275,9 +300,9 @@ class _Pack:
 
 def _eager_while_building(host_fn: Callable, host_gm: fx.GraphModule) -> list[Callable]:
     """[host_fn], or, while its C++ build still runs, [a function that runs host_gm's few ATen ops on the CPU and
-    puts host_fn in its place once the build is done]. That g++ (~0.25 s for the Adam row's `step + 1`) ran beside
-    the device part's Triton compile and ended just before it: the first call's wait as soon as that compile got
-    shorter. The eager part's outputs are fresh tensors (the caller copies the counters back) where the C++ part
+    puts host_fn in its place once the build is done]: the first call need not wait for g++, which runs beside
+    the device part's Triton compile and may end after it. The eager part's outputs are fresh tensors (the
+    caller copies the counters back) where the C++ part
     wrote them in place, so the next call copies the pack to the GPU once (_Pack.send), as for a counter set from
     outside."""
     build = getattr(getattr(host_fn, "compiled", None), "build", None)

@@ -1,0 +1,136 @@
+"""The C++ backend: an ATen graph on CPU tensors -> lowered, scheduled and printed as C++/OpenMP
+(ember.codegen.cpp) -> built in the background (ember.runtime.cache) -> a host program calling its kernels
+through ctypes (ember.codegen.wrapper).
+
+compile_aten(gm, example_inputs, options) is the inner compiler ember_backend.compile_graph calls on each
+ATen-level graph (forward and backward); options {"fallback": "eager"}: a graph whose generated code fails to
+build runs eagerly (logged), not raising.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Callable
+
+import torch
+
+from ember.codegen import cpp, lower, schedule, wrapper
+from ember.errors import CannotLower
+from ember.runtime import cache
+from ember.tools.logs import get_logger
+
+fallback_log = get_logger("fallbacks")
+code_log = get_logger("output_code")
+STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0, "internal_errors": 0}
+
+
+class CompiledGraph:
+    """A compiled ATen graph; the C++ build runs in the background until the first call needs it."""
+
+    def __init__(self, gm, sched, source, kernels, build, options):
+        self.gm, self.sched, self.source, self.kernels = gm, sched, source, kernels
+        self.build, self.options = build, options
+        self.call = None
+        self.err = (ctypes.c_int64 * 1)()
+
+    def _load(self):
+        try:
+            path = self.build.result()
+        except cache.BuildError:
+            if self.options.get("fallback") == "eager":
+                fallback_log.warning("C++ build failed; graph runs eagerly (options={'fallback': 'eager'})",
+                                     exc_info=True)
+                self.call = lambda args: self.gm(*args)
+                return
+            raise
+        lib = ctypes.CDLL(str(path)) if path is not None else None
+        fns = {}
+        for name, args, _ in self.kernels:
+            f = getattr(lib, name)
+            f.argtypes = [ctypes.c_void_p] * (len(args) + 1)
+            f.restype = None
+            fns[name] = f
+        errp = ctypes.addressof(self.err)
+        err = self.err
+
+        def kernel_call(group):
+            _, args, checks = next(k for k in self.kernels if k[0] == group.name)
+            ptrs = ", ".join(f"{a}.data_ptr()" for a in args)
+            check = "; _check_err()" if checks else ""
+            return f"{group.name}({ptrs}{', ' if ptrs else ''}_errp){check}"
+
+        def check_err():
+            if err[0]:
+                err[0] = 0
+                raise IndexError("ember: index out of range in a gather/indexing operation of the compiled graph")
+
+        self.lib = lib
+        self.call = wrapper.python_wrapper(self.sched, kernel_call, {
+            **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)},
+            check_inputs=not self.gm.meta.get("ember_guarded", False), persistent=True,
+            consumed_outputs=frozenset(self.gm.meta.get("ember_consumed_outputs", ())))
+        if code_log.isEnabledFor(10):
+            code_log.debug("host program:\n%s", self.call.source)
+
+    def __call__(self, *args):
+        if self.call is None:
+            self._load()
+        return self.call(list(args))
+
+
+def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
+    """Compile a functional ATen-level fx graph (node.meta['val'] set) into fused C++ kernels."""
+    options = options or {}
+    t0 = time.perf_counter()
+    bad = _dtypes(gm) - set(cpp.CTYPE)
+    if bad:
+        fallback_log.warning("graph runs eagerly: the C++ backend has no kernels for %s", sorted(map(str, bad)))
+        STATS["eager_graphs"] += 1
+        return gm.forward
+    try:
+        with lower.LOWERING_LOCK:
+            low, out_spec, _ = lower.lower(gm, example_inputs)
+            sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
+            sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
+            source, kernels = cpp.generate(sched)
+    except CannotLower as e:
+        fallback_log.warning("graph runs eagerly: %s", e)
+        STATS["eager_graphs"] += 1
+        return gm.forward
+    except Exception as e:  # a bug in ember must not break the user's program: run eagerly, loudly
+        fallback_log.warning("graph runs eagerly: ember internal error %s: %s", type(e).__name__, e, exc_info=True)
+        STATS["eager_graphs"] += 1
+        STATS["internal_errors"] += 1
+        return gm.forward
+    STATS["graphs"] += 1
+    STATS["kernels"] += len(kernels)
+    STATS["externs"] += sum(isinstance(i, schedule.ExternBuffer) for i in sched.items)
+    STATS["fallback_ops"] += len(low.fallbacks)
+    build = cache.build_cpp(source) if kernels else None
+    if code_log.isEnabledFor(10):
+        code_log.debug("graph %s: %d kernels, %d extern calls, ATen fallbacks %s (lowered in %.3fs)\n%s",
+                       gm.__class__.__name__, len(kernels), len(sched.items) - len(kernels), low.fallbacks or "none",
+                       time.perf_counter() - t0, source[len(cpp.PRELUDE):])
+    if build is None:
+        build = _done(None)
+    compiled = CompiledGraph(gm, sched, source, kernels, build, options)
+
+    unflatten = wrapper.fast_unflatten(out_spec)
+
+    def run(*args):
+        return unflatten(compiled(*args))
+    run.compiled = compiled
+    return run
+
+
+def _dtypes(gm) -> set:
+    import torch.utils._pytree as pytree
+    return {v.dtype for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
+            if isinstance(v, torch.Tensor)}
+
+
+def _done(v):
+    import concurrent.futures
+    f = concurrent.futures.Future()
+    f.set_result(v)
+    return f
