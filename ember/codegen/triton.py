@@ -666,7 +666,7 @@ def column_config(rows: int, rmax: int) -> dict:
     each row's piece is whole sectors, as many strips as fill the GPU, and loops down the rows. A strip that
     loops takes 16 columns or more in tiles of 1024 on 8 warps: GPT-2's column sums of 768 x 2048 ran 4.5 us
     against 8.2 with tiles of 8 x 512 on 4 warps (bench/gpu_kernel_configs.py, H100, 2026-11-26)."""
-    from ember.codegen.lower import GPU_COLUMN_STRIP
+    from ember.codegen.reductions import GPU_COLUMN_STRIP
     xblock = GPU_COLUMN_STRIP
     while xblock < 64 and math.ceil(rows / (xblock * 2)) >= 2 * _sm_count():
         xblock *= 2

@@ -495,7 +495,7 @@ def _cat(xs, dim=0):
         return NotImplemented
     g = ir.GRAPH
     if g.node in g.cat_chains:  # a concatenation extending the previous one (densenet's dense blocks)
-        from ember.codegen.lower import lower_cat_chain
+        from ember.codegen.cat_chains import lower_cat_chain
         out = lower_cat_chain(g, xs)
         if out is not None:
             return out
@@ -1244,7 +1244,7 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
             or (v.device.type == "cuda" and (v.dtype != torch.float32 or _returned(ir.GRAPH.node))) \
             or v.device.type not in ("cpu", "cuda"):
         return NotImplemented
-    from ember.codegen.lower import cpu_matmul
+    from ember.codegen.onednn import cpu_matmul
     row_bias = bias.ndim == 1 and int(bias.size[0]) == int(v.shape[-1])  # what oneDNN's bias is: one per column
     parts = _library_reads_part(ir.GRAPH.node)   # (oneDNN's product with the bias inside serves them as it is)
     if parts and not row_bias:
@@ -1284,7 +1284,7 @@ def _library_reads_part(node, top: bool = True) -> bool:
 def _dense_value(v) -> bool:
     if not isinstance(v, torch.Tensor):
         return True
-    from ember.codegen.lower import _dense
+    from ember.codegen.layout import is_dense as _dense
     return _dense(v)
 
 
@@ -1298,7 +1298,7 @@ def _returned(node) -> bool:
 def mm(a, b):
     """On CPU in float32, a oneDNN inner product where the weight is laid out for one (lower.cpu_matmul);
     else ATen's mm (the extern it is listed as)."""
-    from ember.codegen.lower import cpu_matmul
+    from ember.codegen.onednn import cpu_matmul
     return cpu_matmul(ir.GRAPH, a, b) or NotImplemented
 
 
