@@ -1,5 +1,6 @@
-"""Chains of channel concatenations of a channels-last graph (densenet's dense blocks) written into one shared
-buffer, each piece copied in once (plan_cat_chains)."""
+"""How concatenations are lowered: chains of channel concatenations of a channels-last graph (densenet's dense
+blocks) written into one shared buffer, each piece copied in once (plan_cat_chains), and the library's
+concatenation for channels of channels-last values (lower_cat)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -7,6 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ember import config
+from ember import ir
+from ember.decomp import table
 
 if TYPE_CHECKING:
     from ember.codegen.lower import Graph
@@ -88,3 +91,23 @@ def lower_cat_chain(g: "Graph", pieces: list):
                        out_stride=stride)
     g.cat_views[g.node] = out
     return out
+
+
+def lower_cat(xs, dim=0):
+    """aten.cat: a concatenation of a chain as one (lower_cat_chain); the channels of channels-last values as
+    the library's concatenation; else the decomposition's (a fused concatenation)."""
+    xs = [x for x in xs if not (x.ndim == 1 and int(x.size[0]) == 0)]
+    if not xs:
+        return NotImplemented
+    g = ir.GRAPH
+    if g.node in g.cat_chains:  # a concatenation extending the previous one (densenet's dense blocks)
+        out = lower_cat_chain(g, xs)
+        if out is not None:
+            return out
+    if g.channels_last and len(xs) > 2 and xs[0].ndim == 4 and dim % 4 == 1 and \
+            any(g.reads_layout_changed(x) for x in xs):
+        # channels of channels-last values: C is the inner loop, so a fused concatenation would pick its piece
+        # per element (densenet121's concatenations of up to 25 pieces read every piece for each element);
+        # the library's concatenation copies each piece's rows
+        return g.extern(aten.cat.default, (xs, 1), {}, fallback=False, channels_last=True)
+    return table.cat(xs, dim)

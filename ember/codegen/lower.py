@@ -27,18 +27,27 @@ from ember import config
 from ember.errors import CannotLower
 from ember import ir
 from ember.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, TensorArg, TensorBox
-from ember.codegen.cat_chains import plan_cat_chains
+from ember.codegen.cat_chains import lower_cat, plan_cat_chains
 from ember.codegen.layout import CONVOLUTIONS, channels_last_strides, is_dense, same_strides, value_key, \
     wants_channels_last
-from ember.codegen.matmul import lower_sibling_product, plan_sibling_products
+from ember.codegen.matmul import addmm, lower_sibling_product, mm, plan_sibling_products
 from ember.codegen.onednn import LinearFusion, lower_conv_fusion, lower_linear_fusion, plan_conv_fusions, \
     plan_linear_fusions
 from ember.codegen.reductions import one_hot_sum, split_reduction
+from ember.codegen.schedule import SCRATCH_BYTES
+from ember.decomp import prims as P
+from ember.decomp.table import EXTERN, TABLE
 from ember.tools import collector
 from ember.tools.logs import get_logger
 
 fallback_log = get_logger("fallbacks")
 FALLBACK_COUNTS: collections.Counter = collections.Counter()  # ATen op name -> times kept as an ATen call
+
+aten = torch.ops.aten
+# ATen ops whose lowering is codegen's own choice (a library call, a layout), looked up before the decomposition
+# TABLE: each takes the op's arguments as a decomposition does; where it does not choose, it calls the op's
+# decomposition itself or returns NotImplemented (the ATen call)
+CHOICES = {aten.addmm.default: addmm, aten.mm.default: mm, aten.cat.default: lower_cat}
 
 
 @dataclasses.dataclass
@@ -78,6 +87,12 @@ class Graph:
         finally:
             self.val = node_val
 
+    def keeps_row(self, x: TensorBox, dim: int) -> bool:
+        """Whether a row of x along dim, stored by the node being lowered, stays in the C++ scheduler's per-thread
+        row buffer (schedule.SCRATCH_BYTES): a CPU value's innermost dim, the row at most half the buffer."""
+        row = int(x.size[-1]) * ir.itemsize(x.dtype) if x.ndim else 0
+        return self.val.device.type == "cpu" and dim % x.ndim == x.ndim - 1 and row <= SCRATCH_BYTES // 2
+
     def new_name(self) -> str:
         return f"buf{len(self.by_name)}"
 
@@ -100,7 +115,6 @@ class Graph:
         stride = tuple(stride) if stride is not None else ir.contiguous_strides(x.size)
         key = value_key(x, stride) if share else None
         if key is not None and key in self.extern_inputs:
-            from ember.decomp import prims as P
             return P.as_strided(TensorBox.of_buffer(self.extern_inputs[key]), x.size, stride)
         buf = self.add(Pointwise(self.new_name(), x.size, stride, x.dtype, fn=x.loader, origins=self.origins))
         self._note_layout(buf)
@@ -224,7 +238,6 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") -
 
 
 def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") -> LoweredGraph:
-    from ember.decomp.table import EXTERN, TABLE  # the table imports prims, which import this module's users
 
     ir.reset_interning()
     g = Graph(gm, target)
@@ -297,7 +310,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                                                                   and hasattr(b, "origin_names")), (node.name,))))
                 op = node.target
                 g.op_name = str(op)
-                fn = TABLE.get(op)
+                fn = CHOICES.get(op, TABLE.get(op))
                 out, why = None, "no ember decomposition"
                 sibling = lower_sibling_product(g, siblings[node], node, env) if node in siblings else None
                 if sibling is not None:
@@ -369,7 +382,6 @@ def stores_whole(gm: torch.fx.GraphModule) -> dict:
     library calls. Read by two of them, a value however cheap is stored once where it is computed: GPT-2's
     key/value cache (a concatenation that is one copy) was stored three times, for attention, for the cache
     returned and for the backward."""
-    from ember.decomp.table import EXTERN
     counts: dict = {}
     for n in gm.graph.nodes:
         if n.op == "output":

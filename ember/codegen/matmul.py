@@ -1,13 +1,20 @@
-"""CUDA linear layers that read one input (BERT's query, key and value projections) as one library product of
-the input and their weights concatenated (plan_sibling_products)."""
+"""How a graph's matrix products are lowered: addmm and mm (a oneDNN inner product, the library mm with a lazy
+bias add, or ATen's addmm), and CUDA linear layers that read one input (BERT's query, key and value projections)
+as one library product of the input and their weights concatenated (plan_sibling_products)."""
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import TYPE_CHECKING
 
 import torch
 
+from ember import ir
 from ember.ir import TensorBox
+from ember.codegen.layout import is_dense
+from ember.codegen.onednn import cpu_matmul
+from ember.decomp import prims as P
+from ember.decomp.table import EXTERN, floaty, out
 
 if TYPE_CHECKING:
     from ember.codegen.lower import Graph
@@ -15,11 +22,87 @@ if TYPE_CHECKING:
 aten = torch.ops.aten
 
 
+def addmm(bias, a, b, *, beta=1, alpha=1):
+    """A linear layer's addmm. On CPU in float32 where the weight is laid out for it, one oneDNN inner product
+    with the bias inside (onednn.cpu_matmul: added as the product is written, no extra pass; a reader that is a
+    library call, attention reading Q, K and V, then takes the product as it is). Elsewhere the library mm plus a
+    lazy bias add, which fuses into whatever reads the result (gelu, the residual add + layer_norm): on CPU,
+    ATen's addmm first copies the broadcast bias into its output (one more pass over it, and one more parallel
+    region) and then accumulates the product on it; on CUDA, cuBLASLt's bias epilogue picks slower kernels for
+    BERT's shapes (H100: 70 against 54 us a 1024x768x768 product); float32 only there, where the product is
+    rounded to the output's dtype either way. On CUDA a result the graph returns (a training forward saves
+    GPT-2's pre-activations for the backward) is stored whole anyway: there ATen's addmm adds the bias in the
+    product's epilogue, and the lazy add would cost a pass (read the product, write the sum) where none fuses:
+    GPT-2's 2048x768x3072 product with its bias was faster than without (H100, bench/gpu_mm_layouts.py).
+    A library call reading a part of the result that is not dense (GPT-2's query, key and value: one projection,
+    split and viewed as heads) would be handed a copy of that part, which the lazy add has to store anyway: there
+    too ATen's addmm, whose result the call then reads through views as eager's does (H100, GPT-2's
+    2048x768x2304 product: 179 us with the bias and without)."""
+    v = out()
+    if beta != 1 or alpha != 1 or not floaty(v.dtype) or not isinstance(bias, TensorBox) or bias.dtype != v.dtype \
+            or (v.device.type == "cuda" and (v.dtype != torch.float32 or _returned(ir.GRAPH.node))) \
+            or v.device.type not in ("cpu", "cuda"):
+        return NotImplemented
+    row_bias = bias.ndim == 1 and int(bias.size[0]) == int(v.shape[-1])  # what oneDNN's bias is: one per column
+    parts = _library_reads_part(ir.GRAPH.node)   # (oneDNN's product with the bias inside serves them as it is)
+    if parts and not row_bias:
+        return NotImplemented
+    prod = cpu_matmul(ir.GRAPH, a, b, bias if row_bias else None)
+    if prod is not None and row_bias:
+        return prod
+    if parts:
+        return NotImplemented
+    if prod is None:
+        prod = ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False)
+    return P.add(prod, bias, dtype=v.dtype)
+
+
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default, aten.transpose.int,
+          aten.permute.default, aten.alias.default}
+
+
+_PARTS = _VIEWS | {aten.split.Tensor, aten.split_with_sizes.default, aten.slice.Tensor, aten.select.int,
+                   aten.unsqueeze.default, aten.squeeze.dim, operator.getitem}
+
+
+def _library_reads_part(node, top: bool = True) -> bool:
+    """Whether a library call (EXTERN) reads, through views, a part of node's value that is not dense."""
+    if node is None:
+        return False
+    for u in node.users:
+        if u.op != "call_function":
+            continue
+        if u.target in _PARTS and _library_reads_part(u, top=False):
+            return True
+        if u.target in EXTERN and not top and not _dense_value(node.meta.get("val")):
+            return True
+    return False
+
+
+def _dense_value(v) -> bool:
+    if not isinstance(v, torch.Tensor):
+        return True
+    return is_dense(v)
+
+
+def _returned(node) -> bool:
+    """Whether the graph returns node's value, itself or through views."""
+    return node is not None and any(u.op == "output" or (u.op == "call_function" and u.target in _VIEWS
+                                                          and _returned(u)) for u in node.users)
+
+
+def mm(a, b):
+    """On CPU in float32, a oneDNN inner product where the weight is laid out for one (onednn.cpu_matmul);
+    else ATen's mm (the extern it is listed as)."""
+    return cpu_matmul(ir.GRAPH, a, b) or NotImplemented
+
+
+
 @dataclasses.dataclass(eq=False)
 class SiblingProducts:
     """Linear layers reading one input (BERT's query, key and value projections) on CUDA: one library product of
     the input and their weights concatenated, each layer's result a slice of it plus its bias (lazy, as
-    decomp.table's addmm). A wider product fills the H100's SMs better: three 1024x768x768 float32 products
+    addmm). A wider product fills the H100's SMs better: three 1024x768x768 float32 products
     took 122 us, one 1024x768x2304 108 us, 112 with the weights concatenated on each call (bench/gpu_sibling_mm.py)."""
     members: list   # the addmm nodes, in graph order
     parts: dict | None = None   # node -> its result, made when the first member is lowered ({}: lowered one by one)
@@ -27,11 +110,10 @@ class SiblingProducts:
 
 def plan_sibling_products(gm: torch.fx.GraphModule) -> dict:
     """{addmm node: SiblingProducts} for a CUDA float32 inference graph's linear layers (addmm of a 1-D bias, a
-    2-D input and a 2-D weight) that read the same input, where decomp.table's addmm would take the library
+    2-D input and a 2-D weight) that read the same input, where addmm would take the library
     product and add the bias lazily (not a result the graph returns, nor one a library call reads a part of)."""
     if not (isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_inference")):
         return {}
-    from ember.decomp.table import _library_reads_part, _returned
     by_input: dict = {}
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target is not aten.addmm.default or n.kwargs or len(n.args) != 3 \
@@ -63,7 +145,6 @@ def _value_key(n: torch.fx.Node):
 def lower_sibling_product(g: "Graph", s: SiblingProducts, node: torch.fx.Node, env: dict) -> "TensorBox | None":
     """node's result as a slice of its group's product (made at the group's first member), or None where the
     group cannot be made there (a weight or bias computed later in the graph): then each is lowered alone."""
-    from ember.decomp import prims as P
     if s.parts is None:
         s.parts = {}
         # weights kept as [N, K] and read through t() (a linear layer's) are concatenated in that layout (a plain

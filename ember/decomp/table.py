@@ -8,7 +8,6 @@ where eager does internally, and the lowering checks every result's shape and dt
 from __future__ import annotations
 
 import math
-import operator
 
 import sympy
 import torch
@@ -489,22 +488,10 @@ def _unbind(x, dim=0):
 
 
 @reg(aten.cat.default)
-def _cat(xs, dim=0):
+def cat(xs, dim=0):
     xs = [x for x in xs if not (x.ndim == 1 and int(x.size[0]) == 0)]
     if not xs:
         return NotImplemented
-    g = ir.GRAPH
-    if g.node in g.cat_chains:  # a concatenation extending the previous one (densenet's dense blocks)
-        from ember.codegen.cat_chains import lower_cat_chain
-        out = lower_cat_chain(g, xs)
-        if out is not None:
-            return out
-    if g.channels_last and len(xs) > 2 and xs[0].ndim == 4 and dim % 4 == 1 and \
-            any(g.reads_layout_changed(x) for x in xs):
-        # channels of channels-last values: C is the inner loop, so a fused concatenation would pick its piece
-        # per element (densenet121's concatenations of up to 25 pieces read every piece for each element);
-        # the library's concatenation copies each piece's rows
-        return g.extern(aten.cat.default, (xs, 1), {}, fallback=False, channels_last=True)
     return P.cat(xs, dim, odt())
 
 
@@ -710,13 +697,9 @@ def _softmax(x, dim, half_to_float=False):
     # row sum that reached memory between kernels lost the digits log_softmax keeps near 0)
     x = P.reuse(P.cast(x, _acc(odt())), 3)
     e = P.unary("exp", P.sub(x, P.reduce("max", x, [dim], True)))
-    # on CPU, a softmax over the innermost dim whose row fits the scheduler's per-thread row buffer computes
-    # exp once into that buffer, read by the row sum and the output (exp recomputed for the output was 12% of
-    # a fused layer_norm+gelu+softmax row, single-threaded); elsewhere the store would reach memory
-    from ember.codegen.schedule import SCRATCH_BYTES
-    row = int(x.size[-1]) * ir.itemsize(x.dtype) if x.ndim else 0
-    e = P.realize(e) if out().device.type == "cpu" and dim % x.ndim == x.ndim - 1 and row <= SCRATCH_BYTES // 2 \
-        else P.reuse(e, 2)
+    # where the lowering keeps a row in a per-thread buffer (Graph.keeps_row), exp is computed once into it,
+    # read by the row sum and the output, not computed again for the output; elsewhere the store would reach memory
+    e = P.realize(e) if ir.GRAPH.keeps_row(x, dim) else P.reuse(e, 2)
     # times the reciprocal of the row sum (one division per row, hoisted out of the loop), as eager's CPU
     # kernel does: a division per element was a tenth of a fused layer_norm+gelu+softmax row on CPU
     return P.cast(P.mul(e, P.unary("reciprocal", P.reduce("sum", e, [dim], True))), odt())
@@ -1219,87 +1202,6 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord == 2:
         return P.unary("sqrt", P.reduce("sum", P.mul(a, a), dims, keepdim))
     return P.pointwise("pow", P.reduce("sum", P.pointwise("pow", a, float(ord)), dims, keepdim), 1.0 / ord)
-
-
-# ------------------------------------------------------------------------------------------------ matmuls
-@reg(aten.addmm.default)
-def addmm(bias, a, b, *, beta=1, alpha=1):
-    """A linear layer's addmm. On CPU in float32 where the weight is laid out for it, one oneDNN inner product
-    with the bias inside (lower.cpu_matmul: added as the product is written, no extra pass; a reader that is a
-    library call, attention reading Q, K and V, then takes the product as it is). Elsewhere the library mm plus a
-    lazy bias add, which fuses into whatever reads the result (gelu, the residual add + layer_norm): on CPU,
-    ATen's addmm first copies the broadcast bias into its output (one more pass over it, and one more parallel
-    region) and then accumulates the product on it; on CUDA, cuBLASLt's bias epilogue picks slower kernels for
-    BERT's shapes (H100: 70 against 54 us a 1024x768x768 product); float32 only there, where the product is
-    rounded to the output's dtype either way. On CUDA a result the graph returns (a training forward saves
-    GPT-2's pre-activations for the backward) is stored whole anyway: there ATen's addmm adds the bias in the
-    product's epilogue, and the lazy add would cost a pass (read the product, write the sum) where none fuses:
-    GPT-2's 2048x768x3072 product with its bias was faster than without (H100, bench/gpu_mm_layouts.py).
-    A library call reading a part of the result that is not dense (GPT-2's query, key and value: one projection,
-    split and viewed as heads) would be handed a copy of that part, which the lazy add has to store anyway: there
-    too ATen's addmm, whose result the call then reads through views as eager's does (H100, GPT-2's
-    2048x768x2304 product: 179 us with the bias and without)."""
-    v = out()
-    if beta != 1 or alpha != 1 or not floaty(v.dtype) or not isinstance(bias, TensorBox) or bias.dtype != v.dtype \
-            or (v.device.type == "cuda" and (v.dtype != torch.float32 or _returned(ir.GRAPH.node))) \
-            or v.device.type not in ("cpu", "cuda"):
-        return NotImplemented
-    from ember.codegen.onednn import cpu_matmul
-    row_bias = bias.ndim == 1 and int(bias.size[0]) == int(v.shape[-1])  # what oneDNN's bias is: one per column
-    parts = _library_reads_part(ir.GRAPH.node)   # (oneDNN's product with the bias inside serves them as it is)
-    if parts and not row_bias:
-        return NotImplemented
-    prod = cpu_matmul(ir.GRAPH, a, b, bias if row_bias else None)
-    if prod is not None and row_bias:
-        return prod
-    if parts:
-        return NotImplemented
-    if prod is None:
-        prod = ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False)
-    return P.add(prod, bias, dtype=v.dtype)
-
-
-_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default, aten.transpose.int,
-          aten.permute.default, aten.alias.default}
-
-
-_PARTS = _VIEWS | {aten.split.Tensor, aten.split_with_sizes.default, aten.slice.Tensor, aten.select.int,
-                   aten.unsqueeze.default, aten.squeeze.dim, operator.getitem}
-
-
-def _library_reads_part(node, top: bool = True) -> bool:
-    """Whether a library call (EXTERN) reads, through views, a part of node's value that is not dense."""
-    if node is None:
-        return False
-    for u in node.users:
-        if u.op != "call_function":
-            continue
-        if u.target in _PARTS and _library_reads_part(u, top=False):
-            return True
-        if u.target in EXTERN and not top and not _dense_value(node.meta.get("val")):
-            return True
-    return False
-
-
-def _dense_value(v) -> bool:
-    if not isinstance(v, torch.Tensor):
-        return True
-    from ember.codegen.layout import is_dense as _dense
-    return _dense(v)
-
-
-def _returned(node) -> bool:
-    """Whether the graph returns node's value, itself or through views."""
-    return node is not None and any(u.op == "output" or (u.op == "call_function" and u.target in _VIEWS
-                                                          and _returned(u)) for u in node.users)
-
-
-@reg(aten.mm.default)
-def mm(a, b):
-    """On CPU in float32, a oneDNN inner product where the weight is laid out for one (lower.cpu_matmul);
-    else ATen's mm (the extern it is listed as)."""
-    from ember.codegen.onednn import cpu_matmul
-    return cpu_matmul(ir.GRAPH, a, b) or NotImplemented
 
 
 # ------------------------------------------------------------------------------------------------ foreach
