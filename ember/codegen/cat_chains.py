@@ -9,7 +9,7 @@ import torch
 
 from ember import config
 from ember import ir
-from ember.decomp import table
+from ember.decomp import views
 
 if TYPE_CHECKING:
     from ember.codegen.lower import Graph
@@ -110,4 +110,4 @@ def lower_cat(xs, dim=0):
         # per element (densenet121's concatenations of up to 25 pieces read every piece for each element);
         # the library's concatenation copies each piece's rows
         return g.extern(aten.cat.default, (xs, 1), {}, fallback=False, channels_last=True)
-    return table.cat(xs, dim)
+    return views.cat(xs, dim)

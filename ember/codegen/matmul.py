@@ -14,7 +14,8 @@ from ember.ir import TensorBox
 from ember.codegen.layout import is_dense
 from ember.codegen.onednn import cpu_matmul
 from ember.decomp import prims as P
-from ember.decomp.table import EXTERN, floaty, out
+from ember.decomp.common import floaty, out
+from ember.decomp.table import EXTERN
 
 if TYPE_CHECKING:
     from ember.codegen.lower import Graph

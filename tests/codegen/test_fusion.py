@@ -171,7 +171,7 @@ def test_conv_bn_cross_entropy_training_falls_back_only_for_batch_norm():
     torch.testing.assert_close(m.bn.running_var, m2.bn.running_var)
     new = {k: v - before.get(k, 0) for k, v in lower.FALLBACK_COUNTS.items() if v != before.get(k, 0)}
     # nll_loss forward/backward are decomposed; batch norm is the only ATen call allowed (train-mode batch norm
-    # stays one where decomp/table.py TRAIN_BATCH_NORM_DECOMPOSED does not list the device)
+    # stays one where decomp/norms.py TRAIN_BATCH_NORM_DECOMPOSED does not list the device)
     assert all("batch_norm" in str(k) for k in new), new
 
 
