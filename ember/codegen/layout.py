@@ -32,9 +32,7 @@ def wants_channels_last(gm: torch.fx.GraphModule) -> bool:
     """Whether gm runs channels-last: an inference graph (ember.autograd marks those) with a 4-D, non-transposed
     float convolution (Inductor's rule is similar: any 4-D convolution in the graph), and no convolution's
     backward. A training step in one graph (its backward inside, on the inference path) keeps eager's layouts:
-    densenet121's step on the H100 with forward and backward channels-last took 8.34 ms against 7.16 NCHW (the
-    convolutions 0.74 ms faster, the batch norms' per-channel sums over channels-last 1.18 ms slower: 530
-    kernels against 294; bench/results/gpu_2026-11-26_s15_h100_train_channels_last_tried.log), and with only the
+    channels-last, its batch norms' per-channel sums lose more than its convolutions gain, and with only the
     forward channels-last each convolution's backward would convert its arguments back."""
     if not (isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_inference")):
         return False
@@ -75,7 +73,7 @@ def value_key(x: TensorBox, stride: tuple) -> tuple | None:
 
 def same_strides(size, a, b) -> bool:
     """Whether strides a and b lay out a tensor of `size` alike: a dim of size 1 has no step, so its stride does
-    not matter (resnet50's 1x1 convolution weights are channels-last as they are: they were copied each call)."""
+    not matter (a 1x1 convolution's weight is channels-last as it is, with no copy)."""
     return all(int(x) == int(y) for n, x, y in zip(size, a, b) if int(n) != 1)
 
 

@@ -1,14 +1,13 @@
 """Lowering: an ATen-level fx graph -> a list of Buffers (loop IR), in execution order.
 
-Each call_function node goes through ember.decomp.table: a decomposition builds TensorBoxes from
-primitives (lazy: pointwise chains and views stay loaders), an extern op (mm, conv, SDPA) becomes an
-ExternBuffer, and an op with no entry stays an ATen call (an ExternBuffer marked `fallback`, counted and
-logged under EMBER_LOGS=fallbacks). A box is materialized (`realize`) when it is a graph output, an extern's
-argument, or read by several nodes and costly to recompute.
+Each call_function node goes through codegen's own choice for its op (CHOICES) or else ember.decomp.table: a
+decomposition builds TensorBoxes from primitives (lazy: pointwise chains and views stay loaders), an extern op
+(mm, conv, SDPA) becomes an ExternBuffer, and an op with no entry stays an ATen call (an ExternBuffer marked
+`fallback`, counted and logged under EMBER_LOGS=fallbacks). A box is materialized (`realize`) when it is a graph
+output, an extern's argument, or read by several nodes and costly to recompute.
 
 The lowering's own choices live beside this file: the layout (layout.py), oneDNN calls and fusions (onednn.py),
-products of sibling linear layers (matmul.py), concatenation chains (cat_chains.py), split and one-hot
-reductions (reductions.py).
+matrix products (matmul.py), concatenations (cat_chains.py), split and one-hot reductions (reductions.py).
 """
 from __future__ import annotations
 
@@ -106,8 +105,8 @@ class Graph:
     def realize(self, x: TensorBox, origin: str = "", stride=None, share: bool = False) -> TensorBox:
         """x stored in a buffer (of `stride`, else contiguous or channels-last). share: x is a library call's
         argument, which only reads it: a buffer made for another call's argument holding the same values at
-        the same storage offsets is taken instead (GPT-2's backward stored a layer norm's gradient twice, for
-        the two products reading it and its transpose)."""
+        the same storage offsets is taken instead (GPT-2's backward: a layer norm's gradient is stored once
+        for the two products reading it and its transpose)."""
         if x.strided is not None and (stride is None or same_strides(x.size, x.strided[1], stride)):
             return x
         if stride is None and self._reads_cl(x.size, lambda idx: x.loader(idx)):
@@ -137,7 +136,7 @@ class Graph:
         self._note_layout(buf)
         return TensorBox.of_buffer(buf)
 
-    # channels-last layout (see the module docstring) -------------------------------------------------
+    # channels-last layout (see codegen/layout.py) -------------------------------------------------------
     def _reads_cl(self, size, fn) -> bool:
         """Whether a 4-D value computed by fn(index) loads from a channels-last buffer (then it is stored so)."""
         if not self.cl or len(size) != 4:
@@ -174,7 +173,7 @@ class Graph:
         reads = []
         conv_cl = out_stride is None and (channels_last or (
             self.channels_last and target in CONVOLUTIONS and args[0].ndim == 4 and not args[6]))
-        if conv_cl:  # input and weight channels-last (oneDNN: 36 ms vs 49 ms with an NCHW weight, 8x64x56x56)
+        if conv_cl:  # input and weight channels-last (oneDNN is slower with an NCHW weight)
             def to_cl(x):
                 if isinstance(x, TensorBox) and x.ndim == 4 and (
                         x.strided is None or not same_strides(x.size, x.strided[1], channels_last_strides(x.size))):
@@ -286,7 +285,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 if node.target is operator.getitem and fused is None:
                     out = args[0][args[1]]
                     # one result of a multi-output decomposition (layer_norm's) read by several nodes: computed
-                    # once, as any other node's result (else each extern reading it stored its own copy)
+                    # once, as any other node's result (else each extern reading it would store its own copy)
                     if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and out.cost() > 3:
                         g.origins = getattr(out, "origin_names", g.origins)
                         out = g.realize(out)
@@ -305,7 +304,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 if fused is None and node.target._schema.is_mutable:
                     raise CannotLower(f"{node.target} mutates its inputs (graphs must be functional)")
                 boxes = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorBox)]
-                # (chained, not summed: tuples added one to the next took 1.2 s of densenet121's training step)
+                # (chained, not summed: tuples added one to the next are quadratic in the number of inputs)
                 g.origins = tuple(dict.fromkeys(itertools.chain(*(b.origin_names for b in boxes if b.strided is None
                                                                   and hasattr(b, "origin_names")), (node.name,))))
                 op = node.target
@@ -344,7 +343,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                         out.cost() > 3 or stored.get(node, 0) > 1):
                     # in eager's layout where ember keeps eager's (GPT-2's key/value cache: a concatenation of
                     # the heads' view, laid out [b, s, h, d] as the projection it copies; contiguous, its copy
-                    # ran 2.3x slower and attention read it in another layout than eager's)
+                    # is slower and attention reads it in another layout than eager's)
                     want = getattr(out, "eager_stride", None)
                     keep = want is not None and not g.reads_layout_changed(out)
                     out = g.realize(out, stride=want if keep else None)
@@ -379,9 +378,9 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
 
 def stores_whole(gm: torch.fx.GraphModule) -> dict:
     """{node: how many readers store its value whole}: graph outputs (each place the output lists it) and
-    library calls. Read by two of them, a value however cheap is stored once where it is computed: GPT-2's
-    key/value cache (a concatenation that is one copy) was stored three times, for attention, for the cache
-    returned and for the backward."""
+    library calls. Read by two of them, a value however cheap is stored once where it is computed, not once
+    per reader (GPT-2's key/value cache, a concatenation that is one copy, is read by attention, returned as
+    the cache and saved for the backward)."""
     counts: dict = {}
     for n in gm.graph.nodes:
         if n.op == "output":

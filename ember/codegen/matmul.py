@@ -30,15 +30,13 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
     lazy bias add, which fuses into whatever reads the result (gelu, the residual add + layer_norm): on CPU,
     ATen's addmm first copies the broadcast bias into its output (one more pass over it, and one more parallel
     region) and then accumulates the product on it; on CUDA, cuBLASLt's bias epilogue picks slower kernels for
-    BERT's shapes (H100: 70 against 54 us a 1024x768x768 product); float32 only there, where the product is
-    rounded to the output's dtype either way. On CUDA a result the graph returns (a training forward saves
-    GPT-2's pre-activations for the backward) is stored whole anyway: there ATen's addmm adds the bias in the
-    product's epilogue, and the lazy add would cost a pass (read the product, write the sum) where none fuses:
-    GPT-2's 2048x768x3072 product with its bias was faster than without (H100, bench/gpu_mm_layouts.py).
-    A library call reading a part of the result that is not dense (GPT-2's query, key and value: one projection,
-    split and viewed as heads) would be handed a copy of that part, which the lazy add has to store anyway: there
-    too ATen's addmm, whose result the call then reads through views as eager's does (H100, GPT-2's
-    2048x768x2304 product: 179 us with the bias and without)."""
+    BERT's shapes; float32 only there, where the product is rounded to the output's dtype either way. On CUDA a
+    result the graph returns (a training forward saves GPT-2's pre-activations for the backward) is stored whole
+    anyway: there ATen's addmm adds the bias in the product's epilogue at no cost, and the lazy add would cost a
+    pass (read the product, write the sum) where none fuses. A library call reading a part of the result that
+    is not dense (GPT-2's query, key and value: one projection, split and viewed as heads) would be handed a
+    copy of that part, which the lazy add has to store anyway: there too ATen's addmm, whose result the call
+    then reads through views as eager's does (its bias costs nothing there either)."""
     v = out()
     if beta != 1 or alpha != 1 or not floaty(v.dtype) or not isinstance(bias, TensorBox) or bias.dtype != v.dtype \
             or (v.device.type == "cuda" and (v.dtype != torch.float32 or _returned(ir.GRAPH.node))) \
@@ -103,8 +101,7 @@ def mm(a, b):
 class SiblingProducts:
     """Linear layers reading one input (BERT's query, key and value projections) on CUDA: one library product of
     the input and their weights concatenated, each layer's result a slice of it plus its bias (lazy, as
-    addmm). A wider product fills the H100's SMs better: three 1024x768x768 float32 products
-    took 122 us, one 1024x768x2304 108 us, 112 with the weights concatenated on each call (bench/gpu_sibling_mm.py)."""
+    addmm). A wider product fills the GPU's SMs better, even with the weights concatenated on each call."""
     members: list   # the addmm nodes, in graph order
     parts: dict | None = None   # node -> its result, made when the first member is lowered ({}: lowered one by one)
 

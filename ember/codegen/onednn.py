@@ -152,12 +152,11 @@ CONV_CALLS = CONVOLUTIONS + tuple(getattr(_POINTWISE_CONV, o, None) for o in ("d
 
 
 # CPU float32 products as oneDNN inner products (torch.ops.mkldnn._linear_pointwise: a @ w.T for a row-major
-# input and a row-major [N, K] weight, a linear layer's own layout): on this 2-core AMD EPYC (Zen 5) ATen's mm
-# (MKL) ran BERT's and the MLP's products 2.2-2.3x slower than oneDNN, one or two threads (1024x768x3072, two
-# threads: 23.8 vs 11.0 ms), whatever the output buffer. Below ~2M multiply-adds oneDNN's ~12 us per call loses
-# (1x64x64: 13 vs 2 us). A weight that is not row-major (x @ W of a [K, N] weight, the backward's products) stays with
-# MKL: oneDNN reordered such a weight on every call, 3x slower than MKL. The weight is read as it is on every
-# call (no packed copy kept across calls: `p.data.mul_(...)` changes a weight without bumping its version).
+# input and a row-major [N, K] weight, a linear layer's own layout): faster than ATen's mm (MKL) on a linear
+# layer's products, whatever the output buffer; below ONEDNN_MIN_WORK multiply-adds oneDNN's fixed cost per call
+# loses. A weight that is not row-major (x @ W of a [K, N] weight, the backward's products) stays with MKL:
+# oneDNN reorders such a weight on every call. The weight is read as it is on every call (no packed copy kept
+# across calls: `p.data.mul_(...)` changes a weight without bumping its version).
 _LINEAR = _mkldnn_op("_linear_pointwise")
 ONEDNN_MIN_WORK = 1 << 21  # multiply-adds (M*K*N) from which a product goes to oneDNN
 
@@ -194,8 +193,8 @@ def cpu_matmul(g: "Graph", a: TensorBox, b: TensorBox, bias: TensorBox | None = 
 
 
 # activations that oneDNN applies to a product's result as it writes it (post-ops), as the ATen op's (attr,
-# scalars, algorithm) given its arguments, or None; each agrees with eager to ~1 ulp (gelu's erf and tanh forms
-# 1.4e-6 / 4.8e-7 at most over [-12, 12], relu exactly, silu 9.5e-7), and saves a kernel's pass over the result
+# scalars, algorithm) given its arguments, or None; each agrees with eager to ~1 ulp (relu exactly), and saves a
+# kernel's pass over the result
 LINEAR_POST_OPS = {
     aten.relu.default: lambda *a, **k: ("relu", [], "") if not a[1:] and not k else None,
     aten.gelu.default: lambda x, approximate="none": ("gelu", [], approximate) if approximate in ("none", "tanh") else None,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # --------------------------------------------------------------------------------------- split reductions
 SPLIT_KINDS = ("sum", "prod", "max", "min", "any", "all")   # argmax/argmin: the first index would need both
-GPU_SMS = 132             # H100's; torch.cuda's own count where a GPU is visible (gpu_sm_count)
+GPU_SMS = 132             # SMs assumed where no GPU is visible; torch.cuda's own count otherwise (gpu_sm_count)
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,7 +37,7 @@ GPU_COLUMN_STRIP = 8   # columns a Triton program takes at least in a column red
 
 
 # GPU row reductions of >= 16384 elements are split while fewer than this many SMs' worth of rows: one program a row
-# over 256 rows of 16384 (densenet121's first dense block, batch-norm backward sums) streamed 1.6 TB/s
+# over a few hundred long rows leaves much of the memory bandwidth unused
 LONG_ROWS_SPLIT_BELOW = 2
 
 
@@ -46,11 +46,10 @@ def reduction_parts(out: int, rnumel: int, column: bool, target: str) -> int:
     partial reductions fill the machine the printer's loops leave idle. column: the reduction runs down columns
     (adjacent results adjacent in memory, the reduced index strides over rows).
     - gpu (Triton): a row reduction is one program per result, a column one a strip of >= 8 columns per program
-      (triton.column_config); fewer than the 132 SMs (rows; 2x that for rows of >= 16384 elements,
-      LONG_ROWS_SPLIT_BELOW) / 2x that (strips) leave SMs idle: the GPT-2
-      layer-norm backward's column sums over 2048 x 768 ran on 96 programs, 20 us per layer against the 9 of
-      Inductor's split. Parts are chosen for ~4 programs per SM, each part at least 32 rows (columns) or 1024
-      elements (rows).
+      (triton.column_config); fewer than the SMs (rows; 2x that for rows of >= 16384 elements,
+      LONG_ROWS_SPLIT_BELOW) / 2x that (strips) leave SMs idle (GPT-2's layer-norm backward column sums over
+      2048 x 768: 96 programs). Parts are chosen for ~4 programs per SM, each part at least 32 rows (columns)
+      or 1024 elements (rows).
     - cpu (C++): rows are shared among OpenMP threads (one row: its loop is), column groups in blocks of >= 16
       results (cpp._column_group); split when fewer rows / blocks than threads and the work is worth it.
     The count is a divisor of rnumel (no ragged last part), the smallest >= the wanted one."""

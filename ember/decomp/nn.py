@@ -49,8 +49,8 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     """Windows up to MAX_POOL_TAPS taps: pointwise over the output, the maximum of the taps and the flat input
     index of the first maximum (of the last NaN), as eager's CPU kernels, out-of-bounds taps skipped. The loops
     then run over the output (channels-last: C innermost, so the taps' loads are contiguous and vectorize;
-    NCHW: over the output width), where a reduction over each 3x3 window was a scalar loop of 9 per output
-    element (resnet18 b8 224px: 85 ms, eager 5 ms). Larger windows: max/argmax reductions."""
+    NCHW: over the output width), where a reduction over each 3x3 window would be a scalar loop of 9 per
+    output element, many times slower than eager's kernel. Larger windows: max/argmax reductions."""
     if not floaty(x.dtype):
         return NotImplemented
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _pair(kernel), _pair(stride or kernel), _pair(padding), _pair(dilation)
@@ -84,13 +84,13 @@ def _max_pool2d(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
         return values, P.add(P.mul(hi, w), wi)
     taps = [(a, c) for a in range(kh) for c in range(kw)]
     # each input element is read by about kh*kw/(sh*sw) windows: a costly producer (resnet's batch norm + relu)
-    # is computed once into a buffer instead (resnet18 b8 224px: 40 ms fused, 12 ms + 8 ms separate)
+    # is computed once into a buffer instead of once per window reading it
     x = P.reuse(x, max(1, (kh * kw) // (sh * sw)))
 
     # without dilation, a tap outside the input loads (clamped) the input's edge, a position inside the same
     # window (eager rejects padding over half the kernel, and ceil_mode windows start inside the input or
-    # its left padding): it cannot change the maximum, so no `where(inside, v, -inf)`; g++ did not vectorize
-    # the loop over C with those selects (their loop-invariant conditions), 1.5x slower than eager's kernel
+    # its left padding): it cannot change the maximum, so no `where(inside, v, -inf)`; g++ does not vectorize
+    # the loop over C with those selects (their loop-invariant conditions)
     edge_safe = dh == 1 and dw == 1 and 2 * ph <= kh and 2 * pw <= kw
 
     def max_loader(idx):
@@ -197,15 +197,15 @@ def _pool_backward(dy, x, kernel, stride, padding, term) -> TensorBox | None:
     """The gradient of a 2-d pooling without dilation whose windows do not overlap, pointwise over the input:
     term(dy's loaded value at the window holding the element, that window's index list, the element's flat
     index, whether a window holds it). As a loader it fuses into what reads it (densenet121's batch norm
-    backward). GPU only: ATen's CPU kernels were not measured against it."""
+    backward). GPU only: not measured against ATen's CPU kernels."""
     if ir.GRAPH.target != "gpu":
         return None
     (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride or kernel), _pair(padding)
     oh, ow = int(dy.size[-2]), int(dy.size[-1])
     w = int(x.size[-1])
     if kh > sh or kw > sw:
-        # overlapping windows (densenet121's 3x3 stride-2 max pool): a gather over 4 windows took 0.19 ms of its
-        # training step as a Triton kernel, ATen's 0.05 ms
+        # overlapping windows (densenet121's 3x3 stride-2 max pool): a gather over 4 windows is slower as a
+        # Triton kernel than ATen's
         return None
     acc = torch.float32 if dy.dtype in (torch.float16, torch.bfloat16) else dy.dtype
     # dy computed once: densenet121's is a sum of its dense block's slices, which the batch norm backward

@@ -61,10 +61,9 @@ def _bn_eval(x, w, b, rm, rv, momentum, eps):
 
 
 # Train-mode batch norm is decomposed and fused on the device types listed here; elsewhere it stays an ATen call.
-# Its sums run in float64 (_bn_acc): with float32 sums, gradients through deep BatchNorm stacks (resnet18,
-# densenet121 at small batches) were 5-26% off where eager is 1e-5 off. On CUDA, densenet121's training step
-# (reduce-overhead) measured 7.2 ms of GPU time decomposed against 8.5 ms with cuDNN's kernels, in one run on
-# one H200 (bench/results/gpu_2026-11-26_s10_h200_train_host.log).
+# Its sums are accumulated as eager's kernels do (_bn_acc): float32 sums on the CPU put the gradients through
+# deep BatchNorm stacks far off eager's. On CUDA the decomposed kernels, fused with their neighbours, beat
+# cuDNN's on a training step.
 TRAIN_BATCH_NORM_DECOMPOSED = {"cpu", "cuda"}
 
 
@@ -80,10 +79,9 @@ BN_FLOAT64_SUMS_ON_GPU = False   # True: float64 sums on the GPU too (A/B timing
 def _bn_acc(x) -> torch.dtype | None:
     """The dtype of train-mode batch-norm sums: float64 for float32 on the CPU, as eager's CPU kernels
     (acc_type<float, false>). A float32 sum over N*H*W elements is off by ~1e-6 relative; where a channel's
-    variance is small (ReLU outputs, small batches) the batch-norm backward amplifies that (resnet18 at batch 4,
-    96x96: gradients 20% off against float64 with float32 sums, 1e-5 with float64 sums, as eager). On the GPU
-    float32, as eager's CUDA kernels (acc_type<float, true>): float64 made densenet121's batch-norm kernels,
-    one program per channel, latency-bound."""
+    variance is small (ReLU outputs, small batches) the batch-norm backward amplifies that far beyond eager's
+    error. On the GPU float32, as eager's CUDA kernels (acc_type<float, true>): float64 makes the batch-norm
+    kernels, one program per channel, latency-bound."""
     if x.dtype != torch.float32 or (ir.GRAPH.target == "gpu" and not BN_FLOAT64_SUMS_ON_GPU):
         return None
     return torch.float64

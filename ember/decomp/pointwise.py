@@ -129,7 +129,7 @@ def _pow_ts(a, e):
     a = P.cast(a, d)
     if e == 2:
         return P.mul(a, a)
-    if e == 3:   # as eager's kernels (CPU and CUDA): x * x * x; libdevice.pow took GPT-2's tanh-GELU twice as long
+    if e == 3:   # as eager's kernels (CPU and CUDA): x * x * x; libdevice.pow is much slower
         return P.mul(P.mul(a, a), a)
     if e == -2:  # 1 / (x * x), as eager's kernels
         return P.unary("reciprocal", P.mul(a, a))

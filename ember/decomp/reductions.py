@@ -120,14 +120,14 @@ def _softmax(x, dim, half_to_float=False):
     if x.ndim == 0:
         return P.const(1.0, odt())
     # 16-bit inputs are computed in float32 and rounded once, as eager's kernels accumulate (a float16/bfloat16
-    # row sum that reached memory between kernels lost the digits log_softmax keeps near 0)
+    # row sum reaching memory between kernels would lose the digits log_softmax keeps near 0)
     x = P.reuse(P.cast(x, _acc(odt())), 3)
     e = P.unary("exp", P.sub(x, P.reduce("max", x, [dim], True)))
     # where the lowering keeps a row in a per-thread buffer (Graph.keeps_row), exp is computed once into it,
     # read by the row sum and the output, not computed again for the output; elsewhere the store would reach memory
     e = P.realize(e) if ir.GRAPH.keeps_row(x, dim) else P.reuse(e, 2)
     # times the reciprocal of the row sum (one division per row, hoisted out of the loop), as eager's CPU
-    # kernel does: a division per element was a tenth of a fused layer_norm+gelu+softmax row on CPU
+    # kernel does: a division per element costs a noticeable part of a fused row on CPU
     return P.cast(P.mul(e, P.unary("reciprocal", P.reduce("sum", e, [dim], True))), odt())
 
 
