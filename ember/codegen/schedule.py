@@ -322,8 +322,7 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None, 
     that is safe (`Schedule.inplace`, see `_write_in_place`). across: pointwise buffers may join a group of
     reductions with their rows along a middle dim (make_member(across=True)), as its epilogue: a batch norm's
     normalization in the kernel of its statistics, its input gradient in the kernel of its sums (Triton: a
-    program per channel reads its slice once; the C++ backend's flat loops measured faster, resnet18's
-    training step 76 vs 87 ms on the dev VM)."""
+    program per channel reads its slice once; the C++ backend keeps its flat loops, which are faster there)."""
     with collector.frozen():
         return _schedule(lowered, row_buffers, mutations, across)
 
@@ -364,9 +363,9 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool =
         b.side_effect or any(o is not None and o.name in needed for o in b.outputs)))]
 
     # A pointwise buffer read only by kernels (not by a library call, not a graph output) is placed when its
-    # first reader is, from that reader's earliest group on: placed as early as its own inputs allowed, it landed
-    # in a group before a library call its reader waits for, and went through memory (GPT-2's backward
-    # recomputed the GELU's tanh in a kernel of its own, read back by the gradient kernel after the matmul).
+    # first reader is, from that reader's earliest group on: placed as early as its own inputs allow, it would
+    # land in a group before a library call its reader waits for, and go through memory (GPT-2's backward would
+    # compute the GELU's tanh in a kernel of its own, read back by the gradient kernel after the matmul).
     outputs = {o.buffer for o in lowered.outputs if isinstance(o, TensorArg)}
     order = {b.name: i for i, b in enumerate(live)}
     by_extern = set().union(*(b.inputs for b in live if isinstance(b, ExternBuffer)))
@@ -545,7 +544,7 @@ def lifetimes(sched: Schedule) -> tuple[dict, set]:
 
 class _Readers:
     """What `_write_in_place` asks of every mutation, looked up instead of walking every item each time
-    (densenet121's training step: 1,819 mutations over ~1,300 items, 1.3 s of its schedule): the last item reading
+    (a training step has thousands of mutations over as many items): the last item reading
     each buffer and the buffers that never die (`lifetimes`), the inputs of extern calls whose results may alias
     them, and how often each buffer is a graph output."""
 
@@ -556,9 +555,9 @@ class _Readers:
 
 
 def write_in_place(sched: Schedule, mutations: list | None) -> None:
-    """`_write_in_place` again, over a schedule whose groups a backend has split: a group that held an
-    optimizer's step counters (one element each, read by every update) was not `elementwise`, and its
-    parameters and moments were written to fresh buffers and copied back; without them it is."""
+    """`_write_in_place` again, over a schedule whose groups a backend has split: a group holding an
+    optimizer's step counters (one element each, read by every update) is not `elementwise`, so its parameters
+    and moments would be written to fresh buffers and copied back; split off from the counters, it is."""
     where, member_of = _members_by_buffer(sched.items)
     readers = _Readers(sched)
     for ii, oi in mutations or []:
@@ -624,8 +623,8 @@ MAX_LINKING_READERS = 4    # kernels that may each recompute a one-element value
 def recompute_scalars(sched: Schedule, mutations: list | None, linked: frozenset = frozenset()) -> None:
     """One-element values that later kernels can recompute exactly are computed there, not stored by one
     kernel and loaded by the next: a capturable Adam's per-parameter step size `-(lr / (1 - beta1 ** step))`
-    was a zero-dim buffer per parameter (allocated each call, host time) that the counters' kernel stored
-    and the parameters' kernel loaded; that kernel now computes it from the stored counter.
+    would be a zero-dim buffer per parameter (allocated each call, host time) that the counters' kernel stores
+    and the parameters' kernel loads; the parameters' kernel computes it from the stored counter instead.
 
     A member is recomputed by its readers (their loads of it become its body, `ir.rewrite`) and dropped, with
     its buffer, when:
@@ -636,8 +635,9 @@ def recompute_scalars(sched: Schedule, mutations: list | None, linked: frozenset
       and is of a dtype computed as stored (float32/float64: no rounding at the store, as `_stored_scalar`);
       it costs at most MAX_RECOMPUTED_COST (a scalar each reader's programs compute once, not per element)
       and, read by more than MAX_LINKING_READERS kernels, uses none of the `linked` ops (Triton: those printed
-      as libdevice calls, which link libdevice into every kernel using one, ~35 ms of compile each: Adam's bias
-      corrections `1 - beta ** step` were recomputed in 257 kernels of densenet121's one-graph training step);
+      as libdevice calls, which link libdevice into every kernel using one, a compile-time cost per kernel:
+      Adam's bias corrections `1 - beta ** step` would be recomputed in hundreds of kernels of a one-graph
+      training step);
     - everything its body loads holds at each reader what it held when the member ran: after the stored-value
       rewrite (a recomputed in-place update, `step + 1`, reads the stored counter, `_stored_scalar`), it loads
       only graph inputs and constants that no kernel writes in place (mutations not written in place are

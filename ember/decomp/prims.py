@@ -310,7 +310,7 @@ def as_strided(x: TensorBox, size, stride, offset: int = 0) -> TensorBox:
 
 def clamp(i: sympy.Expr, hi: int) -> sympy.Expr:
     """min(max(i, 0), hi) for an index, built unevaluated: sympy's Min/Max compare their arguments under
-    assumptions when made, which was a visible part of lowering densenet121 (its cats and pooling taps)."""
+    assumptions when made, which is slow where indices are clamped often (cats and pooling taps)."""
     return sympy.Min(sympy.Max(i, 0, evaluate=False), hi, evaluate=False)
 
 
@@ -333,7 +333,7 @@ def cat(xs: Sequence[TensorBox], dim: int, dtype: torch.dtype) -> TensorBox:
         for x, s in reversed(list(zip(xs, starts))):
             # every piece is loaded at every position (the where picks afterwards): its index is clamped into its
             # own range, the last piece's too, so an untaken branch never reads out of bounds (a negative index
-            # into the last piece was an illegal address on the GPU)
+            # into the last piece is an illegal address on the GPU)
             inside = [clamp(i - s, int(x.size[dim]) - 1) if d == dim and len(xs) > 1 else
                       (i - s if d == dim else i) for d, i in enumerate(idx)]
             if e is None:

@@ -67,8 +67,8 @@ class ModIndex(sympy.Function):
 
 def _exact_div(t, b):
     """t / b for a term t that b divides. An integer b divides t's integer coefficient: t / b is that
-    coefficient's quotient times the rest, which sympy's own product already gives (sympy.cancel, which
-    rewrote every argument through the polys module, was most of BERT's lowering on the GPU: reshapes)."""
+    coefficient's quotient times the rest, which sympy's own product already gives (sympy.cancel rewrites every
+    argument through the polys module: slow on the indices of reshapes)."""
     return t / b if b.is_Integer else sympy.cancel(t / b)
 
 
@@ -296,14 +296,16 @@ _INDIRECT_OF: dict = {}  # index expression -> the IndirectSymbols in it
 
 
 def indirect_symbols(e) -> set:
-    """e.atoms(IndirectSymbol), memoized: Expr.walk asks for every load it passes (sympy's atoms() walked each
-    offset again, a second of GPT-2's training graphs)."""
+    """e.atoms(IndirectSymbol), memoized: Expr.walk asks for every load it passes (sympy's atoms() walks each
+    offset again)."""
     got = _INDIRECT_OF.get(e)
     if got is None:
         if len(_INDIRECT_OF) > 200_000:
             _INDIRECT_OF.clear()
         got = _INDIRECT_OF[e] = e.atoms(IndirectSymbol) if _INDIRECT else set()
     return got
+
+
 GRAPH = None  # the lowering in progress (ember.codegen.lower.Graph); primitives add buffers to it
 
 
@@ -320,7 +322,7 @@ def substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
 
     def index(off):
         """off with subst, simplified: memoized across kernels (repeated layers print the same offsets; sympy
-        evaluating the substituted div/mod was most of the Triton printer's time)."""
+        evaluating the substituted div/mod is slow)."""
         k = (off, key)
         got = _SUBSTITUTED.get(k)
         if got is None:
@@ -343,8 +345,8 @@ def substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
 
 def xreplace_index(e, subst: dict):
     """e.xreplace(subst) that rebuilds a clamp's Min/Max unevaluated, as prims.clamp built it: sympy's own
-    rebuild evaluates them, comparing their arguments under assumptions (5.5 s of densenet121's 11 s training
-    code generation, dev VM)."""
+    rebuild evaluates them, comparing their arguments under assumptions (slow: most of a large graph's code
+    generation)."""
     got = subst.get(e)
     if got is not None:
         return got

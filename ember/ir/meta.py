@@ -1,11 +1,10 @@
 """Output metadata of the commonest ops, computed directly instead of through FakeTensorMode's dispatch.
 
 Capture runs every recorded op on fake tensors to learn what it returns. A FakeTensorMode dispatch whose cache
-is cold (each new op/shape) costs 1-25 ms: eval-mode batch_norm runs a whole Python decomposition on meta
-tensors (8 ms per layer, 0.95 s of densenet121's capture), a pointwise op goes through the Python meta
-functions. For a few ops on plain inputs the answer is known without running anything: `fast_result` returns
+is cold (each new op/shape) costs milliseconds: eval-mode batch_norm runs a whole Python decomposition on meta
+tensors, a pointwise op goes through the Python meta functions. For a few ops on plain inputs the answer is known without running anything: `fast_result` returns
 the output FakeTensor for those (eval batch_norm, layer_norm, linear, addmm, conv2d, cat, same-shape
-pointwise ops), or None, and the caller then dispatches through FakeTensorMode as before.
+pointwise ops), or None, and the caller then dispatches through FakeTensorMode as for any other op.
 
 The rules only take inputs whose result eager computes one way on every backend: every tensor dense with
 canonical contiguous strides (`contiguous_strides`, so no size-1 dimension with an odd stride makes

@@ -84,9 +84,9 @@ def test_other_reductions_keep_the_row_form_and_match_eager(name, fn, make):
 
 # ----------------------------------------------------------------------------------------- split reductions
 def test_split_factors_from_sizes():
-    """lower.reduction_parts: deterministic, a divisor of the reduced size, only where results are too few."""
-    from ember.codegen import lower
-    gpu = lambda out, r, col: lower.reduction_parts(out, r, col, "gpu")  # noqa: E731
+    """reductions.reduction_parts: deterministic, a divisor of the reduced size, only where results are too few."""
+    from ember.codegen import reductions
+    gpu = lambda out, r, col: reductions.reduction_parts(out, r, col, "gpu")  # noqa: E731
     assert gpu(768, 2048, True) == 8          # GPT-2's layer-norm weight/bias gradients: 8 x 256 rows
     assert gpu(1, 64 * 2 ** 20, False) == 1024  # a full sum of 64M elements: 1024 parts (512 programs of 2)
     assert gpu(4, 65536, False) == 64         # few long rows: parts of 1024
@@ -97,8 +97,8 @@ def test_split_factors_from_sizes():
     assert gpu(256, 16384, False) == 4        # 256 long rows (densenet's first block, 1.6 TB/s unsplit): 1024 parts
     assert gpu(256, 8192, False) == 1         # shorter ones: one program a row
     assert gpu(300, 16384, False) == 1        # >= 2x the SMs' rows (LONG_ROWS_SPLIT_BELOW)
-    cpu = lambda out, r, col, threads: lower.reduction_parts(out, r, col, "cpu") if not setattr(  # noqa: E731
-        lower, "cpu_threads", lambda: threads) else None
+    cpu = lambda out, r, col, threads: reductions.reduction_parts(out, r, col, "cpu") if not setattr(  # noqa: E731
+        reductions, "cpu_threads", lambda: threads) else None
     try:
         assert cpu(3, 2_000_000, True, 2) == 25   # 3 columns: one block of the column loop on 1 of 2 threads
         assert cpu(768, 2048, True, 2) == 1       # 48 blocks of 16 columns for 2 threads
@@ -108,7 +108,7 @@ def test_split_factors_from_sizes():
         assert cpu(3, 3000, True, 16) == 1        # too little work to split
     finally:
         import os
-        lower.cpu_threads = lambda: os.cpu_count() or 1
+        reductions.cpu_threads = lambda: os.cpu_count() or 1
 
 
 SPLIT_CASES = [
@@ -131,8 +131,8 @@ def test_few_results_are_split_and_match_eager(name, fn, make, monkeypatch):
     """With 16 threads to fill (monkeypatched: the split depends on the machine's CPU count), reductions with
     few results become a partial reduction over parts of the rows, then one over the parts (two kernels; the
     partials of a column reduction run column-wise too); NaN/inf, integer and boolean results as eager's."""
-    from ember.codegen import lower
-    monkeypatch.setattr(lower, "cpu_threads", lambda: 16)
+    from ember.codegen import reductions
+    monkeypatch.setattr(reductions, "cpu_threads", lambda: 16)
     src = compiled(fn, make())
     assert src.count("reduction over") >= 2 * (1 + (name == "var0")) + (name == "bool_any_all") * 2, src
     if name not in ("rows_few_long",):

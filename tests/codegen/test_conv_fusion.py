@@ -1,4 +1,4 @@
-"""Convolution epilogues of CPU inference graphs (ember.codegen.lower.plan_conv_fusions): eval batch norms folded
+"""Convolution epilogues of CPU inference graphs (ember.codegen.onednn.plan_conv_fusions): eval batch norms folded
 into the convolution before them, relu and residual add + relu as oneDNN post-ops. Results equal eager's on fresh
 inputs, also after the parameters or statistics change between calls (the fold is computed on every call)."""
 import pytest
@@ -7,10 +7,10 @@ import torch.nn.functional as F
 
 import ember
 from ember.backends.ember_backend import compile_graph
-from ember.codegen import lower, wrapper
+from ember.codegen import cat_chains, onednn, wrapper
 from ember.ir import ExternBuffer
 
-ONEDNN = lower._mkldnn_op("_convolution_pointwise") is not None
+ONEDNN = onednn._mkldnn_op("_convolution_pointwise") is not None
 
 
 class BasicBlock(torch.nn.Module):
@@ -78,7 +78,7 @@ def test_block_folds_batch_norms_and_fuses_epilogues(memory_format):
     x = torch.randn(2, 8, 20, 18).contiguous(memory_format=memory_format)
     run = _compiled_and_checked(m, x)
     sched = _sched(run)
-    convs = [it for it in sched.items if isinstance(it, ExternBuffer) and it.target in lower.CONV_CALLS]
+    convs = [it for it in sched.items if isinstance(it, ExternBuffer) and it.target in onednn.CONV_CALLS]
     assert len(convs) == 5
     if ONEDNN:  # conv1+bn+relu, conv2+bn+add+relu, conv3+relu fused; down+bn folded; conv4 left alone
         targets = sorted(str(c.target) for c in convs)
@@ -95,7 +95,7 @@ def test_float64_folds_into_the_aten_convolution():
     with torch.no_grad():
         run = compile_graph(torch.fx.symbolic_trace(m), [x])
         _same(run(x), m(x))
-    convs = [it for it in _sched(run).items if isinstance(it, ExternBuffer) and it.target in lower.CONV_CALLS]
+    convs = [it for it in _sched(run).items if isinstance(it, ExternBuffer) and it.target in onednn.CONV_CALLS]
     assert len(convs) == 5 and all(c.target is torch.ops.aten.convolution.default for c in convs)
 
 
@@ -200,7 +200,7 @@ def test_dense_block_concatenations_share_one_buffer(memory_format):
     x = torch.randn(2, 3, 9, 11).contiguous(memory_format=memory_format)
     run = _compiled_and_checked(m, x)
     calls = [it.target for it in _sched(run).items if isinstance(it, ExternBuffer)]
-    assert calls.count(lower.cat_chain_first) == 1 and calls.count(lower.cat_chain_extend) == 4, calls
+    assert calls.count(cat_chains.cat_chain_first) == 1 and calls.count(cat_chains.cat_chain_extend) == 4, calls
     assert torch.ops.aten.cat.default not in calls
 
 
@@ -226,7 +226,7 @@ def test_concatenations_extending_one_prefix_twice():
         _same(run(x), m(x))
     calls = [it.target for it in _sched(run).items if isinstance(it, ExternBuffer)]
     # base -> left share a buffer, right -> [right, a] another
-    assert calls.count(lower.cat_chain_first) == 2 and calls.count(lower.cat_chain_extend) == 2, calls
+    assert calls.count(cat_chains.cat_chain_first) == 2 and calls.count(cat_chains.cat_chain_extend) == 2, calls
 
 
 class ResidualUses(torch.nn.Module):

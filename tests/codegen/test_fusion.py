@@ -172,7 +172,7 @@ def test_conv_bn_cross_entropy_training_falls_back_only_for_batch_norm():
     torch.testing.assert_close(m.bn.running_var, m2.bn.running_var)
     new = {k: v - before.get(k, 0) for k, v in lower.FALLBACK_COUNTS.items() if v != before.get(k, 0)}
     # nll_loss forward/backward are decomposed; batch norm is the only ATen call allowed (train-mode batch norm
-    # stays one where decomp/table.py TRAIN_BATCH_NORM_DECOMPOSED does not list the device)
+    # stays one where decomp/norms.py TRAIN_BATCH_NORM_DECOMPOSED does not list the device)
     assert all("batch_norm" in str(k) for k in new), new
 
 
@@ -197,7 +197,7 @@ def test_dropout_backward_fuses_with_the_layer_norm_backward_around_it(dtype):
 
 def test_sum_of_a_one_hot_row_is_its_element_without_a_reduction():
     """nll_loss_backward's one-hot gradient summed over its row (log_softmax's backward): where(0 <= label < n,
-    v, 0) per row, no reduction (lower.one_hot_sum); -100 (ignore_index) and n hit no column."""
+    v, 0) per row, no reduction (reductions.one_hot_sum); -100 (ignore_index) and n hit no column."""
     labels = torch.randint(0, 3000, (7,))
     labels[1], labels[2], labels[3] = -100, 3000, 2999
     v = torch.randn(7)

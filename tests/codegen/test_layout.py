@@ -1,4 +1,4 @@
-"""Channels-last layout of inference graphs with 4-D convolutions (ember.codegen.lower.wants_channels_last):
+"""Channels-last layout of inference graphs with 4-D convolutions (ember.codegen.layout.wants_channels_last):
 results and strides equal eager's, the convolutions and the kernels between them run channels-last, training
 graphs (and a training step in one graph) keep eager's layouts; the pooling decompositions index correctly in either layout."""
 import copy
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import ember
 from ember.backends.ember_backend import compile_graph
-from ember.codegen import lower
+from ember.codegen import cat_chains, layout, lower, onednn
 from ember.ir import ExternBuffer, Pointwise, Reduction
 from ember.codegen.schedule import X0, rvars
 
@@ -75,7 +75,7 @@ def _assert_same(got, want):
 def _is_cl(b) -> bool:
     """b is laid out channels-last in memory (the strides of size-1 dims do not matter)."""
     return len(b.size) == 4 and all(int(s) == int(c) for s, c, n in zip(
-        b.stride, lower.channels_last_strides(b.size), b.size) if int(n) != 1)
+        b.stride, layout.channels_last_strides(b.size), b.size) if int(n) != 1)
 
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
@@ -89,7 +89,7 @@ def test_conv_block_runs_channels_last_and_returns_eager_strides(memory_format):
     _assert_same(got, want)
     assert not lower.FALLBACK_COUNTS  # max/avg pooling decomposed, no ATen call between convolutions
     sched = _forward(run).sched
-    convs = [it for it in sched.items if isinstance(it, ExternBuffer) and it.target in lower.CONV_CALLS]
+    convs = [it for it in sched.items if isinstance(it, ExternBuffer) and it.target in onednn.CONV_CALLS]
     assert len(convs) == 5 and all(_is_cl(o) for c in convs for o in c.outputs)
     outputs = {o.buffer for o in sched.lowered.outputs}
     inner = [m.buf for it in sched.items if not isinstance(it, ExternBuffer) for m in it.members
@@ -304,7 +304,7 @@ def test_adaptive_avg_pool_after_a_convolution_matches_eager(out_size, memory_fo
 
 
 def test_densenet_concatenations_are_windows_onto_one_channels_last_buffer():
-    """Concatenations along C each extending the previous one (lower.plan_cat_chains): library copies of the new
+    """Concatenations along C each extending the previous one (cat_chains.plan_cat_chains): library copies of the new
     pieces into one channels-last buffer, each cat a window onto its first channels (C innermost), not a
     per-element choice of the piece in the consumer's inner loop over C; equal to eager."""
     class Dense(torch.nn.Module):
@@ -327,6 +327,6 @@ def test_densenet_concatenations_are_windows_onto_one_channels_last_buffer():
     assert not lower.FALLBACK_COUNTS
     items = [it for it in _forward(run).sched.items if isinstance(it, ExternBuffer)]
     assert not [it for it in items if it.target == torch.ops.aten.cat.default]
-    cats = [it for it in items if it.target in (lower.cat_chain_first, lower.cat_chain_extend)]
-    assert [c.target for c in cats] == [lower.cat_chain_first] + [lower.cat_chain_extend] * 3
+    cats = [it for it in items if it.target in (cat_chains.cat_chain_first, cat_chains.cat_chain_extend)]
+    assert [c.target for c in cats] == [cat_chains.cat_chain_first] + [cat_chains.cat_chain_extend] * 3
     assert all(int(o.stride[1]) == 1 and int(o.stride[3]) == 13 for c in cats for o in c.outputs)  # 13 channels

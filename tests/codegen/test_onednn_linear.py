@@ -1,4 +1,4 @@
-"""CPU float32 products as oneDNN inner products (ember.codegen.lower.cpu_matmul) and linear layers with their
+"""CPU float32 products as oneDNN inner products (ember.codegen.onednn.cpu_matmul) and linear layers with their
 activation as a oneDNN post-op (plan_linear_fusions). Compared with eager on fresh random inputs, also after the
 weights change between calls (nothing is cached across calls)."""
 import pytest
@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from ember import config
-from ember.codegen import lower
+from ember.codegen import onednn
 from ember.ir import ExternBuffer
 from tests.codegen.recording import compiled_graphs
 
-pytestmark = pytest.mark.skipif(lower._LINEAR is None, reason="this torch has no oneDNN linear (mkldnn._linear_pointwise)")
+pytestmark = pytest.mark.skipif(onednn._LINEAR is None, reason="this torch has no oneDNN linear (mkldnn._linear_pointwise)")
 LINEAR = "mkldnn._linear_pointwise.default"
 
 

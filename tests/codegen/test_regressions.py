@@ -108,9 +108,9 @@ def test_reshaped_linear_output_is_read_without_division_in_the_inner_loop():
 
 def test_cat_never_loads_a_piece_outside_its_range():
     """Every piece of a concatenation is loaded at every output position (a where picks afterwards), so each
-    piece's index must stay inside it. The last piece's was not clamped: through GPT-2's backward (the gradients
-    of q, k and v, transposed, concatenated into the qkv gradient) it went negative, an illegal address on the
-    H100. Evaluated here for every output position."""
+    piece's index must stay inside it, the last piece's too: unclamped, through GPT-2's backward (the gradients
+    of q, k and v, transposed, concatenated into the qkv gradient) it goes negative, an illegal address on the
+    GPU. Evaluated here for every output position."""
     import itertools
     import math
 

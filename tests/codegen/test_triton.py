@@ -532,7 +532,7 @@ def test_conv_block_channels_last_layout(inference):
     eager's strides; a graph not marked inference keeps eager's layouts."""
     import torch.nn.functional as F
 
-    from ember.codegen.lower import channels_last_strides
+    from ember.codegen.layout import channels_last_strides
     from ember.backends.triton_backend import compile_aten
 
     def f(x, w1, w2, rm, rv, g, b):

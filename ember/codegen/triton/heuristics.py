@@ -105,7 +105,7 @@ def column_config(rows: int, rmax: int) -> dict:
     matrix). A program takes a strip of at least 8 columns, so each row's piece is whole 32-byte sectors (one
     column a program reads a sector for 4 bytes), as many strips as fill the GPU, and loops down the rows; a
     strip that loops takes 16 columns or more in tiles of 1024 on 8 warps (timed: docs/evidence)."""
-    from ember.codegen.lower import GPU_COLUMN_STRIP
+    from ember.codegen.reductions import GPU_COLUMN_STRIP
     xblock = GPU_COLUMN_STRIP
     while xblock < 64 and math.ceil(rows / (xblock * 2)) >= 2 * sm_count():
         xblock *= 2

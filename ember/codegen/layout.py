@@ -1,0 +1,90 @@
+"""Layouts of lowered values: whether a graph runs channels-last (NHWC), and the stride helpers the lowering
+compares layouts with.
+
+An inference graph with 4-D float convolutions runs channels-last, as cuDNN and oneDNN are much faster on it. The
+convolutions take channels-last input and weight (a copy kernel where the value is not already so), their outputs
+are channels-last, and a 4-D buffer computed from a channels-last buffer is stored channels-last too (its loops
+then walk C innermost, see schedule.loop_order), so no layout changes happen between convolutions. Graph outputs
+and arguments of ATen fallbacks get eager's strides back (a copy). Training graphs keep eager's layouts: their
+saved activations would be converted at every forward/backward boundary; so does a training step in one graph
+(see wants_channels_last).
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ember import ir
+from ember.ir import FloorDiv, ModIndex, TensorBox
+
+CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten._convolution.default)
+aten = torch.ops.aten
+CHANNELS_LAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def channels_last_strides(size) -> tuple:
+    """Strides of a 4-D [N, C, H, W] tensor stored as N, H, W, C (torch.channels_last's strides)."""
+    n, c, h, w = size
+    return (h * w * c, sympy.Integer(1), w * c, c)
+
+
+def wants_channels_last(gm: torch.fx.GraphModule) -> bool:
+    """Whether gm runs channels-last: an inference graph (ember.autograd marks those) with a 4-D, non-transposed
+    float convolution (Inductor's rule is similar: any 4-D convolution in the graph), and no convolution's
+    backward. A training step in one graph (its backward inside, on the inference path) keeps eager's layouts:
+    channels-last, its batch norms' per-channel sums lose more than its convolutions gain, and with only the
+    forward channels-last each convolution's backward would convert its arguments back."""
+    if not (isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_inference")):
+        return False
+    conv = False
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is aten.convolution_backward.default:
+            return False
+        if n.target in CONVOLUTIONS and not conv:
+            v = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
+            conv = isinstance(v, torch.Tensor) and v.ndim == 4 and v.dtype in CHANNELS_LAST_DTYPES and not n.args[6]
+    return conv
+
+
+_FLAT = sympy.Symbol("flat", integer=True, nonnegative=True)
+
+
+def value_key(x: TensorBox, stride: tuple) -> tuple | None:
+    """What a dense buffer of `stride` holding x would store at each storage offset (x's value Expr at the index
+    an offset `flat` stands for, each dimension's index `flat // stride % size`), its dtype and size in elements:
+    equal keys, equal storage, whatever the sizes and strides (a matrix, and its transpose stored transposed).
+    None for a layout with gaps or overlaps, and for an empty one."""
+    size = [int(n) for n in x.size]
+    stride = [int(n) for n in stride]
+    if 0 in size:
+        return None
+    want = 1
+    for d in sorted(range(len(size)), key=lambda d: stride[d]):
+        if size[d] != 1:
+            if stride[d] != want:
+                return None
+            want *= size[d]
+    idx = [sympy.Integer(0) if n == 1 else ir.simplify_index(ModIndex(FloorDiv(_FLAT, st), n))
+           for n, st in zip(size, stride)]
+    return x.loader(idx), x.dtype, want
+
+
+def same_strides(size, a, b) -> bool:
+    """Whether strides a and b lay out a tensor of `size` alike: a dim of size 1 has no step, so its stride does
+    not matter (a 1x1 convolution's weight is channels-last as it is, with no copy)."""
+    return all(int(x) == int(y) for n, x, y in zip(size, a, b) if int(n) != 1)
+
+
+def is_dense(v) -> bool:
+    """Whether v's strides describe a non-overlapping, dense layout (then outputs use eager's strides)."""
+    if not isinstance(v, torch.Tensor) or v.numel() == 0:
+        return False
+    pairs = sorted((s, n) for s, n in zip(v.stride(), v.shape) if n != 1)
+    expected = 1
+    for s, n in pairs:
+        if s != expected:
+            return False
+        expected *= n
+    return True

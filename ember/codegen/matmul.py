@@ -1,0 +1,168 @@
+"""How a graph's matrix products are lowered: addmm and mm (a oneDNN inner product, the library mm with a lazy
+bias add, or ATen's addmm), and CUDA linear layers that read one input (BERT's query, key and value projections)
+as one library product of the input and their weights concatenated (plan_sibling_products)."""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import TYPE_CHECKING
+
+import torch
+
+from ember import ir
+from ember.ir import TensorBox
+from ember.codegen.layout import is_dense
+from ember.codegen.onednn import cpu_matmul
+from ember.decomp import prims as P
+from ember.decomp.common import floaty, out
+from ember.decomp.table import EXTERN
+
+if TYPE_CHECKING:
+    from ember.codegen.lower import Graph
+
+aten = torch.ops.aten
+
+
+def addmm(bias, a, b, *, beta=1, alpha=1):
+    """A linear layer's addmm. On CPU in float32 where the weight is laid out for it, one oneDNN inner product
+    with the bias inside (onednn.cpu_matmul: added as the product is written, no extra pass; a reader that is a
+    library call, attention reading Q, K and V, then takes the product as it is). Elsewhere the library mm plus a
+    lazy bias add, which fuses into whatever reads the result (gelu, the residual add + layer_norm): on CPU,
+    ATen's addmm first copies the broadcast bias into its output (one more pass over it, and one more parallel
+    region) and then accumulates the product on it; on CUDA, cuBLASLt's bias epilogue picks slower kernels for
+    BERT's shapes; float32 only there, where the product is rounded to the output's dtype either way. On CUDA a
+    result the graph returns (a training forward saves GPT-2's pre-activations for the backward) is stored whole
+    anyway: there ATen's addmm adds the bias in the product's epilogue at no cost, and the lazy add would cost a
+    pass (read the product, write the sum) where none fuses. A library call reading a part of the result that
+    is not dense (GPT-2's query, key and value: one projection, split and viewed as heads) would be handed a
+    copy of that part, which the lazy add has to store anyway: there too ATen's addmm, whose result the call
+    then reads through views as eager's does (its bias costs nothing there either)."""
+    v = out()
+    if beta != 1 or alpha != 1 or not floaty(v.dtype) or not isinstance(bias, TensorBox) or bias.dtype != v.dtype \
+            or (v.device.type == "cuda" and (v.dtype != torch.float32 or _returned(ir.GRAPH.node))) \
+            or v.device.type not in ("cpu", "cuda"):
+        return NotImplemented
+    row_bias = bias.ndim == 1 and int(bias.size[0]) == int(v.shape[-1])  # what oneDNN's bias is: one per column
+    parts = _library_reads_part(ir.GRAPH.node)   # (oneDNN's product with the bias inside serves them as it is)
+    if parts and not row_bias:
+        return NotImplemented
+    prod = cpu_matmul(ir.GRAPH, a, b, bias if row_bias else None)
+    if prod is not None and row_bias:
+        return prod
+    if parts:
+        return NotImplemented
+    if prod is None:
+        prod = ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False)
+    return P.add(prod, bias, dtype=v.dtype)
+
+
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default, aten.transpose.int,
+          aten.permute.default, aten.alias.default}
+
+
+_PARTS = _VIEWS | {aten.split.Tensor, aten.split_with_sizes.default, aten.slice.Tensor, aten.select.int,
+                   aten.unsqueeze.default, aten.squeeze.dim, operator.getitem}
+
+
+def _library_reads_part(node, top: bool = True) -> bool:
+    """Whether a library call (EXTERN) reads, through views, a part of node's value that is not dense."""
+    if node is None:
+        return False
+    for u in node.users:
+        if u.op != "call_function":
+            continue
+        if u.target in _PARTS and _library_reads_part(u, top=False):
+            return True
+        if u.target in EXTERN and not top and not _dense_value(node.meta.get("val")):
+            return True
+    return False
+
+
+def _dense_value(v) -> bool:
+    if not isinstance(v, torch.Tensor):
+        return True
+    return is_dense(v)
+
+
+def _returned(node) -> bool:
+    """Whether the graph returns node's value, itself or through views."""
+    return node is not None and any(u.op == "output" or (u.op == "call_function" and u.target in _VIEWS
+                                                          and _returned(u)) for u in node.users)
+
+
+def mm(a, b):
+    """On CPU in float32, a oneDNN inner product where the weight is laid out for one (onednn.cpu_matmul);
+    else ATen's mm (the extern it is listed as)."""
+    return cpu_matmul(ir.GRAPH, a, b) or NotImplemented
+
+
+
+@dataclasses.dataclass(eq=False)
+class SiblingProducts:
+    """Linear layers reading one input (BERT's query, key and value projections) on CUDA: one library product of
+    the input and their weights concatenated, each layer's result a slice of it plus its bias (lazy, as
+    addmm). A wider product fills the GPU's SMs better, even with the weights concatenated on each call."""
+    members: list   # the addmm nodes, in graph order
+    parts: dict | None = None   # node -> its result, made when the first member is lowered ({}: lowered one by one)
+
+
+def plan_sibling_products(gm: torch.fx.GraphModule) -> dict:
+    """{addmm node: SiblingProducts} for a CUDA float32 inference graph's linear layers (addmm of a 1-D bias, a
+    2-D input and a 2-D weight) that read the same input, where addmm would take the library
+    product and add the bias lazily (not a result the graph returns, nor one a library call reads a part of)."""
+    if not (isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_inference")):
+        return {}
+    by_input: dict = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not aten.addmm.default or n.kwargs or len(n.args) != 3 \
+                or not all(isinstance(a, torch.fx.Node) for a in n.args):
+            continue
+        v, (bv, av, wv) = n.meta.get("val"), [a.meta.get("val") for a in n.args]
+        if not all(isinstance(t, torch.Tensor) for t in (v, bv, av, wv)) \
+                or {t.dtype for t in (v, bv, av, wv)} != {torch.float32} or av.ndim != 2 or wv.ndim != 2 \
+                or tuple(bv.shape) != (v.shape[1],) or _returned(n) or _library_reads_part(n):
+            continue
+        by_input.setdefault(_value_key(n.args[1]), []).append(n)
+    plans = {}
+    for ms in by_input.values():
+        if len(ms) > 1:
+            group = SiblingProducts(ms)
+            plans.update((m, group) for m in ms)
+    return plans
+
+
+def _value_key(n: torch.fx.Node):
+    """n, or for a view of a value (each linear layer flattens the same input with a view of its own) the view's
+    shape and its source's key: views alike give equal keys."""
+    if n.op == "call_function" and n.target in (aten.view.default, aten._unsafe_view.default, aten.reshape.default) \
+            and isinstance(n.args[0], torch.fx.Node):
+        return ("view", _value_key(n.args[0]), tuple(n.args[1]))
+    return n
+
+
+def lower_sibling_product(g: "Graph", s: SiblingProducts, node: torch.fx.Node, env: dict) -> "TensorBox | None":
+    """node's result as a slice of its group's product (made at the group's first member), or None where the
+    group cannot be made there (a weight or bias computed later in the graph): then each is lowered alone."""
+    if s.parts is None:
+        s.parts = {}
+        # weights kept as [N, K] and read through t() (a linear layer's) are concatenated in that layout (a plain
+        # copy), the product reading the result transposed, as it read each weight
+        stored = [m.args[2].args[0] if m.args[2].op == "call_function" and m.args[2].target is aten.t.default
+                  else None for m in s.members]
+        transposed = all(w is not None for w in stored)
+        weights = stored if transposed else [m.args[2] for m in s.members]
+        if all(env.get(a) is not None for a in [*weights, *(m.args[0] for m in s.members)]):
+            if transposed:
+                weights = P.permute(P.realize(P.cat([env[w] for w in weights], 0, torch.float32)), [1, 0])
+            else:
+                weights = P.cat([env[w] for w in weights], 1, torch.float32)
+            x = env[s.members[0].args[1]]
+            width = int(weights.size[1])
+            with g.lowering_as(torch.empty((int(x.size[0]), width), dtype=torch.float32, device="meta")):
+                prod = g.extern(aten.mm.default, (x, weights), {}, fallback=False)
+            start = 0
+            for m in s.members:
+                n_cols = int(m.meta["val"].shape[1])
+                s.parts[m] = P.add(P.slice_(prod, 1, start, start + n_cols), env[m.args[0]], dtype=torch.float32)
+                start += n_cols
+    return s.parts.get(node)
