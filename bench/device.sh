@@ -51,7 +51,7 @@ final)   # the training row without Inductor's column: its compile alone takes ~
   timeout 450 python3 bench/gpu.py --rounds 3 --only pointwise,affine,"adam step","128px infer",resnet50,"bertmodel b8 s128 inference$",gpt2,"train step" \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v -i warn | grep -E "^\||^#|Error" | tail -22 ;;
 profile)   # GPU time per kernel and ember's host profile on the model rows, no Inductor unless asked
-  timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider ${TESTS:-tests/codegen/test_layout.py tests/frontend/test_meta.py} \
+  timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider ${TESTS:-tests/codegen/test_layout.py tests/ir/test_meta.py} \
     2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
   timeout 440 python3 bench/gpu.py --rounds 0 --only "${ROWS:-resnet50,bert,gpt2,train step}" --columns "${COLUMNS:-eager,ember}" \
     --profile "${ROWS:-resnet50,bert,gpt2,train step}" > "$OUT/profile.log" 2>&1
@@ -74,7 +74,7 @@ workers)   # without: WORKERS_FROM past every graph's kernel count
     2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
   for from in 1000000000 4; do
     timeout 200 python3 -c "import sys, runpy; sys.argv = ['bench/gpu.py', '--only', '${ROWS:-train step}', '--columns', 'ember']
-import ember.codegen.triton as t; t.WORKERS_FROM = $from; print('WORKERS_FROM', t.WORKERS_FROM)
+import ember.backends.triton_backend as t; t.WORKERS_FROM = $from; print('WORKERS_FROM', t.WORKERS_FROM)
 runpy.run_path('bench/gpu.py', run_name='__main__')" 2>&1 | tee -a "$OUT/workers.log" | grep -E "^\||WORKERS|cold|Error"
   done ;;
 run)

@@ -273,7 +273,8 @@ def in_turns(steps: dict, iters: int, rounds: int) -> dict:
 def sweep_flat_blocks() -> None:
     """Diagnostic: the pointwise chain's one Triton kernel under other flat block sizes (for launch_config)."""
     from ember.autograd import trace_forward
-    from ember.codegen import triton as tr
+    from ember.backends.triton_backend import compile_aten
+    from ember.codegen.triton import heuristics, kernels
     x = torch.randn(N_POINTWISE, device=DEV)
 
     def chain(x):
@@ -283,16 +284,16 @@ def sweep_flat_blocks() -> None:
         return (torch.tanh(y * y - x),)
     gm = torch.fx.symbolic_trace(chain)
     aten_gm, _ = trace_forward(gm, [x])
-    default = tr.launch_config
+    default = kernels.launch_config   # (kernel_source looks it up in kernels)
     for block, warps in ((1024, 4), (512, 4), (1024, 8), (2048, 16), (512, 2), (256, 2), (2048, 8)):
-        tr.launch_config = lambda shape, rows, rmax, b=block, w=warps: (
-            {"BLOCK": b, "num_warps": w} if shape == tr.FLAT else default(shape, rows, rmax))
+        kernels.launch_config = lambda shape, rows, rmax, b=block, w=warps: (
+            {"BLOCK": b, "num_warps": w} if shape == heuristics.FLAT else default(shape, rows, rmax))
         try:
-            f = tr.compile_aten(aten_gm, [x])
+            f = compile_aten(aten_gm, [x])
             ms = steady_ms(lambda: f(x), 100)
             print(f"  flat BLOCK={block:5d} num_warps={warps:2d}: {ms:.4f} ms, {2 * 4 * N_POINTWISE / ms / 1e6:.0f} GB/s")
         finally:
-            tr.launch_config = default
+            kernels.launch_config = default
 
 
 PROFILE: list[str] = []
@@ -302,10 +303,11 @@ COMPILE_PROFILE: list[str] = []
 # and when (a timeline: the C++ builds and Triton's compiles run in pool threads beside the main thread)
 PHASES = ("ember.frontend.convert:FrameCompiler.capture", "ember.autograd.trace:trace_joint",
           "ember.autograd.trace:trace_forward", "ember.autograd.partition:partition", "ember.codegen.lower:lower",
-          "ember.codegen.schedule:schedule", "ember.codegen.host_scalars:split", "ember.codegen.triton:generate",
-          "ember.codegen.triton:_precompile", "ember.runtime.cudagraphs:CUDAGraphed._record",
-          "ember.runtime.cache:_build", "ember.codegen.triton:_compile_and_load",
-          "ember.codegen.triton:load_module", "ember.frontend.convert:FrameCompiler.make_entry",
+          "ember.codegen.schedule:schedule", "ember.backends.host_scalars:split",
+          "ember.codegen.triton.kernels:generate", "ember.backends.triton_backend:_precompile",
+          "ember.runtime.cudagraphs:CUDAGraphed._record", "ember.runtime.cache:_build",
+          "ember.backends.triton_backend:_compile_and_load", "ember.runtime.triton_launch:load_module",
+          "ember.frontend.convert:FrameCompiler.make_entry",
           "ember.backends.ember_backend:compile_graph")
 PHASE_S: dict[str, float] = {}
 PHASE_SPANS: list[tuple[float, float, str, str]] = []   # (start, end, phase, thread), perf_counter seconds
@@ -425,9 +427,9 @@ def measure(w: Workload, column: str, compiler) -> dict:
     if step is None:
         return None
     torch.cuda.synchronize()
-    from ember.codegen import triton as ember_triton
+    from ember.backends import triton_backend
     from ember.runtime import triton_workers
-    triton_s, in_workers = ember_triton.STATS["compile_s"], triton_workers.STATS["compiled"]
+    triton_s, in_workers = triton_backend.STATS["compile_s"], triton_workers.STATS["compiled"]
     settled_s, load_before = settle() if compiler is not None else (0.0, 0.0)
     t0 = time.perf_counter()
     first = 3 if compiler is not None else 0     # reduce-overhead records CUDA graphs on the first calls
@@ -441,8 +443,9 @@ def measure(w: Workload, column: str, compiler) -> dict:
     torch.cuda.synchronize()
     cold_s = time.perf_counter() - t0
     if column == "ember":   # of the cold compile: Triton's compile and load of the kernels (_precompile)
-        print(f"  {w.name} [ember]: {cold_s:.1f} s cold, of which Triton {ember_triton.STATS['compile_s'] - triton_s:.1f}"
-              f" s ({triton_workers.STATS['compiled'] - in_workers} kernels compiled in worker processes, "
+        print(f"  {w.name} [ember]: {cold_s:.1f} s cold, of which Triton "
+              f"{triton_backend.STATS['compile_s'] - triton_s:.1f} s "
+              f"({triton_workers.STATS['compiled'] - in_workers} kernels compiled in worker processes, "
               f"{triton_workers.STATS['worker_s']:.1f} s of theirs in all; "
               f"cores busy before it {load_before:.1f}, after waiting {settled_s:.1f} s for quiet)", flush=True)
         if PHASE_S:

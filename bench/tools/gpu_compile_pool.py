@@ -3,8 +3,8 @@
     python bench/tools/gpu_compile_pool.py [row ...]      # rows: resnet50, bert, densenet, adam (bench/gpu.py builders)
 
 Each (row, pool) runs in a fresh process with empty Triton and ember caches: the wall time of the first call
-(the cold compile), the time spent in `triton._precompile` (waiting for the pool), the number of kernels, and
-the number of threads compiling (ember.codegen.triton's pool is replaced by one of that size).
+(the cold compile), the time spent in `triton_backend._precompile` (waiting for the pool), the number of kernels, and
+the number of threads compiling (ember.backends.triton_backend's pool is replaced by one of that size).
 Its measurements are in docs/evidence/bench.md.
 """
 from __future__ import annotations
@@ -19,19 +19,19 @@ CHILD = r'''
 import os, sys, time, concurrent.futures as cf
 import torch
 from bench import gpu
-from ember.codegen import triton as tr
+from ember.backends import triton_backend
 threads = int(os.environ["POOL_THREADS"])
-tr._COMPILE_POOL = cf.ThreadPoolExecutor(max_workers=threads)
+triton_backend._COMPILE_POOL = cf.ThreadPoolExecutor(max_workers=threads)
 how = f"threads={threads}"
 spent = {"precompile": 0.0, "kernels": 0}
-real = tr._precompile
+real = triton_backend._precompile
 def timed(mod, kernels, sched, device):
     t = time.perf_counter()
     out = real(mod, kernels, sched, device)
     spent["precompile"] += time.perf_counter() - t
     spent["kernels"] += len({k[1] for k in kernels})
     return out
-tr._precompile = timed
+triton_backend._precompile = timed
 torch.manual_seed(0)
 build = {"resnet50": gpu.resnet50, "bert": gpu.bert, "densenet": gpu.densenet_inference, "adam": gpu.adam}[sys.argv[1]]
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()   # CUDA's start-up is not the compile's

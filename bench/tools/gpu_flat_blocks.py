@@ -1,7 +1,8 @@
-"""A/B of the flat kernels' block size (triton.launch_config) on whole rows of bench/gpu.py, ember's column only:
-each row is built and compiled once per configuration, then the configurations are timed in turns, ROUNDS
-times (medians). The pointwise chain alone is what `bench/gpu.py --sweep-blocks` measures; this asks whether a
-choice made there holds for the memory-bound flat kernels of other rows (batch norm + relu in resnet50).
+"""A/B of the flat kernels' block size (ember.codegen.triton.heuristics.launch_config) on whole rows of
+bench/gpu.py, ember's column only: each row is built and compiled once per configuration, then the
+configurations are timed in turns, ROUNDS times (medians). The pointwise chain alone is what
+`bench/gpu.py --sweep-blocks` measures; this asks whether a choice made there holds for the memory-bound flat
+kernels of other rows (batch norm + relu in resnet50).
 
     python bench/tools/gpu_flat_blocks.py [rows...]     # on the GPU machine; rows: pointwise affine resnet50 densenet
 """
@@ -15,7 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 from bench import gpu  # noqa: E402
 
-from ember.codegen import triton as tr  # noqa: E402
+from ember.codegen.triton import heuristics, kernels  # noqa: E402
 
 CONFIGS = [(1024, 4), (512, 4)]
 ROUNDS = 5
@@ -27,13 +28,13 @@ def main() -> None:
     print(f"# bench/tools/gpu_flat_blocks.py, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, ember column, medians of {ROUNDS} "
           f"rounds taken in turns")
-    default = tr.launch_config
+    default = kernels.launch_config   # (kernel_source looks it up in kernels)
     for row in sys.argv[1:] or list(ROWS):
         build, iters = ROWS[row]
         steps = {}
         for block, warps in CONFIGS:
-            tr.launch_config = lambda shape, rows, rmax, b=block, w=warps: (
-                {"BLOCK": b, "num_warps": w} if shape == tr.FLAT and rows * rmax >= (1 << 20)
+            kernels.launch_config = lambda shape, rows, rmax, b=block, w=warps: (
+                {"BLOCK": b, "num_warps": w} if shape == heuristics.FLAT and rows * rmax >= (1 << 20)
                 else default(shape, rows, rmax))
             try:
                 torch.manual_seed(0)
@@ -43,7 +44,7 @@ def main() -> None:
                 torch.cuda.synchronize()
                 steps[(block, warps)] = step
             finally:
-                tr.launch_config = default
+                kernels.launch_config = default
         times = gpu.in_turns(steps, iters, ROUNDS)
         print(f"{row:10s} " + "  ".join(f"BLOCK={b} warps={w}: {statistics.median(ts):.4f} ms" for (b, w), ts in
                                         times.items()), flush=True)

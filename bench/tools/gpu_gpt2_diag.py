@@ -8,10 +8,10 @@ os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
 import torch  # noqa: E402
 
 import ember  # noqa: E402
-from ember.codegen import triton as tr  # noqa: E402
+from ember.backends import triton_backend  # noqa: E402
 
 graphs = []
-orig = tr.compile_aten
+orig = triton_backend.compile_aten
 
 
 def keep(gm, ex, options=None):
@@ -21,7 +21,7 @@ def keep(gm, ex, options=None):
 
 
 def main() -> None:
-    tr.compile_aten = keep
+    triton_backend.compile_aten = keep
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config()).cuda().train()

@@ -26,7 +26,7 @@ from bench.tools import gpu_reductions as timers  # noqa: E402  (sets TRITON_INT
 import torch  # noqa: E402
 
 from ember import config  # noqa: E402
-from ember.codegen import triton as ember_triton  # noqa: E402
+from ember.codegen.triton.printer import PRELUDE  # noqa: E402
 
 
 def loss_stats(x):
@@ -81,7 +81,7 @@ def main() -> None:
                     call = lambda: c(*xs)  # noqa: E731
                     info = f" k={len(prog.kernels)} loops={prog.kernel_source.count('for roff in range(')}"
                     if args.source:
-                        print(f"## {case} / {column}\n{prog.kernel_source[len(ember_triton.PRELUDE):]}")
+                        print(f"## {case} / {column}\n{prog.kernel_source[len(PRELUDE):]}")
                 timers.check(call(), ref)
                 if args.check_only:
                     cells.append(f"ok{info}")

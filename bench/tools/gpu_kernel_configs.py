@@ -25,7 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from bench import gpu  # noqa: E402
 from bench.tools.gpu_top_kernels import STEPS  # noqa: E402
 
-from ember.codegen import triton as tr  # noqa: E402
+from ember.backends import triton_backend  # noqa: E402
+from ember.codegen.triton import heuristics, kernels  # noqa: E402
+from ember.codegen.triton.printer import PRELUDE  # noqa: E402
+from ember.runtime.triton_launch import Launcher, load_module  # noqa: E402
 
 REPEAT = 20
 
@@ -66,7 +69,7 @@ def graph_us(launch, args) -> float:
 def candidates(shape: str, cfg: dict, rows: int, rmax: int, column: bool) -> list[dict]:
     """The grid searched for one kernel (the chosen config among them)."""
     out = []
-    if shape in (tr.FLAT, tr.FOREACH):
+    if shape in (heuristics.FLAT, heuristics.FOREACH):
         for b in (128, 256, 512, 1024, 2048, 4096):
             for w in (1, 2, 4, 8, 16):
                 if 1 <= b // (32 * w) <= 16:
@@ -75,7 +78,7 @@ def candidates(shape: str, cfg: dict, rows: int, rmax: int, column: bool) -> lis
     if rmax <= 1:
         return [{"XBLOCK": x, "RBLOCK": 1, "num_warps": w, "persistent": True}
                 for x in (64, 128, 256, 512, 1024) for w in (1, 2, 4, 8) if 1 <= x // (32 * w) <= 16]
-    p2 = tr.triton_next_pow2
+    p2 = heuristics.triton_next_pow2
     if column:
         for x in (8, 16, 32, 64, 128):
             for r in (16, 32, 64, 128, 256, 512):
@@ -85,7 +88,7 @@ def candidates(shape: str, cfg: dict, rows: int, rmax: int, column: bool) -> lis
         return [dict(t) for t in {tuple(sorted(c.items())) for c in out}]
     r_whole = p2(rmax)
     for r in {256, 512, 1024, 2048, 4096, r_whole}:
-        if r > min(r_whole, tr.PERSISTENT_MAX_R):
+        if r > min(r_whole, heuristics.PERSISTENT_MAX_R):
             continue
         persistent = r >= rmax
         for x in (1, 2, 4, 8, 16, 32, 64):
@@ -99,14 +102,14 @@ def candidates(shape: str, cfg: dict, rows: int, rmax: int, column: bool) -> lis
 
 def variant(group, sched, cfg: dict):
     """(kernel name, module source, args, grid) of `group` under `cfg`."""
-    saved = tr.launch_config, tr.column_config
-    tr.launch_config = tr.column_config = lambda *a, **k: dict(cfg)
+    saved = kernels.launch_config, kernels.column_config   # (kernel_source looks them up in kernels)
+    kernels.launch_config = kernels.column_config = lambda *a, **k: dict(cfg)
     try:
-        src, args, c, grid = tr.kernel_source(group, sched, "KERNEL")
+        src, args, c, grid = kernels.kernel_source(group, sched, "KERNEL")
     finally:
-        tr.launch_config, tr.column_config = saved
-    name, text = tr._canonical(src, args + [m.buf.name for m in group.members])
-    return name, tr.PRELUDE + "\n\n\n" + text + "\n", args, grid
+        kernels.launch_config, kernels.column_config = saved
+    name, text = kernels.canonical(src, args + [m.buf.name for m in group.members])
+    return name, PRELUDE + "\n\n\n" + text + "\n", args, grid
 
 
 def main() -> None:
@@ -123,28 +126,28 @@ def main() -> None:
     top = int(argv[1]) if len(argv) > 1 else 40
     build = STEPS[row]
     calls = []
-    orig_compile = tr.compile_schedule
+    orig_compile = triton_backend.compile_schedule
 
     def keep(*a, **k):
         call = orig_compile(*a, **k)
         calls.append(call)
         return call
-    tr.compile_schedule = keep
+    triton_backend.compile_schedule = keep
     first_args = {}
-    orig_launch = tr.Launcher.__call__
+    orig_launch = Launcher.__call__
 
     def record(self, *args):   # each launcher's first launch outside a capture: the arguments it is timed with
         if id(self) not in first_args and not torch.cuda.is_current_stream_capturing():
             first_args[id(self)] = (self, args)
         return orig_launch(self, *args)
-    tr.Launcher.__call__ = record
+    Launcher.__call__ = record
     step = build(gpu.ember_compile, None)
     for _ in range(3):   # (a training step's first call runs Adam's lazy state set-up: the graph comes later)
         step()
     torch.cuda.synchronize()
     print(f"{len(calls)} compiled programs, {len(first_args)} kernels launched outside a capture", flush=True)
-    tr.Launcher.__call__ = orig_launch
-    tr.compile_schedule = orig_compile
+    Launcher.__call__ = orig_launch
+    triton_backend.compile_schedule = orig_compile
 
     by_name = collections.OrderedDict()   # kernel name -> [group, sched, cfg, launcher, args, launches]
     for call in calls:
@@ -167,10 +170,10 @@ def main() -> None:
     jobs = {}
     for name in searched:
         group, sched, cfg, launcher, args, n = by_name[name]
-        shape = tr.group_shape(group)
+        shape = heuristics.group_shape(group)
         rows = max(int(group.numel), 1)
-        rmax = max(tr._rsize(m) for m in group.members)
-        column = shape == tr.ROWS and rmax > 1 and tr.is_columnwise(group)
+        rmax = max(heuristics.inner_size(m) for m in group.members)
+        column = shape == heuristics.ROWS and rmax > 1 and heuristics.is_columnwise(group)
         for c in candidates(shape, cfg, rows, rmax, column):
             if all(c.get(k) == v for k, v in cfg.items()):
                 continue
@@ -179,11 +182,12 @@ def main() -> None:
             except Exception as e:   # a config the printer cannot take
                 print(f"  {name} {c}: {type(e).__name__} {e}")
                 continue
-            mod = tr.load_module(source)
+            mod = load_module(source)
             fn = getattr(mod, vname)
             dtypes = [sched.buffers[a].dtype for a in vargs]
             jobs[(name, tuple(sorted(c.items())))] = (
-                tr._COMPILE_POOL.submit(tr._compile_and_load, fn, dtypes, tr.launch_meta(c), device, mod.__file__),
+                triton_backend._COMPILE_POOL.submit(triton_backend._compile_and_load, fn, dtypes,
+                                                    heuristics.launch_meta(c), device, mod.__file__),
                 fn, grid, c)
     results = collections.defaultdict(list)
     for (name, _), (job, fn, grid, c) in jobs.items():
@@ -192,7 +196,7 @@ def main() -> None:
         except Exception as e:
             print(f"  {name} {c}: compile failed: {type(e).__name__}")
             continue
-        lau = tr.Launcher(fn, grid, tr.launch_meta(c), device)
+        lau = Launcher(fn, grid, heuristics.launch_meta(c), device)
         lau.preloaded(loaded)
         try:
             results[name].append((graph_us(lau, by_name[name][4]), c))
@@ -216,9 +220,9 @@ def main() -> None:
     for name in searched:
         group, sched, cfg, launcher, args, n = by_name[name]
         rows = max(int(group.numel), 1)
-        rmax = max(tr._rsize(m) for m in group.members)
-        shape = tr.group_shape(group)
-        column = shape == tr.ROWS and rmax > 1 and tr.is_columnwise(group)
+        rmax = max(heuristics.inner_size(m) for m in group.members)
+        shape = heuristics.group_shape(group)
+        column = shape == heuristics.ROWS and rmax > 1 and heuristics.is_columnwise(group)
         best_us, best_c = min(results[name] + [(chosen[name], cfg)], key=lambda t: t[0])
         # the arguments' bytes (each storage once): what one launch moves at most, for its bandwidth
         mb = sum({a.untyped_storage().data_ptr(): a.untyped_storage().nbytes() for a in args

@@ -4,7 +4,7 @@
 
 Times (µs per launch, median of 5 runs of 2000 launches, no synchronisation inside): a torch op on a small
 tensor; a Triton kernel launched through `kernel[grid](...)` (Triton's binder and cache lookup); the same
-compiled kernel launched through its CompiledKernel.run (what ember.codegen.triton's launcher does).
+compiled kernel launched through its CompiledKernel.run (what ember.runtime.triton_launch's Launcher does).
 """
 import datetime
 import statistics

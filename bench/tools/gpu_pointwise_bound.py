@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from bench import gpu  # noqa: E402
 
 from ember import config  # noqa: E402
-from ember.codegen import triton as tr  # noqa: E402
+from ember.codegen.triton.printer import PRELUDE  # noqa: E402
+from ember.runtime.triton_launch import load_module  # noqa: E402
 
 N = gpu.N_POINTWISE
 CONFIGS = [(512, 4), (1024, 4), (1024, 8)]   # (BLOCK, num_warps) the chains are timed at; the rest at the first
@@ -158,7 +159,7 @@ def main() -> None:
     print(f"# bench/tools/gpu_pointwise_bound.py, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"Triton {triton.__version__}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
           f"{N} float32")
-    mod = tr.load_module(tr.PRELUDE + _variants(tr.PRELUDE) + SOURCE)
+    mod = load_module(PRELUDE + _variants(PRELUDE) + SOURCE)
     x = torch.randn(N, device="cuda")
     out = torch.empty_like(x)
     kernels = {"copy": (mod.k_copy, CONFIGS[:1]), "empty": (mod.k_empty, CONFIGS[:1])}

@@ -23,14 +23,14 @@ import tempfile
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_cold_"))
 if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1] == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"   # read on import (triton, ember.codegen.triton's launcher)
+    os.environ["TRITON_INTERPRET"] = "1"   # read on import (triton, ember.runtime.triton_launch)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 
 import torch  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
 
 from ember import config  # noqa: E402
-from ember.codegen import triton as ember_triton  # noqa: E402
+from ember.backends import triton_backend  # noqa: E402
 from tests.codegen.aten_trace import trace_aten  # noqa: E402
 
 DEV = "cuda"
@@ -108,7 +108,7 @@ def ember_compiled(fn, xs, switches: dict):
         setattr(mod, name, value)
     try:
         gm, _ = trace_aten(fn, xs)
-        compiled = ember_triton.compile_aten(gm, xs)
+        compiled = triton_backend.compile_aten(gm, xs)
         if not hasattr(compiled, "compiled"):
             raise RuntimeError("ember ran the graph eagerly")
         compiled(*xs)   # compile and load every kernel now

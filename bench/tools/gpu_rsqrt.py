@@ -16,9 +16,10 @@ os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_rsqrt_")
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from ember.codegen import triton as tr  # noqa: E402
+from ember.codegen.triton.printer import PRELUDE  # noqa: E402
+from ember.runtime.triton_launch import load_module  # noqa: E402
 
-SOURCE = tr.PRELUDE + '''
+SOURCE = PRELUDE + '''
 
 @triton.jit
 def with_libdevice_{i}(x, y, n, BLOCK: tl.constexpr):
@@ -37,7 +38,7 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     print(f"# bench/tools/gpu_rsqrt.py, {torch.cuda.get_device_name() if cuda else 'no GPU (compile only)'}, "
           f"triton {triton.__version__}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
-    mod = tr.load_module("\n".join(SOURCE.format(i=i) for i in range(1, 5)))
+    mod = load_module("\n".join(SOURCE.format(i=i) for i in range(1, 5)))
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     target = GPUTarget("cuda", 90, 32) if not cuda else None

@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 from bench import gpu  # noqa: E402
 
-from ember.codegen import triton as tr  # noqa: E402
+from ember.backends import triton_backend  # noqa: E402
 
 
 # the rows this script and gpu_kernel_configs.py take: (compiler, mode) -> one step
@@ -32,7 +32,7 @@ def main() -> None:
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     build = STEPS[row]
     sources = {}
-    orig = tr.compile_aten
+    orig = triton_backend.compile_aten
 
     def keep(gm, ex, options=None):
         run = orig(gm, ex, options)
@@ -43,7 +43,7 @@ def main() -> None:
                 if m:
                     sources[m[1]] = part
         return run
-    tr.compile_aten = keep
+    triton_backend.compile_aten = keep
     step = build(gpu.ember_compile, None)
     for _ in range(3):
         step()
