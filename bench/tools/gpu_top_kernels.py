@@ -3,7 +3,7 @@ from torch.profiler, each matched to the printed kernel of the compiled programs
 
     python bench/tools/gpu_top_kernels.py [gpt2|resnet50|bert|densenet_train] [TOP] [--bn-aten]
 
---bn-aten: train-mode batch norm as ATen's (cuDNN's) kernels on CUDA, not decomposed (decomp/table.py).
+--bn-aten: train-mode batch norm as ATen's (cuDNN's) kernels on CUDA, not decomposed (decomp/norms.py).
 """
 import datetime
 import os
@@ -25,9 +25,9 @@ STEPS = {"gpt2": gpu.gpt2_train, "resnet50": gpu.resnet50, "bert": gpu.bert,
 
 def main() -> None:
     if "--bn-aten" in sys.argv:
-        from ember.decomp import table
+        from ember.decomp import norms
         sys.argv.remove("--bn-aten")
-        table.TRAIN_BATCH_NORM_DECOMPOSED.discard("cuda")
+        norms.TRAIN_BATCH_NORM_DECOMPOSED.discard("cuda")
     row = sys.argv[1] if len(sys.argv) > 1 else "gpt2"
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     build = STEPS[row]
