@@ -7,7 +7,7 @@
 Times are medians of per-step CUDA-event times after warm-up (events bracket each step as the CPU issues it,
 so launch gaps count). A row's columns are built and timed one after the other, then timed again in turns
 (--rounds, 5 by default, each round starting at the next column); the table shows the median of those
-timings: timed only once each, a later column would meet a warmer card (a slower one, docs/evidence/bench.md).
+timings: timed only once each, a later column would meet a warmer card (a slower one, docs/evidence.md).
 "compile" is the cold cost: the wall time of the first calls (until the compiled code
 and any CUDA graphs are recorded) minus as many steady steps, not counting the model's construction, timed once
 the machine is quiet (under half a core busy, waited for up to 5 s: a compiler's leftover work slowed the next
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 def fresh_caches() -> None:
     """New, empty on-disk caches for Inductor, Triton and ember: each row compiles cold (a row after another
-    compiles faster from what the earlier row left on disk, docs/evidence/bench.md)."""
+    compiles faster from what the earlier row left on disk, docs/evidence.md)."""
     for var, prefix in [("TORCHINDUCTOR_CACHE_DIR", "inductor_cold_"), ("TRITON_CACHE_DIR", "triton_cold_"),
                         ("EMBER_CACHE_DIR", "ember_cold_")]:
         os.environ[var] = tempfile.mkdtemp(prefix=prefix)
@@ -388,7 +388,7 @@ def busy_cores(window: float = 0.3) -> float:
 def settle(limit_s: float = 5.0) -> tuple[float, float]:
     """Wait (at most limit_s) until under half a core is busy, so that a cold compile is not timed beside work
     the previous column left running (Inductor's compile leaves a core busy for seconds after it returns,
-    docs/evidence/bench.md): (seconds waited, cores busy at the end)."""
+    docs/evidence.md): (seconds waited, cores busy at the end)."""
     t0 = time.perf_counter()
     busy = busy_cores()
     while busy > 0.5 and time.perf_counter() - t0 < limit_s:

@@ -5,7 +5,7 @@
 Each (row, pool) runs in a fresh process with empty Triton and ember caches: the wall time of the first call
 (the cold compile), the time spent in `triton_backend._precompile` (waiting for the pool), the number of kernels, and
 the number of threads compiling (ember.backends.triton_backend's pool is replaced by one of that size).
-Its measurements are in docs/evidence/bench.md.
+Its measurements are in docs/evidence.md.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Triton kernels over the same 64M float32 elements, written on ember's prelude (i
   ember ...       ember's own kernels for the chain (bench/gpu.py's step), OWN_SINCOS on (a flagged pair) and off
 and for each hand-written kernel its registers, spills and the instruction mix of its SASS (cuobjdump; the
 SASS and PTX are written to $OUT), to set the instructions an element against the GPU's issue rate.
-Grid-stride loops (one program a block is faster) are in docs/evidence/bench.md.
+Grid-stride loops (one program a block is faster) are in docs/evidence.md.
 
     python bench/tools/gpu_pointwise_bound.py     # on the GPU machine
 """

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def attr_source(parent: str | None, name: str) -> str | None:
     """`parent.name`, or `getattr(parent, 'name')` where the name is no identifier. A dunder or private name is
     plain too: the entry is a module-level function, where no name mangling happens, and share_paths walks a
-    plain attribute once per call, where a getattr call would run on every read (docs/evidence/frontend.md)."""
+    plain attribute once per call, where a getattr call would run on every read (docs/evidence.md)."""
     if parent is None:
         return None
     plain = name.isidentifier() and not keyword.iskeyword(name)

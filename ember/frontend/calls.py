@@ -267,7 +267,7 @@ class Calls:
         # hooks registered after the capture must be seen: the global ones and this module's backward ones are
         # empty (checked above), its forward ones as many as the capture called. Backward hooks do nothing
         # where grad mode is off (no output has a grad_fn to hook), so an inference call does not check them
-        # (two more checks per module: docs/evidence/frontend.md).
+        # (two more checks per module: docs/evidence.md).
         hooks = f"{self.cap.consts.ref(module_mod)}."
         grad = torch.is_grad_enabled()
         for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",

@@ -98,7 +98,7 @@ class Guards:
     def tensor(self, source: str, t: torch.Tensor) -> None:
         """type, dtype, requires_grad, shape, stride and device of the tensor at `source`, written out inline on a
         local bound at the first check, cheaper than a call of a checking function per tensor (an optimizer step
-        guards five tensors per parameter; docs/evidence/frontend.md). A CPU tensor's device is
+        guards five tensors per parameter; docs/evidence.md). A CPU tensor's device is
         checked as `is_cpu` (a bool; `t.device` builds a torch.device to compare)."""
         if source in self._tensors:
             return
@@ -127,7 +127,7 @@ class Guards:
         `___check_tensors((S1, S2, ...), <exact types>, <packed metadata>)` at the place of the first
         (share_paths binds each S, which the graph call then reads). A constant guard costs a few times less in
         the batch than as Python bytecode, and a model has hundreds of them, conv strides and paddings mostly
-        (docs/evidence/frontend.md)."""
+        (docs/evidence.md)."""
         self.checker = checker = native_guards.checker()
         if checker is None:
             return self.exprs()
@@ -216,7 +216,7 @@ def share_paths(guards: list[str], after: list[str]) -> tuple[str, list[str]]:
     `mod._modules[...]...` chains thousands of times; walking each chain once per guard would be most of a
     cached call's cost. A guard whose evaluation may be partial (`or`, `x if c else y`, a lambda or
     comprehension) binds nothing. Works on the text (a regex over paths, string literals skipped): parsing and
-    unparsing the guards as a tree cost more than the rest of a capture (docs/evidence/frontend.md)."""
+    unparsing the guards as a tree cost more than the rest of a capture (docs/evidence.md)."""
     # a path prefix is known by a small int (its parent's int and its last segment), not by its text: hashing
     # ever longer prefix strings was most of the work on a large model's guards. A path is (head, segments,
     # ids): head is the root name, or ("get", dict path, key path, id) for a tensor-keyed lookup.

@@ -40,7 +40,7 @@ from ember.frontend.values import CellV, ConstV, DictV, IterV, ObjV, TupleV, V
 
 def where(code: types.CodeType, offset: int) -> str:
     """file:line of an instruction (every recorded op carries one, so each code's line starts are listed once
-    rather than co_lines walked per op: docs/evidence/frontend.md)"""
+    rather than co_lines walked per op: docs/evidence.md)"""
     starts = _LINE_STARTS.get(code)
     if starts is None:
         starts = _LINE_STARTS[code] = ([], [])

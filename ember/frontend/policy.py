@@ -37,7 +37,7 @@ TORCH_PURE_CONST = {"is_grad_enabled", "get_default_dtype", "is_tensor", "is_flo
                     "is_autocast_cpu_enabled"}
 # Device types whose losses' backward() joins the graph (Frame.tensor_backward): on CUDA a training step becomes
 # one graph and one CUDA-graph replay, faster; on the CPU one graph measured slower than a separate backward
-# (docs/evidence/frontend.md). Read as policy.BACKWARD_IN_GRAPH_DEVICES, so tests can widen it.
+# (docs/evidence.md). Read as policy.BACKWARD_IN_GRAPH_DEVICES, so tests can widen it.
 BACKWARD_IN_GRAPH_DEVICES = {"cuda"}
 # Tensor methods that need the tensor's value in Python (or change its storage): a graph break.
 TENSOR_METHODS_UNSUPPORTED = {"item", "tolist", "numpy", "backward", "register_hook", "retain_grad", "data_ptr",

@@ -8,7 +8,7 @@ the float64 compiled model equals eager's float64).
 mobilenet_v3_small in train mode (the same batch 2 at 32x32) is compared with a float64 run of the eager model
 instead: its outputs are ~0.09 at most, and eager float32 is itself 6.5e-6 (one thread) to 8.6e-6 (two) from
 float64, so eager and ember, each off in its own direction, differ by up to 1.4e-5, past assert_close's 1e-5.
-ember must be within 4x eager's own error there (docs/evidence/lowering.md has the ratio measured)."""
+ember must be within 4x eager's own error there (docs/evidence.md has the ratio measured)."""
 import copy
 import pathlib
 import sys

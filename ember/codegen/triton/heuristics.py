@@ -55,7 +55,7 @@ ARITHMETIC_BOUND = 3   # transcendental ops an element of a flat kernel (ir.EXPE
 
 
 def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reductions: str = "all") -> dict:
-    """Block sizes and warps from the sizes; each rule was timed (docs/evidence/codegen_printers.md).
+    """Block sizes and warps from the sizes; each rule was timed (docs/evidence.md).
     - A flat kernel takes 1024-element blocks; 512 (one 16-byte vector a thread) where it does at least
       ARITHMETIC_BOUND transcendental ops an element, being bound by its arithmetic, not memory. Under 1M
       elements, blocks shrink (down to 128) until there are 2 programs an SM: few programs stream slowly.
