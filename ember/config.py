@@ -33,6 +33,9 @@ COMPILE_WITHOUT_GC = _env("COMPILE_WITHOUT_GC", True)  # the cyclic GC paused du
 # autograd
 MEMO = _env("MEMO", True)   # fake-tensor results of repeated ATen calls reused while tracing (same op, same metadata)
 
+# decompositions
+BN_FLOAT64_SUMS_ON_GPU = _env("BN_FLOAT64_SUMS_ON_GPU", False)  # GPU train batch norm sums in float64 (off: as eager)
+
 # codegen: lowering
 FUSE_CONVOLUTIONS = _env("FUSE_CONVOLUTIONS", True)  # CPU inference: conv absorbs batch norm; oneDNN post-ops
 ONEDNN_MATMULS = _env("ONEDNN_MATMULS", True)        # CPU float32 products through oneDNN (off: ATen's mm)

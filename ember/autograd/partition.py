@@ -110,7 +110,7 @@ def _is_view(n: torch.fx.Node) -> bool:
 def _materialized_in_backward(n: torch.fx.Node, bw_nodes: set) -> bool:
     """Whether a backward node that ember's code generator leaves a library call (or an ATen call it cannot
     decompose) reads n, directly or through views of it."""
-    from ember.decomp.table import EXTERN, TABLE   # (the decomposition table imports the code generator)
+    from ember.decomp.table import EXTERN, TABLE   # (imported on first use: building the table costs an import)
     todo, seen = [n], {n}
     while todo:
         for u in todo.pop().users:

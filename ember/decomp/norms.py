@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ember import ir
+from ember import config, ir
 from ember.decomp import prims as P
 from ember.decomp.common import out, registrar
 from ember.decomp.reductions import var_and_mean
@@ -73,7 +73,6 @@ def _bn_decomposed(x) -> bool:
     return ("cuda" if ir.GRAPH.target == "gpu" else "cpu") in TRAIN_BATCH_NORM_DECOMPOSED
 
 
-BN_FLOAT64_SUMS_ON_GPU = False   # True: float64 sums on the GPU too (A/B timing; eager's CUDA kernels use float32)
 
 
 def _bn_acc(x) -> torch.dtype | None:
@@ -82,7 +81,7 @@ def _bn_acc(x) -> torch.dtype | None:
     variance is small (ReLU outputs, small batches) the batch-norm backward amplifies that far beyond eager's
     error. On the GPU float32, as eager's CUDA kernels (acc_type<float, true>): float64 makes the batch-norm
     kernels, one program per channel, latency-bound."""
-    if x.dtype != torch.float32 or (ir.GRAPH.target == "gpu" and not BN_FLOAT64_SUMS_ON_GPU):
+    if x.dtype != torch.float32 or (ir.GRAPH.target == "gpu" and not config.BN_FLOAT64_SUMS_ON_GPU):
         return None
     return torch.float64
 

@@ -186,7 +186,7 @@ def test_a_value_returned_and_read_by_a_library_call_is_stored_once():
 def test_tied_embedding_gradient_adds_its_rows_into_the_head_gradient(padding_idx, device):
     """GPT-2's tied token embedding: the weight's gradient is the LM head's product plus the embedding's scattered
     rows, added by index_put (accumulate) into the product, with no table of zeros and no pass adding two tables
-    (table._embedding_dense_backward). A padding index keeps ATen's embedding backward."""
+    (decomp/views.py's embedding gradient). A padding index keeps ATen's embedding backward."""
     from ember.codegen import lower
     from ember.ir import ExternBuffer
     torch.manual_seed(0)
