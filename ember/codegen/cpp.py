@@ -207,8 +207,9 @@ class Body(printer.Body):
         return {"t": CTYPE[dtype], "sfx": "f" if dtype == torch.float32 else ""}
 
     def unary_tables(self, dtype: torch.dtype) -> list[dict]:
-        return [*([UNARY_INT] if not dtype.is_floating_point else []), UNARY_ANY,
-                *([UNARY_BOOL] if dtype == torch.bool else []), MVEC_UNARY_FORMS, UNARY_FLOAT]
+        # bool first: C++'s ~ on a bool promotes to int (~true == -2, true again), so it is logical not there
+        return [*([UNARY_BOOL] if dtype == torch.bool else []), *([UNARY_INT] if not dtype.is_floating_point else []),
+                UNARY_ANY, MVEC_UNARY_FORMS, UNARY_FLOAT]
 
     def binary_tables(self, dtype: torch.dtype) -> list[dict]:
         return [*([BINARY_BOOL] if dtype == torch.bool else []), *([BINARY_INT] if not dtype.is_floating_point else []),

@@ -159,3 +159,16 @@ def test_cube_and_inverse_square_equal_eager_bit_for_bit():
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
         torch.testing.assert_close(ember.compile(gelu_new)(x), gelu_new(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.uint8])
+def test_bitwise_not_of_bool_and_integer_values_matches_eager(dtype):
+    """C++'s ~ on a bool promotes to int (~true == -2, true again): bool's bitwise_not is logical not, integers'
+    stay bitwise."""
+    def f(x, y):
+        a = (x > 0) if dtype == torch.bool else (x * 50).to(dtype)
+        return torch.bitwise_not(a), torch.bitwise_not(a) & (y < 0.5).to(dtype)
+
+    x, y = torch.randn(4096), torch.rand(4096)
+    for got, want in zip(ember.compile(f)(x, y), f(x, y)):
+        torch.testing.assert_close(got, want)
