@@ -14,7 +14,7 @@ from ember.frontend.attributes import attr_source
 from ember.frontend.builtin_functions import BUILTIN_HANDLERS
 from ember.frontend.modes import AUTOCAST_CLASSES
 from ember.frontend.policy import (
-    COMPILING_PROBES, DYNAMO_WRAPPER_FILE, FACTORIES, MATH_FUNCS, MODULE_TRAVERSALS, OPERATOR_FUNCS, OUTPUT_MODULES,
+    COMPILING_PROBES, DYNAMO_WRAPPER_FILE, FACTORIES, IGNORED_CALLS, MATH_FUNCS, MODULE_TRAVERSALS, OPERATOR_FUNCS, OUTPUT_MODULES,
     PURE_BUILTIN_FUNCS, PURE_METHODS, STATE_PROBES, TORCH_DISABLED_CODE, TORCH_OP_OBJS, TORCH_OPS, TORCH_PURE_CONST,
 )
 from ember.frontend.py_float import has_py_float, optim_helpers
@@ -116,6 +116,8 @@ class Calls:
             return ConstV(True)  # libraries take their compile-friendly paths, as under torch.compile
         if f in STATE_PROBES:
             return self.concrete(f, args, kwargs)
+        if f in IGNORED_CALLS:
+            return ConstV(None)
         if isinstance(f, types.FunctionType) and f.__code__ is TORCH_DISABLED_CODE:
             raise Unsupported(f"{f.__qualname__} is marked torch._disable_dynamo: it runs in Python", self.where())
         if isinstance(f, types.FunctionType) and f.__code__.co_filename.endswith(DYNAMO_WRAPPER_FILE) \

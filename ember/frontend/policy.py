@@ -34,7 +34,10 @@ TORCH_PURE_CONST = {"is_grad_enabled", "get_default_dtype", "is_tensor", "is_flo
                     "_get_tracing_state", "is_scripting", "is_anomaly_enabled", "is_deterministic_algorithms_warn_only_enabled",
                     "are_deterministic_algorithms_enabled", "broadcast_shapes", "_has_torch_function",
                     "_has_torch_function_unary", "_has_torch_function_variadic", "get_autocast_gpu_dtype",
-                    "is_autocast_cpu_enabled"}
+                    "is_autocast_cpu_enabled",
+                    # torch.overrides' checks on arguments that hold no tensor: False for plain Python values (a
+                    # bool in torch._assert), so the library code after them is captured
+                    "has_torch_function", "has_torch_function_unary", "has_torch_function_variadic"}
 # Device types whose losses' backward() joins the graph (Frame.tensor_backward): on CUDA a training step becomes
 # one graph and one CUDA-graph replay, faster; on the CPU one graph measured slower than a separate backward
 # (docs/evidence.md). Read as policy.BACKWARD_IN_GRAPH_DEVICES, so tests can widen it.
@@ -69,6 +72,10 @@ TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "functools", "itertools"
                            "numbers", "typing", "enum", "dataclasses", "warnings", "inspect", "abc", "copy")
 # builtins without side effects: evaluated at capture time on constant arguments
 PURE_BUILTIN_FUNCS = {abs, round, divmod, pow, hash, chr, ord, hex, oct, bin, repr, ascii, format, callable, id}
+# bookkeeping calls with no effect on the program's values or output (torch's API-usage telemetry): skipped, as
+# torch.compile skips them, so a library op that logs its use (torchvision's stochastic depth) is captured
+IGNORED_CALLS = {getattr(torch._C, n) for n in ("_log_api_usage_once", "_log_api_usage_metadata")
+                 if hasattr(torch._C, n)}
 # torch.compiler.is_compiling() and friends: True, so libraries take their compile-friendly paths
 COMPILING_PROBES = {getattr(torch.compiler, n) for n in ("is_compiling", "is_dynamo_compiling", "is_exporting")
                     if hasattr(torch.compiler, n)} - {getattr(torch.compiler, "is_exporting", None)}
