@@ -1,4 +1,5 @@
 """ember/config.py: every switch starts from EMBER_<NAME> when that is set, parsed as the default's type."""
+import ast
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ def _values_under(env: dict) -> dict:
     code = "import ember.config as c; print({k: getattr(c, k) for k in dir(c) if k.isupper()})"
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
                          check=True)
-    return eval(out.stdout)
+    return ast.literal_eval(out.stdout)
 
 
 def test_switches_and_limits_are_read_from_the_environment():

@@ -74,9 +74,7 @@ def _room_of_module(name: str) -> str | None:
 
 def _imported(tree: ast.AST, f: pathlib.Path, root: pathlib.Path):
     """(line, module) of every import of an ember module in the file, those inside functions included."""
-    package = ("ember",) + f.relative_to(root).with_suffix("").parts[:-1]
-    if f.name == "__init__.py":
-        package = ("ember",) + f.relative_to(root).parts[:-1]
+    package = ("ember",) + f.relative_to(root).parts[:-1]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from ((node.lineno, a.name) for a in node.names)

@@ -99,28 +99,31 @@ class Operators:
             return ConstV((a.value is b.value or a.value == b.value) == (fn is operator.eq))
         if fn in (operator.eq, operator.ne) and (isinstance(a, (NullV,)) or isinstance(b, NullV)):
             raise Unsupported("comparison with NULL", self.where())
-        # user-defined operators
-        for obj, other, names in ((a, b, _DUNDERS.get(fn)),):
-            if names and isinstance(obj, (NewObjV, ObjV)) and not isinstance(getattr(obj, "value", None), type):
-                meth = names[0]
-                try:
-                    m = self.getattr(obj, meth)
-                except Unsupported:
-                    m = None
-                if isinstance(m, BoundV) and isinstance(m.func, types.FunctionType):
-                    r = self.call(m, [other], {})
-                    if not (isinstance(r, ConstV) and r.value is NotImplemented):
-                        return r
-        if names := _DUNDERS.get(fn):
-            if isinstance(b, (NewObjV, ObjV)) and len(names) > 1:
-                try:
-                    m = self.getattr(b, names[1])
-                except Unsupported:
-                    m = None
-                if isinstance(m, BoundV) and isinstance(m.func, types.FunctionType):
-                    r = self.call(m, [a], {})
-                    if not (isinstance(r, ConstV) and r.value is NotImplemented):
-                        return r
+        # user-defined operators: a.__op__(b), then b.__rop__(a), as Python tries them
+        names = _DUNDERS.get(fn)
+        if names and not isinstance(getattr(a, "value", None), type):
+            r = self.user_dunder(a, names[0], b)
+            if r is not None:
+                return r
+        if names and len(names) > 1:
+            r = self.user_dunder(b, names[1], a)
+            if r is not None:
+                return r
         if fn in (operator.eq, operator.ne):
             return ConstV((self.is_same(a, b)) == (fn is operator.eq))
         raise Unsupported(f"operator {fn.__name__} on {self.type_name(a)} and {self.type_name(b)}", self.where())
+
+    def user_dunder(self, obj: V, name: str, other: V) -> V | None:
+        """obj.name(other) where obj is a user object whose class defines `name` in Python; None where it does not,
+        or where the method returns NotImplemented (Python then tries the reflected one)."""
+        if not isinstance(obj, (NewObjV, ObjV)):
+            return None
+        try:
+            m = self.getattr(obj, name)
+        except Unsupported:
+            return None
+        if isinstance(m, BoundV) and isinstance(m.func, types.FunctionType):
+            r = self.call(m, [other], {})
+            if not (isinstance(r, ConstV) and r.value is NotImplemented):
+                return r
+        return None

@@ -76,7 +76,7 @@ def jump_if_false_or_pop(frame: Frame, inst: dis.Instruction) -> None:
         frame.pop()
 
 
-@opcode("GET_ITER")
+@opcode("GET_ITER", "GET_YIELD_FROM_ITER")
 def get_iter(frame: Frame, inst: dis.Instruction) -> None:
     v = frame.pop()
     frame.push(v if isinstance(v, IterV) else IterV(frame.iterate(v)))
@@ -147,12 +147,6 @@ def end_send(frame: Frame, inst: dis.Instruction) -> None:
     v = frame.pop()
     frame.pop()
     frame.push(v)
-
-
-@opcode("GET_YIELD_FROM_ITER")
-def get_yield_from_iter(frame: Frame, inst: dis.Instruction) -> None:
-    v = frame.pop()
-    frame.push(v if isinstance(v, IterV) else IterV(frame.iterate(v)))
 
 
 @opcode("BEFORE_WITH")
