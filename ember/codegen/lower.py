@@ -49,6 +49,18 @@ aten = torch.ops.aten
 CHOICES = {aten.addmm.default: addmm, aten.mm.default: mm, aten.cat.default: lower_cat}
 
 
+# sympy nodes an unmaterialized box's largest index may hold before the box is stored: past it, composing more
+# views and concatenations onto it costs the simplifier more than the store costs at run time (channel shuffles
+# nest a level per block and grow exponentially otherwise)
+INDEX_BUDGET = 100
+
+
+def _moves_elements(node: torch.fx.Node) -> bool:
+    """Whether an op may compose index arithmetic (views, concatenations, gathers): a pointwise op reads its
+    inputs where it writes, adding none."""
+    return torch.Tag.pointwise not in getattr(node.target, "tags", ())
+
+
 @dataclasses.dataclass
 class LoweredGraph:
     inputs: list[InputBuffer]  # one per placeholder, in order (None for non-tensor placeholders)
@@ -347,6 +359,10 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                     want = getattr(out, "eager_stride", None)
                     keep = want is not None and not g.reads_layout_changed(out)
                     out = g.realize(out, stride=want if keep else None)
+                    out.origin_names = g.origins
+                elif isinstance(out, TensorBox) and out.strided is None and _moves_elements(node) \
+                        and out.index_size() > INDEX_BUDGET:
+                    out = g.realize(out)
                     out.origin_names = g.origins
                 env[node] = out
             elif node.op == "output":

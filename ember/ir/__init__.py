@@ -45,6 +45,8 @@ class FloorDiv(sympy.Function):
             return _exact_div(a, b)
         if isinstance(a, FloorDiv):  # (x // c) // b == x // (c*b)
             return FloorDiv(a.args[0], a.args[1] * b)
+        if isinstance(a, ModIndex) and _at_most(a.args[1], b):  # x % m < m <= b
+            return sympy.Integer(0)
 
 
 class ModIndex(sympy.Function):
@@ -63,6 +65,19 @@ class ModIndex(sympy.Function):
                 return ModIndex(sympy.Add(*keep), b)
         if _divisible(a, b):
             return sympy.Integer(0)
+        if isinstance(a, ModIndex):
+            # (x % m) % b: x % b when b divides m; x % m when m <= b. Without these, index expressions of
+            # repeated reshape-transpose-reshape chains (channel shuffles) nest a level per chain and grow
+            # exponentially through the simplifier.
+            x, m = a.args
+            if _divisible(m, b):
+                return ModIndex(x, b)
+            if _at_most(m, b):
+                return a
+
+
+def _at_most(m, b) -> bool:
+    return bool(m.is_Integer and b.is_Integer and int(m) <= int(b))
 
 
 def _exact_div(t, b):
@@ -270,8 +285,10 @@ class Expr:
             for a in e.args:
                 if isinstance(a, Expr):
                     go(a)
-            if e.op == "load" and _INDIRECT:   # (none made yet in this lowering: no offset holds one)
-                for s in indirect_symbols(e.args[1]):
+            # the values a data-dependent index stands for come before the load or index value that uses them
+            # (none made yet in this lowering: no offset holds one)
+            if e.op in ("load", "index") and _INDIRECT:
+                for s in indirect_symbols(e.args[1] if e.op == "load" else e.args[0]):
                     go(s.value)
             order.append(e)
         go(self)
@@ -484,6 +501,30 @@ class TensorBox:
             idx = [sympy.Symbol(f"c{i}", integer=True, nonnegative=True) for i in range(self.ndim)]
             self._cost = compute_cost(self.loader(idx))
         return self._cost
+
+
+    def index_size(self) -> int:
+        """Size (sympy nodes) of the largest index expression this box's expression reads at: views and
+        concatenations compose their index arithmetic into the reader's, which a chain of them can grow without
+        bound (each concatenation clamps its piece's index and tests it again in its mask)."""
+        if getattr(self, "scattered_rows", None) is not None:   # read only by its add, never through an index
+            return 0
+        idx = [sympy.Symbol(f"c{i}", integer=True, nonnegative=True) for i in range(self.ndim)]
+        sizes = [_sympy_nodes(x.args[1] if x.op == "load" else x.args[0])
+                 for x in self.loader(idx).walk() if x.op in ("load", "index")]
+        return max(sizes, default=0)
+
+
+_NODES: dict = {}  # sympy expression -> its node count (index expressions share their subtrees)
+
+
+def _sympy_nodes(e) -> int:
+    got = _NODES.get(e)
+    if got is None:
+        if len(_NODES) > 100_000:
+            _NODES.clear()
+        got = _NODES[e] = 1 + sum(_sympy_nodes(a) for a in e.args)
+    return got
 
 
 def compute_cost(e: Expr) -> int:
