@@ -17,6 +17,7 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
+	$(PY) -m tests.other_targets -n 2
 
 test-full: venv
 	$(PY) -m pytest -q -n 2 tests

@@ -36,6 +36,9 @@ MEMO = _env("MEMO", True)   # fake-tensor results of repeated ATen calls reused 
 # decompositions
 BN_FLOAT64_SUMS_ON_GPU = _env("BN_FLOAT64_SUMS_ON_GPU", False)  # GPU train batch norm sums in float64 (off: as eager)
 
+# codegen: the C++ target
+CPU_ISA = _env("CPU_ISA", "native")   # native | avx512 | avx2 | portable: what generated C++ is built for
+
 # codegen: lowering
 FUSE_CONVOLUTIONS = _env("FUSE_CONVOLUTIONS", True)  # CPU inference: conv absorbs batch norm; oneDNN post-ops
 ONEDNN_MATMULS = _env("ONEDNN_MATMULS", True)        # CPU float32 products through oneDNN (off: ATen's mm)

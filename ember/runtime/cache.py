@@ -18,10 +18,23 @@ import threading
 import types
 from typing import Callable
 
+from ember import config
+
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
                                               thread_name_prefix="ember-build")
-CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-std=c++17"]
-_PCH_FLAGS = [f for f in CXXFLAGS if f != "-shared"]   # a precompiled header's: a compile's, as in its users'
+CXXFLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-std=c++17"]
+# config.CPU_ISA -> the compiler's target flags: the machine's own, or a named x86 target, so a machine with AVX-512
+# can build and run (and the test suite check) the code an AVX2-only machine gets; "portable" leaves the
+# compiler's default target (any x86-64, or another architecture)
+ISA_FLAGS = {"native": ["-march=native"], "avx512": ["-march=skylake-avx512"], "avx2": ["-march=haswell"],
+             "portable": []}
+
+
+def cxxflags(shared: bool = True) -> list[str]:
+    """The flags of a build for config.CPU_ISA (shared=False: a compile to an object or precompiled header)."""
+    if config.CPU_ISA not in ISA_FLAGS:
+        raise ValueError(f"EMBER_CPU_ISA={config.CPU_ISA!r}: expected one of {', '.join(ISA_FLAGS)}")
+    return [f for f in CXXFLAGS if shared or f != "-shared"] + ISA_FLAGS[config.CPU_ISA]
 
 
 class BuildError(RuntimeError):
@@ -35,7 +48,8 @@ def cache_dir(backend: str = "cpp") -> pathlib.Path:
     return d
 
 
-def source_key(source: str, flags=CXXFLAGS) -> str:
+def source_key(source: str, flags: list[str] | None = None) -> str:
+    flags = cxxflags() if flags is None else flags
     return hashlib.sha256((" ".join(flags) + "\n" + source).encode()).hexdigest()[:24]
 
 
@@ -82,7 +96,7 @@ def _precompiled(prelude: str) -> pathlib.Path | None:
 
 
 def _pch_header(prelude: str) -> pathlib.Path:
-    return cache_dir("cpp") / f"prelude_{source_key(prelude, _PCH_FLAGS)}.h"
+    return cache_dir("cpp") / f"prelude_{source_key(prelude, cxxflags(shared=False))}.h"
 
 
 def _pch_exists(header: pathlib.Path) -> bool:
@@ -96,7 +110,7 @@ def _build_pch(prelude: str, header: pathlib.Path) -> pathlib.Path:
     tmp_h, tmp_gch = pathlib.Path(tmp), pathlib.Path(tmp + ".gch")
     try:
         tmp_h.write_text(prelude)
-        _run([os.environ.get("CXX", "g++"), *_PCH_FLAGS, "-x", "c++-header", str(tmp_h), "-o", str(tmp_gch)], tmp_h)
+        _run([os.environ.get("CXX", "g++"), *cxxflags(shared=False), "-x", "c++-header", str(tmp_h), "-o", str(tmp_gch)], tmp_h)
         os.replace(tmp_h, header)   # the header first: a .gch found beside no header is never looked for
         os.replace(tmp_gch, gch)
     finally:
@@ -123,7 +137,7 @@ def _build(source: str, cpp: pathlib.Path, so: pathlib.Path) -> pathlib.Path:
     n = min(os.cpu_count() or 1, len(kernels), len(source) // PART_CHARS)
     try:
         if n < 2:
-            _run([cxx, *CXXFLAGS, str(cpp), "-o", tmp, "-lmvec", "-lm"], cpp)
+            _run([cxx, *cxxflags(), str(cpp), "-o", tmp, "-lmvec", "-lm"], cpp)
         else:
             shares: list[list[str]] = [[] for _ in range(n)]
             for k in sorted(kernels, key=len, reverse=True):   # longest first, each to the lightest part
@@ -132,7 +146,7 @@ def _build(source: str, cpp: pathlib.Path, so: pathlib.Path) -> pathlib.Path:
             objs = [p.with_suffix(".o") for p in parts]
             for p, share in zip(parts, shares):
                 p.write_text(KERNEL_MARK.join([prelude, *share]))
-            compile_flags = [f for f in CXXFLAGS if f != "-shared"]
+            compile_flags = cxxflags(shared=False)
             errs = [p.with_suffix(".err") for p in parts]   # files, not pipes: a process never blocks on a full one
             running = []
             for p, o, e in zip(parts, objs, errs):

@@ -7,6 +7,7 @@ import torch
 
 from ember import config
 import ember
+from tests.numerics import assert_as_close_as_eager
 from ember.backends import cpp_backend
 from tests.codegen.recording import compiled_graphs as _compiled_graphs
 from tests.optim_steps import step_both
@@ -303,8 +304,11 @@ def test_row_reductions_calling_libm_use_wide_vectors_and_match_eager():
         with torch.no_grad():
             f, graphs = _compiled_graphs(fn, x)
             assert 'EMBER_WIDE void' in graphs[0].source
-            for got, want in zip(f(x), fn(x)):
-                torch.testing.assert_close(got, want)
+            for got, want, exact in zip(f(x), fn(x), fn(x.double())):
+                if dtype == torch.float32:   # (eager's float32 libm differs by instruction set)
+                    assert_as_close_as_eager(got, want, exact)
+                else:
+                    torch.testing.assert_close(got, want)
 
 
 def test_input_with_other_strides_is_copied_into_the_compiled_layout():
