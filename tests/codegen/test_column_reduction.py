@@ -6,13 +6,21 @@ import torch
 
 from ember.backends.cpp_backend import compile_aten
 from tests.codegen.aten_trace import trace_aten
+from tests.numerics import assert_as_close_as_eager
 
 
 def compiled(fn, inputs):
     gm, ref = trace_aten(fn, inputs)
     c = compile_aten(gm, inputs)
     out = c(*inputs)
-    torch.testing.assert_close(out[0] if len(out) == 1 else out, ref, equal_nan=True)  # NaN where eager has NaN
+    got = out[0] if len(out) == 1 else out
+    exact = fn(*[t.double() for t in inputs])
+    if isinstance(ref, torch.Tensor) and ref.dtype == torch.float32 and ref.isfinite().all():
+        # a float32 sum's rounding depends on its order, which differs between instruction sets: the error
+        # allowed is eager's own against float64
+        assert_as_close_as_eager(got, ref, exact)
+    else:
+        torch.testing.assert_close(got, ref, equal_nan=True)  # NaN where eager has NaN
     return c.compiled.source
 
 
