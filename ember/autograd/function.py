@@ -30,6 +30,7 @@ from ember.tools.logs import get_logger
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 log = get_logger("autograd")
 fallback_log = get_logger("fallbacks")
+dynamic_log = get_logger("dynamic")
 
 
 def _eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -146,7 +147,9 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     symbolic = SymbolicSignature(values, shape_env_of(values)) if values is not None else None
 
     def key_of(inputs: list) -> tuple:
-        if symbolic is not None and symbolic.admits(inputs):
+        # (a graph the frontend guards is called at every size its guards admit: only a symbolic artifact, or
+        # none (eager), serves it)
+        if symbolic is not None and (guarded or symbolic.admits(inputs)):
             return _symbolic_signature(inputs)
         return _signature(inputs)
 
@@ -171,6 +174,9 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         except Exception as e:  # TraceError, or fake tensors refusing data-dependent ops (.item(), nonzero)
             fallback_log.warning("ember.autograd: graph %r runs eagerly: %s: %s", name, type(e).__name__, e)
             return None
+        if sym and symbolic.specialized():
+            dynamic_log.info("ember.autograd: graph %r: tracing fixed sizes %s (an op the ShapeEnv guarded on "
+                             "their values); other sizes get a graph of their own", name, symbolic.specialized())
         # an inner compiler's errors are not fallbacks: they reach the caller (the frontend reports them)
         if not training:
             log.debug("%s: inference graph, %d nodes", name, len(aten_gm.graph.nodes))

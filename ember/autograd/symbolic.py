@@ -275,6 +275,12 @@ class SymbolicSignature:
                     if isinstance(s, torch.SymInt) and isinstance(expr_of(s), sympy.Symbol):
                         self.sources.setdefault(expr_of(s), (i, d))
 
+    def specialized(self) -> dict[str, int]:
+        """The symbols the ShapeEnv has since fixed to one value (an op without a symbolic form guarded on it)."""
+        reps = self.shape_env.replacements
+        return {str(sym): int(reps[sym]) for sym in self.sources
+                if sym in reps and isinstance(reps[sym], sympy.Integer)}
+
     def bind(self, inputs: list) -> dict | None:
         env = {}
         for sym, (i, d) in self.sources.items():

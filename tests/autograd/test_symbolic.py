@@ -2,6 +2,7 @@
 callable (both graphs run as ATen GraphModules) equals eager, outputs and gradients, at every size."""
 import copy
 import logging
+import math
 import operator
 
 import pytest
@@ -57,7 +58,9 @@ def run_sizes(fn, make, sizes, dynamic=None, train=True, module=None):
         inputs = make(n)
         ref_inputs = [_clone(x) for x in inputs]
         with torch.set_grad_enabled(train):
+            torch.manual_seed(n)                  # (random ops draw the same numbers as eager's)
             out = compiled(*inputs)
+            torch.manual_seed(n)
             want = (ref_mod if ref_mod is not None else fn)(*ref_inputs)
         torch.testing.assert_close(out, want)
         for a, b in zip(inputs, ref_inputs):     # input mutations
@@ -209,6 +212,72 @@ def test_cnn_module_reads_the_batch_size_off_its_input():
     assert art.part.saved_symbols == ["sym_size_int"]
 
 
+def test_attention_with_a_causal_mask_of_the_sequence_length():
+    wq = _x(8, 8)
+
+    def f(x):
+        q = x @ wq
+        s = q @ x.transpose(1, 2) / math.sqrt(8)
+        n = x.size(1)
+        mask = x.new_ones((n, n)).tril().bool()
+        return s.masked_fill(~mask, float("-inf")).softmax(-1) @ x
+    run_sizes(f, lambda n: [_x(2, n, 8)], SIZES, {0: (1,)})
+
+
+def test_sdpa_dropout_cross_entropy():
+    w = _x(4, 7)
+
+    def f(q, k, v, t):
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)       # (2, 2, s0, 4)
+        h = F.dropout(a.transpose(1, 2).reshape(-1, 4), 0.2, True)       # (4 * s0, 4)
+        return F.cross_entropy(h @ w, t)
+    run_sizes(f, lambda n: [_x(2, 2, n, 4), _x(2, 2, n, 4), _x(2, 2, n, 4), torch.randint(0, 7, (4 * n,))],
+              SIZES, {0: (2,), 1: (2,), 2: (2,), 3: (0,)})
+
+
+class Embed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 6).double()
+
+    def forward(self, ids, s0):
+        h = self.emb(ids)
+        return h.cumsum(1)[:, torch.arange(s0 - 1)], h.split([2, s0 - 2], 1)[1].mean(1)
+
+
+def test_embedding_cumsum_indexing_split():
+    # (not size 3: the split's s0 - 2 would be 1, which the guards exclude)
+    run_sizes(None, lambda n: [torch.randint(0, 10, (2, n)), n], [6, 4, 11, 8], {0: (1,)}, module=Embed())
+
+
+def test_write_through_a_chain_of_views_of_an_input():
+    def f(x):
+        x.t()[1:].add_(1)           # an as_strided_scatter with symbolic sizes, strides and offset
+        return x * 2
+    run_sizes(f, lambda n: [_x(n, 4, grad=False)], SIZES, {0: (0,)}, train=False)
+
+
+def test_a_trace_that_fixes_a_size_is_logged_and_still_right(caplog):
+    class Pool(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv1d(3, 4, 3, padding=1).double()
+
+        def forward(self, x):
+            return F.max_pool1d(self.c(x), 2)
+    mod = Pool()
+    ex = [_x(2, 3, 12)]
+    gm = symbolic_graph(mod, ex, {0: (2,)})
+    with caplog.at_level(logging.INFO, logger="ember.dynamic"):
+        compiled = aot_module(gm, ex, Counting(), Counting())
+    # max_pool1d's C++ kernel reads the length as an int: the ShapeEnv fixes it
+    assert any("fixed sizes" in r.getMessage() for r in caplog.records), caplog.records
+    for n in (12, 7):
+        x = _x(2, 3, n)
+        torch.testing.assert_close(compiled(x), mod(x))
+    assert len(compiled.artifacts) == 2
+
+
 def test_inference_graph_is_symbolic():
     def f(s0, x):
         return x.view(s0, 2, -1).softmax(-1).sum(1)
@@ -288,3 +357,17 @@ def test_ember_backend_runs_symbolic_graphs_as_aten_graphs(caplog, monkeypatch):
     assert not called
     msgs = [r.getMessage() for r in caplog.records if r.name == "ember.dynamic"]
     assert len(msgs) == 1 and "SYMBOLIC" in msgs[0], msgs
+
+
+def test_a_graph_the_frontend_guards_is_traced_symbolically_once():
+    def f(s0, x):
+        return (x.view(s0, 2, -1) * 2).sum(1)
+    ex = [4, _x(4, 6)]
+    gm = symbolic_graph(f, ex, {"x": (0,)})
+    gm.meta["ember_guarded"] = True      # (the frontend checks its guards before each call)
+    fw = Counting()
+    compiled = aot_module(gm, ex, fw, Counting())
+    for n in (4, 9, 5):
+        x = _x(n, 6)
+        torch.testing.assert_close(compiled(n, x), f(n, x))
+    assert len(fw.graphs) == 1 and list(compiled.artifacts)[0][0] == "symbolic"
