@@ -32,6 +32,10 @@ backward recomputes the log_softmax pointwise where its gradient is computed, in
 and saving a second logits-sized tensor (a language model's vocabulary makes that hundreds of MB a step). Saving x
 never holds more memory than saving the output (same size) and holds none when x is alive anyway.
 
+Sizes (SymInt nodes of a symbolic graph) are not in the network: the backward receives the symbols its sizes
+are computed from (int placeholders, sizes read off tensors) as ints the forward returns after its saved tensors,
+and recomputes the arithmetic over them; byte costs are taken at the example's sizes.
+
 Every S->T path then crosses a cut edge: the backward gets each needed value by walking back to saved ones, and
 the saved bytes are minimal among such choices. A saved value the forward did not compute anyway (e.g. a
 batch-norm statistic only the backward reads) is added to the forward graph.
