@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ember import config
@@ -78,9 +79,10 @@ def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         return None
     bias = attn_mask
     if bias is not None:
-        if key.shape[-2] % (16 // query.element_size()):
+        if not _known_multiple(key.shape[-2], 16 // query.element_size()):
             # the kernel needs the bias rows 16-byte aligned; eager pads a view for it, but the code generator
-            # may hand the extern call a compact copy instead: leave such shapes to the math path
+            # may hand the extern call a compact copy instead: leave such shapes to the math path (a symbolic
+            # length too, unless the guards say it is a multiple: deciding would guard on its remainder)
             return None
         if bias.dtype == torch.bool:
             bias = torch.zeros(bias.shape, dtype=query.dtype, device=query.device).masked_fill(
@@ -89,6 +91,10 @@ def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     return torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, bias, need_lse, dropout_p, is_causal, scale=scale)[0]
+
+
+def _known_multiple(n, k: int) -> bool:
+    return n % k == 0 if type(n) is int else statically_known_true(n % k == 0)
 
 
 class _Recorder(TorchDispatchMode):

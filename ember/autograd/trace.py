@@ -102,10 +102,11 @@ def _symbolic_fakes(values: list, inputs: list) -> tuple[FakeTensorMode, list]:
     """The inputs of a symbolic graph as the trace sees them: the placeholders' SymInts, fresh fakes shaped as
     their fake tensors (a real tensor where a placeholder has no meta["val"]: its static fake), all in the
     FakeTensorMode of the placeholders' fakes, whose ShapeEnv holds the symbols."""
-    modes = [v.fake_mode for v in values if isinstance(v, FakeTensor)]
-    fake_mode = modes[0] if modes else FakeTensorMode(shape_env=shape_env_of(values))
-    if any(m is not fake_mode for m in modes):
-        raise TraceError("the graph's placeholders hold fake tensors of several FakeTensorModes")
+    shape_env = shape_env_of(values)
+    modes = [v.fake_mode for v in values if isinstance(v, FakeTensor) and v.fake_mode.shape_env is shape_env]
+    fake_mode = modes[0] if modes else FakeTensorMode(shape_env=shape_env)
+    if any(is_symbolic_value(v) and shape_env_of([v]) is not shape_env for v in values):
+        raise TraceError("the graph's placeholders hold sizes of several ShapeEnvs")
     out = []
     for i, x in enumerate(inputs):
         v = values[i] if i < len(values) else None
