@@ -186,6 +186,15 @@ def test_outputs_aliasing_inputs():
     assert out[0]._base is x and out[1]._base is x     # they alias the input, as in eager
 
 
+def test_sizes_as_scalar_operands():
+    def f(s0, x):
+        return (x * s0, x + s0 / 2, x.new_full((s0,), 3.0) * s0,
+                torch.arange(s0, dtype=torch.float64) * x.sum(1), x.sum() * (s0 - 1) ** 2)
+    compiled, fw, _ = run_sizes(f, lambda n: [n, _x(n, 3)], SIZES, {"x": (0,)})
+    targets = {n.target for n in fw.graphs[0][0].graph.nodes}
+    assert operator.truediv in targets and operator.sub in targets     # s0 / 2, (s0 - 1) ** 2
+
+
 def test_int_outputs_follow_the_sizes():
     def f(x):
         return x * 2, x.size(0) * 3 + 1
@@ -310,7 +319,7 @@ def test_a_size_the_guards_do_not_admit_gets_a_static_artifact():
         x = torch.randn(n, 3)
         torch.testing.assert_close(compiled(n, x), f(n, x))
     keys = list(compiled.artifacts)
-    assert len(keys) == 2 and keys[0][0] == "symbolic" and keys[1][0] is not "symbolic"
+    assert len(keys) == 2 and keys[0][0] == "symbolic" and keys[1][0] != "symbolic"
 
 
 def test_through_the_aot_eager_backend():
