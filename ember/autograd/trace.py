@@ -190,7 +190,9 @@ def _outputs(rec: _Recorder, flat: list, program_inputs: list) -> tuple[list[Out
     specs, nodes, fakes = [], [], []
     for o in flat:
         if isinstance(o, SYM_TYPES) and is_symbolic_value(o):   # an int computed from sizes: from the inputs
-            specs.append(OutputSpec("sym", value=SymArg(rec.syms.to_node(o), rec.input_index)))
+            node = rec.syms.to_node(o)
+            specs.append(OutputSpec("sym", value=SymArg(node, rec.input_index)) if isinstance(node, torch.fx.Node)
+                         else OutputSpec("const", value=node))
             continue
         if not isinstance(o, torch.Tensor):
             specs.append(OutputSpec("const", value=o))
@@ -199,9 +201,11 @@ def _outputs(rec: _Recorder, flat: list, program_inputs: list) -> tuple[list[Out
         if r is not None and r.base.input_index is not None and not any(
                 isinstance(a, torch.fx.Node) and not is_sym_node(a) for s in r.chain for a in _leaves((s[1], s[2]))):
             # (a view's symbolic sizes are computed from the call's inputs when it is replayed)
-            views = tuple((op, _map_nodes((args, kwargs), lambda n: SymArg(n, rec.input_index)), item)
+            def sym_arg(n):
+                return SymArg(n, rec.input_index)
+            views = tuple((op, _map_nodes(args, sym_arg), _map_nodes(kwargs, sym_arg), item)
                           for op, args, kwargs, item, _ in r.chain)
-            specs.append(OutputSpec("alias", r.base.input_index, tuple((op, a, k, item) for op, (a, k), item in views)))
+            specs.append(OutputSpec("alias", r.base.input_index, views))
             continue
         specs.append(OutputSpec("graph", len(nodes)))
         nodes.append(rec.node_of(o))

@@ -380,3 +380,17 @@ def test_a_graph_the_frontend_guards_is_traced_symbolically_once():
         x = _x(n, 6)
         torch.testing.assert_close(compiled(n, x), f(n, x))
     assert len(fw.graphs) == 1 and list(compiled.artifacts)[0][0] == "symbolic"
+
+
+def test_fake_dispatch_fast_paths_step_aside_for_symbolic_tensors():
+    from ember.autograd.fake_dispatch import _DIRECT, _memo_key
+    gm = symbolic_graph(lambda x, w: x, [torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)], {"x": (0, 2, 3)})
+    x, w = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = x.fake_mode
+    with mode:
+        vec = [torch.empty(3) for _ in range(4)]
+    assert _DIRECT[torch.ops.aten.native_batch_norm.default]((x, *vec, False, 0.1, 1e-5), {}) is None
+    assert _DIRECT[torch.ops.aten.convolution.default](
+        (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {}) is None
+    assert _memo_key(mode, x) is None and _memo_key(mode, w) is not None
+    assert not mode.shape_env.guards        # and none of them guarded on a size
