@@ -51,6 +51,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
 
     cuda_graphs = mode in ("reduce-overhead", "max-autotune") and options.get("triton.cudagraphs", True) \
         and _on_cuda(gm, example_inputs)
+    if cuda_graphs and _is_symbolic(gm):
+        # (a recording is of one size, and the replayer takes tensors only: int inputs are not handled yet)
+        get_logger("dynamic").info("mode=%r: a symbolic graph runs without CUDA graphs", mode)
+        cuda_graphs = False
     if cuda_graphs:
         # (a graph that reads CPU tensors, torch.optim's step counters, replays its device part: aot_compilers)
         from ember.runtime.cudagraphs import aot_compilers

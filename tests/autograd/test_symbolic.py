@@ -394,3 +394,24 @@ def test_fake_dispatch_fast_paths_step_aside_for_symbolic_tensors():
         (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {}) is None
     assert _memo_key(mode, x) is None and _memo_key(mode, w) is not None
     assert not mode.shape_env.guards        # and none of them guarded on a size
+
+
+def test_inference_with_an_input_mutation_through_the_ember_backend(monkeypatch):
+    from ember.backends import ember_backend
+    import ember.backends.cpp_backend as cpp
+    monkeypatch.delattr(cpp, "SYMBOLIC", raising=False)
+
+    def f(s0, x, buf):
+        buf[: s0 // 2].add_(x.sum(0))                   # a write into a view of an input, by a symbolic size
+        return x.view(s0, 2, -1).amax(1), buf.view(-1)   # (the second output aliases the input)
+    ex = [6, torch.randn(6, 4), torch.randn(6, 4)]
+    gm = symbolic_graph(f, ex, {"x": (0,), "buf": (0,)})
+    with torch.no_grad():
+        compiled = ember_backend.compile_graph(gm, ex)
+        for n in (6, 9, 4):
+            x, buf = torch.randn(n, 4), torch.randn(n, 4)
+            ref_buf = buf.clone()
+            out, want = compiled(n, x, buf), f(n, x, ref_buf)
+            torch.testing.assert_close(out, want)
+            torch.testing.assert_close(buf, ref_buf)
+            assert out[1]._base is buf
