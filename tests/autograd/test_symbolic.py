@@ -415,3 +415,37 @@ def test_inference_with_an_input_mutation_through_the_ember_backend(monkeypatch)
             torch.testing.assert_close(out, want)
             torch.testing.assert_close(buf, ref_buf)
             assert out[1]._base is buf
+
+
+def _op_cases():
+    from tests.autograd.test_ops import OPS
+    # (split_chunk iterates over a split: symbolic_trace cannot)
+    return {k: v for k, v in OPS.items() if k != "split_chunk"}
+
+
+@pytest.mark.parametrize("name", sorted(_op_cases()))
+def test_op_set_with_every_dim_symbolic(name):
+    """test_ops.py's op set, each input's every dim symbolic (a trace may still fix some: then it is guarded),
+    at the example's sizes: outputs and gradients equal eager's."""
+    fn, floats, extra = _op_cases()[name]
+    args = ", ".join(f"a{i}" for i in range(len(floats) + len(extra)))
+    scope = {"fn": fn}
+    exec(f"def g({args}):\n    return fn({args})", scope)
+    g = scope["g"]
+    ex = [f.clone().requires_grad_() for f in floats] + [e.clone() for e in extra]
+    compiled = aot_module(symbolic_graph(g, ex, None), ex, Counting(), Counting())
+    (key, art), = compiled.artifacts.items()
+    assert key[0] == "symbolic" and art is not None
+    inputs = [_clone(x) for x in ex]
+    ref = [_clone(x) for x in ex]
+    torch.manual_seed(0)
+    out = compiled(*inputs)
+    torch.manual_seed(0)
+    want = g(*ref)
+    torch.testing.assert_close(out, want)
+    outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    wants = [o for o in torch.utils._pytree.tree_leaves(want) if isinstance(o, torch.Tensor) and o.requires_grad]
+    grads = [torch.randn_like(o) for o in outs]
+    torch.autograd.backward(outs, grads)
+    torch.autograd.backward(wants, grads)
+    torch.testing.assert_close(_leaves_grads(inputs), _leaves_grads(ref))
