@@ -100,14 +100,13 @@ class SymNodes:
     def __init__(self, graph: torch.fx.Graph):
         self.graph = graph
         self.nodes: dict[sympy.Expr, torch.fx.Node] = {}
-        self.vals: dict[sympy.Expr, torch.SymInt] = {}
         self.dims: dict[sympy.Symbol, tuple[torch.fx.Node, int, torch.SymInt]] = {}
 
     def bind(self, s: torch.SymInt, node: torch.fx.Node) -> None:
         """An int placeholder: the node of its symbol."""
         e = expr_of(s)
         if isinstance(e, sympy.Symbol) and e not in self.nodes:
-            self.nodes[e], self.vals[e] = node, s
+            self.nodes[e] = node
 
     def bind_dims(self, t: torch.Tensor, node: torch.fx.Node) -> None:
         """A tensor placeholder: each dim whose size is a bare symbol can give that symbol (sym_size), used
@@ -203,7 +202,7 @@ class SymNodes:
     def _emit(self, e, fn, args, val) -> torch.fx.Node:
         node = self.graph.call_function(fn, args)
         node.meta["val"] = val
-        self.nodes[e], self.vals[e] = node, val
+        self.nodes[e] = node
         return node
 
 
