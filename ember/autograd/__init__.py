@@ -10,6 +10,7 @@ torch.autograd.Function. See docs/autograd.md.
   partition.py      joint graph -> forward + backward graphs, min-cut choice of saved activations
   function.py       aot_module / aot_eager: the autograd.Function and the runtime around the compiled graphs
   backward.py       grads_of / with_freed_history: `loss.backward()` inside a captured graph
+  symbolic.py       symbolic graphs (docs/dynamic.md): SymInts as fx nodes, sizes at run time, admitted calls
 """
 from ember.autograd.function import CompiledGraphFunction, aot_eager, aot_module
 from ember.autograd.partition import Partition, partition

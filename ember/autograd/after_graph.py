@@ -9,12 +9,16 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from ember.autograd.symbolic import resolve
 from ember.autograd.trace_meta import TraceMeta
 from ember.tools.picker import picker
 
 
-def replay_views(t: torch.Tensor, views: tuple) -> torch.Tensor:
+def replay_views(t: torch.Tensor, views: tuple, inputs: list | None = None) -> torch.Tensor:
+    """The views (op, args, kwargs, item) of t; symbolic sizes among args (SymArg) computed from `inputs`."""
     for op, args, kwargs, item in views:
+        if inputs is not None:
+            args, kwargs = resolve((args, kwargs), inputs)
         t = op(t, *args, **kwargs)
         if item is not None:
             t = t[item]
@@ -108,7 +112,9 @@ def _program_outputs(meta: TraceMeta, inputs: list, outs: tuple | list) -> Any:
         if s.kind == "graph":
             flat.append(outs[s.index])
         elif s.kind == "alias":
-            flat.append(replay_views(inputs[s.index], s.views))
+            flat.append(replay_views(inputs[s.index], s.views, inputs))
+        elif s.kind == "sym":
+            flat.append(s.value(inputs))
         else:
             flat.append(s.value)
     if meta.grad_mode_after is not None:

@@ -13,6 +13,7 @@ from ember.autograd.functionalize import _is_write
 from ember.ir.meta import FLOATS, contiguous_strides, conv2d_output_shape
 
 aten = torch.ops.aten
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _tensors(x) -> list[torch.Tensor]:
@@ -37,17 +38,21 @@ def _collect_tensors(x, out: list) -> None:
         out.extend(t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
 
 
-def _map_tensors(x, fn: Callable):
-    """pytree.tree_map_only(torch.Tensor, fn, x) for an ATen op's arguments (see _collect_tensors)."""
+def _map_tensors(x, fn: Callable, sym_fn: Callable | None = None):
+    """pytree.tree_map_only(torch.Tensor, fn, x) for an ATen op's arguments (see _collect_tensors); with sym_fn,
+    SymInts (SymFloats, SymBools) are mapped by it too."""
     if isinstance(x, torch.Tensor):
         return fn(x)
     t = type(x)
     if t is list or t is tuple:
-        return t([_map_tensors(y, fn) for y in x])
+        return t([_map_tensors(y, fn, sym_fn) for y in x])
     if t is dict:
-        return {k: _map_tensors(y, fn) for k, y in x.items()}
+        return {k: _map_tensors(y, fn, sym_fn) for k, y in x.items()}
+    if sym_fn is not None and t in _SYM_TYPES:
+        return sym_fn(x)
     if isinstance(x, (list, tuple, dict)):
-        return pytree.tree_map_only(torch.Tensor, fn, x)
+        out = pytree.tree_map_only(torch.Tensor, fn, x)
+        return out if sym_fn is None else pytree.tree_map_only(_SYM_TYPES, sym_fn, out)
     return x
 
 
@@ -68,8 +73,9 @@ def _all_fake(x) -> bool:
 # ------------------------------------------------------------------------------ direct output metadata
 
 def _plain(t, device, dtype) -> bool:
-    """A fake tensor with canonical contiguous strides, of `dtype`, on `device`, no conj/neg bit."""
-    return (type(t) is FakeTensor and t.dtype == dtype and t.fake_device == device and t.layout is torch.strided
+    """A fake tensor with static, canonical contiguous strides, of `dtype`, on `device`, no conj/neg bit (a
+    symbolic one is dispatched: comparing its sizes would add guards)."""
+    return (type(t) is FakeTensor and not t._has_symbolic_sizes_strides and t.dtype == dtype and t.fake_device == device and t.layout is torch.strided
             and t.storage_offset() == 0 and t.stride() == contiguous_strides(t.shape) and not t.is_neg()
             and not t.is_conj() and t.constant is None)
 
@@ -96,7 +102,8 @@ def _eval_batch_norm(args, kwargs):
     if kwargs or len(args) != 8 or args[5] is not False:
         return None
     x, w, b, rm, rv = args[:5]
-    if type(x) is not FakeTensor or x.dtype not in FLOATS or x.dim() < 2 or x.numel() == 0 or rm is None or \
+    if type(x) is not FakeTensor or x._has_symbolic_sizes_strides or x.dtype not in FLOATS or x.dim() < 2 or \
+            x.numel() == 0 or rm is None or \
             rv is None or type(args[6]) not in (float, int) or type(args[7]) not in (float, int):
         return None
     device, dtype, channels = x.fake_device, x.dtype, x.shape[1]
@@ -124,6 +131,7 @@ def _cpu_convolution(args, kwargs):
         return None
     x, w, bias, stride, padding, dilation, _, _, groups = args
     if type(x) is not FakeTensor or type(w) is not FakeTensor or x.dim() != 4 or w.dim() != 4 or \
+            x._has_symbolic_sizes_strides or w._has_symbolic_sizes_strides or \
             x.fake_device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or type(groups) is not int:
         return None
     device, dtype = x.fake_device, x.dtype
@@ -157,7 +165,9 @@ def _memo_key(mode: FakeTensorMode, x):
     """What an op's output metadata can depend on in argument x: a fake tensor's metadata, a scalar's type and
     value, a list's items; None where x is anything else (the op is then dispatched as usual)."""
     if type(x) is FakeTensor:
-        if x.fake_mode is not mode or x.constant is not None or x.layout is not torch.strided:
+        # (symbolic sizes: not memoized, a SymInt is no dict key)
+        if x.fake_mode is not mode or x.constant is not None or x.layout is not torch.strided or \
+                x._has_symbolic_sizes_strides:
             return None
         return (x.shape, x.stride(), x.dtype, x.fake_device, x.storage_offset(), x.requires_grad, x.is_neg(),
                 x.is_conj())

@@ -21,6 +21,7 @@ import torch.fx
 from ember.autograd.partition import Partition, partition
 from ember.autograd.after_graph import _lifted_getter, finish
 from ember.autograd.trace import lift_parameters, trace_forward, trace_joint
+from ember.autograd.symbolic import SymbolicSignature, placeholder_values, shape_env_of
 from ember.autograd.trace_meta import TraceMeta
 from ember.tools import collector
 from ember.tools.picker import picker
@@ -29,6 +30,7 @@ from ember.tools.logs import get_logger
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 log = get_logger("autograd")
 fallback_log = get_logger("fallbacks")
+dynamic_log = get_logger("dynamic")
 
 
 def _eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -65,10 +67,11 @@ class CompiledGraphFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, art: _Artifact, primals: list, *differentiable):
         outs = art.forward(*primals)
-        n = art.part.num_forward_outputs
-        fw_outs, saved = outs[:n], outs[n:]
+        n, n_sym = art.part.num_forward_outputs, len(art.part.saved_symbols)
+        fw_outs, saved = outs[:n], outs[n:len(outs) - n_sym]
         ctx.art = art
         ctx.save_for_backward(*[primals[i] for i in art.part.saved_primals], *saved)
+        ctx.symbols = outs[len(outs) - n_sym:]     # ints: the sizes the backward is computed at
         diff = set(art.meta.tangent_of)
         ctx.mark_non_differentiable(*[o for k, o in enumerate(fw_outs) if k not in diff and
                                       isinstance(o, torch.Tensor)])
@@ -87,7 +90,7 @@ class CompiledGraphFunction(torch.autograd.Function):
                 f"the compiled graph {art.name!r} is not supported: its backward graph reads saved activations that "
                 f"carry no autograd history. Compile that code with ember.compile(..., backend='eager') or run it "
                 f"uncompiled.")
-        saved = ctx.saved_tensors
+        saved = (*ctx.saved_tensors, *ctx.symbols)
         tangents = [torch.zeros(shape, dtype=dtype, device=device) if grads[k] is None else
                     grads[k].contiguous() if grads[k].layout == torch.strided else grads[k]
                     for k, (shape, dtype, device) in zip(art.meta.tangent_of, ctx.tangent_meta)]
@@ -119,7 +122,14 @@ def _forward_of_joint(joint: torch.fx.GraphModule, meta) -> torch.fx.GraphModule
 def _signature(inputs: list) -> tuple:
     grad = torch.is_grad_enabled()
     return (grad,) + tuple((t.shape, t.stride(), t.dtype, t.device, grad and t.requires_grad)
-                           if isinstance(t, torch.Tensor) else (type(t), id(t)) for t in inputs)
+                           if isinstance(t, torch.Tensor) else (int, t) if type(t) is int else (type(t), id(t))
+                           for t in inputs)
+
+
+def _symbolic_signature(inputs: list) -> tuple:
+    """The key of a symbolic artifact: sizes are the symbols', so only grad mode and requires_grad vary."""
+    grad = torch.is_grad_enabled()
+    return ("symbolic", grad) + tuple(grad and isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
 
 
 def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Compiler,
@@ -131,16 +141,28 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     name = f"{type(gm).__name__} captured from {where}" if where else type(gm).__name__
     lifted = _lifted_getter(gm, lift_parameters(gm)[0])
     artifacts: dict[tuple, _Artifact | None] = {}
+    # a symbolic graph (docs/dynamic.md) is traced once per grad mode and requires_grad pattern, on its symbolic
+    # fakes, for every call its ShapeEnv admits; a call it does not admit gets a static artifact of its own
+    values = placeholder_values(gm)
+    symbolic = SymbolicSignature(values, shape_env_of(values)) if values is not None else None
 
-    def build(inputs: list) -> _Artifact | None:
+    def key_of(inputs: list) -> tuple:
+        # (a graph the frontend guards is called at every size its guards admit: only a symbolic artifact, or
+        # none (eager), serves it)
+        if symbolic is not None and (guarded or symbolic.admits(inputs)):
+            return _symbolic_signature(inputs)
+        return _signature(inputs)
+
+    def build(inputs: list, key: tuple) -> _Artifact | None:
         training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         no_grad = False
         user_inputs = inputs[:len(inputs) - len(lifted())]
+        sym = key[0] == "symbolic"
         try:
             if not training:
-                aten_gm, meta = trace_forward(gm, user_inputs)
+                aten_gm, meta = trace_forward(gm, user_inputs, symbolic=sym)
             else:
-                joint, meta = trace_joint(gm, user_inputs)
+                joint, meta = trace_joint(gm, user_inputs, symbolic=sym)
                 if meta.tangent_of:
                     part = partition(joint, meta)
                 else:
@@ -152,6 +174,9 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         except Exception as e:  # TraceError, or fake tensors refusing data-dependent ops (.item(), nonzero)
             fallback_log.warning("ember.autograd: graph %r runs eagerly: %s: %s", name, type(e).__name__, e)
             return None
+        if sym and symbolic.specialized():
+            dynamic_log.info("ember.autograd: graph %r: tracing fixed sizes %s (an op the ShapeEnv guarded on "
+                             "their values); other sizes get a graph of their own", name, symbolic.specialized())
         # an inner compiler's errors are not fallbacks: they reach the caller (the frontend reports them)
         if not training:
             log.debug("%s: inference graph, %d nodes", name, len(aten_gm.graph.nodes))
@@ -189,9 +214,9 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         if guarded:
             art = example_art   # (not artifacts[example_key]: hashing that tuple of tuples costs per input and call)
         else:
-            key = _signature(inputs)
+            key = key_of(inputs)
             if key not in artifacts:
-                artifacts[key] = build(inputs)
+                artifacts[key] = build(inputs, key)
             art = artifacts[key]
         if art is None:
             return gm(*args)
@@ -211,8 +236,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     # Build now for the example inputs (the frontend calls a backend right before the first run), so an inner
     # compiler's error surfaces while compiling; other signatures are built on their first call.
     example = [*example_inputs, *lifted()]
-    example_key = _signature(example)
-    artifacts[example_key] = example_art = build(example)
+    example_key = key_of(example)
+    artifacts[example_key] = example_art = build(example, example_key)
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
     return run
 

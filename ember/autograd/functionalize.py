@@ -8,6 +8,7 @@ import functools
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ember.autograd.trace_meta import TraceError
 
@@ -101,5 +102,12 @@ def _split(schema, bound) -> tuple[list, dict]:
 
 
 def _same_layout(t: torch.Tensor, base: torch.Tensor) -> bool:
-    return (t.shape == base.shape and t.stride() == base.stride() and t.storage_offset() == base.storage_offset()
-            and t.dtype == base.dtype)
+    """Same sizes, strides, offset and dtype; symbolic ones compared without adding a guard (not known equal at
+    every admitted size: not the same layout, the general path follows)."""
+    return t.dtype == base.dtype and _known_equal((*t.shape, *t.stride(), t.storage_offset()),
+                                                  (*base.shape, *base.stride(), base.storage_offset()))
+
+
+def _known_equal(a, b) -> bool:
+    return len(a) == len(b) and all(x == y if type(x) is int and type(y) is int else statically_known_true(x == y)
+                                    for x, y in zip(a, b))

@@ -32,6 +32,10 @@ backward recomputes the log_softmax pointwise where its gradient is computed, in
 and saving a second logits-sized tensor (a language model's vocabulary makes that hundreds of MB a step). Saving x
 never holds more memory than saving the output (same size) and holds none when x is alive anyway.
 
+Sizes (SymInt nodes of a symbolic graph) are not in the network: the backward receives the symbols its sizes
+are computed from (int placeholders, sizes read off tensors) as ints the forward returns after its saved tensors,
+and recomputes the arithmetic over them; byte costs are taken at the example's sizes.
+
 Every S->T path then crosses a cut edge: the backward gets each needed value by walking back to saved ones, and
 the saved bytes are minimal among such choices. A saved value the forward did not compute anyway (e.g. a
 batch-norm statistic only the backward reads) is added to the forward graph.
@@ -45,6 +49,7 @@ import networkx as nx
 import torch
 import torch.fx
 
+from ember.autograd.symbolic import dispatch_context, hint, is_sym_node, is_symbol_source
 from ember.autograd.trace_meta import TraceMeta
 
 aten = torch.ops.aten
@@ -52,20 +57,22 @@ aten = torch.ops.aten
 
 @dataclasses.dataclass
 class Partition:
-    forward: torch.fx.GraphModule    # primals -> (forward outputs..., saved activations...)
-    backward: torch.fx.GraphModule   # (saved primals..., saved activations..., tangents...) -> grads of the
-                                     # primals requiring grad, in order (None where a grad is unused)
+    forward: torch.fx.GraphModule    # primals -> (forward outputs..., saved activations..., saved symbols...)
+    backward: torch.fx.GraphModule   # (saved primals..., saved activations..., saved symbols..., tangents...) ->
+                                     # grads of the primals requiring grad, in order (None where a grad is unused)
     num_forward_outputs: int
     saved_primals: list[int]         # primal indices the backward reads: saved from the inputs, not returned
-    saved: list[str]                 # node names of all saved values, in the backward's order
-    saved_bytes: int
+    saved: list[str]                 # node names of all saved tensors, in the backward's order
+    saved_bytes: int                 # (at the example's sizes, for a symbolic graph)
     recomputed: list[str]            # forward nodes the backward recomputes
+    saved_symbols: list[str] = dataclasses.field(default_factory=list)   # int values the backward reads (sizes)
 
 
 def _bytes(node: torch.fx.Node) -> int | None:
+    """A tensor value's bytes (symbolic sizes: at the example's values, a cost for the cut only)."""
     v = node.meta.get("val")
     if isinstance(v, torch.Tensor):
-        return v.numel() * v.element_size()
+        return hint(v.numel()) * v.element_size()
     return None
 
 
@@ -169,7 +176,7 @@ def _emit(g: torch.fx.Graph, op, *args) -> torch.fx.Node:
     node = g.call_function(op, args)
     vals = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
     fake_mode = next(v.fake_mode for v in vals if isinstance(v, torch.Tensor))
-    with fake_mode:
+    with dispatch_context(fake_mode), fake_mode:
         node.meta["val"] = op(*vals)
     return node
 
@@ -229,10 +236,13 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
     in_forward = ancestors(fw_outs)
     needed_by_bw = ancestors(grad_outs)
     bw_nodes = needed_by_bw & tangent_dep
-    primal_only = needed_by_bw - tangent_dep     # values the backward needs: save or recompute
+    # values the backward needs: save or recompute. Sizes (SymInt nodes) are not in the cut: the backward gets
+    # their symbols as int inputs and recomputes the arithmetic over them (below)
+    primal_only = {n for n in needed_by_bw - tangent_dep if not is_sym_node(n)}
     recipes = {n: r for n in primal_only if (r := _recipe_inputs(n)) is not None}
     inputs_of = lambda n: [a for a in recipes[n] if isinstance(a, torch.fx.Node)] if n in recipes \
         else n.all_input_nodes  # noqa: E731
+    tensor_inputs_of = lambda n: [a for a in inputs_of(n) if not is_sym_node(a)]  # noqa: E731
     primal_only |= {a for n in recipes for a in inputs_of(n)}
 
     G = nx.DiGraph()
@@ -248,7 +258,7 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
                                                           or (not _is_view(n) and _materialized_in_backward(n, bw_nodes)))):
             G.add_edge("S", (n, "in"))
         else:
-            for u in inputs_of(n):
+            for u in tensor_inputs_of(n):
                 G.add_edge((u, "out"), (n, "in"))
         if any(user in bw_nodes for user in n.users) or n in grad_outs:
             G.add_edge((n, "out"), "T")
@@ -260,14 +270,18 @@ def partition(joint: torch.fx.GraphModule, meta: TraceMeta) -> Partition:
     # saved primals come straight from the Function's inputs, so the forward graph never returns an input
     saved = [n for n in saved if n.op == "placeholder"] + [n for n in saved if n.op != "placeholder"]
     saved_primals = [primals.index(n) for n in saved if n.op == "placeholder"]
-    fw = _subgraph(joint, primals, fw_outs + saved[len(saved_primals):], "AtenForward")
     saved_set = set(saved)
-    bw = _subgraph(joint, saved + tangents, grad_outs, "AtenBackward", recipes)
+    # the symbols the backward's sizes are computed from: int placeholders, sizes read off tensors
+    needs = ancestors(grad_outs, stop=lambda n: n in saved_set or is_symbol_source(n), inputs_of=inputs_of)
+    symbols = [n for n in graph.nodes if n in needs and is_symbol_source(n)]
+    fw = _subgraph(joint, primals, fw_outs + saved[len(saved_primals):] + symbols, "AtenForward")
+    bw = _subgraph(joint, saved + symbols + tangents, grad_outs, "AtenBackward", recipes)
+    saved_set |= set(symbols)
     in_backward = ancestors(grad_outs, stop=lambda n: n in saved_set, inputs_of=inputs_of)
     recomputed = [n.name for n in graph.nodes
                   if n in in_backward and n in in_forward and n not in saved_set and n.op == "call_function"]
     return Partition(fw, bw, nf, saved_primals, [n.name for n in saved], sum(_bytes(n) or 0 for n in saved),
-                     recomputed)
+                     recomputed, [n.name for n in symbols])
 
 
 def _subgraph(joint: torch.fx.GraphModule, inputs: list, outputs: list, name: str,

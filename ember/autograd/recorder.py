@@ -9,12 +9,14 @@ from typing import Any
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ember import config
 from ember.autograd.fake_dispatch import _DIRECT, _all_fake, _fake_call, _map_tensors, _memo_fake_call, _tensors
 from ember.autograd.functionalize import _INPLACE_VIEWS, _SCATTER, _UNDECLARED_WRITES, _Base, _bind, _is_write, \
-    _Rec, _same_layout, _split, functional_variant
+    _Rec, _known_equal, _same_layout, _split, functional_variant
+from ember.autograd.symbolic import SymNodes
 from ember.autograd.trace_meta import TraceError
 
 aten = torch.ops.aten
@@ -77,9 +79,10 @@ def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         return None
     bias = attn_mask
     if bias is not None:
-        if key.shape[-2] % (16 // query.element_size()):
+        if not _known_multiple(key.shape[-2], 16 // query.element_size()):
             # the kernel needs the bias rows 16-byte aligned; eager pads a view for it, but the code generator
-            # may hand the extern call a compact copy instead: leave such shapes to the math path
+            # may hand the extern call a compact copy instead: leave such shapes to the math path (a symbolic
+            # length too, unless the guards say it is a multiple: deciding would guard on its remainder)
             return None
         if bias.dtype == torch.bool:
             bias = torch.zeros(bias.shape, dtype=query.dtype, device=query.device).masked_fill(
@@ -88,6 +91,10 @@ def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     return torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, bias, need_lse, dropout_p, is_causal, scale=scale)[0]
+
+
+def _known_multiple(n, k: int) -> bool:
+    return n % k == 0 if type(n) is int else statically_known_true(n % k == 0)
 
 
 class _Recorder(TorchDispatchMode):
@@ -102,6 +109,8 @@ class _Recorder(TorchDispatchMode):
         self.constants: dict[str, torch.Tensor] = {}
         self.bases: list[_Base] = []
         self.memo: dict = {}                 # _memo_fake_call's: per op, memoizable; per call's metadata, outputs
+        self.syms = SymNodes(self.graph)     # the nodes of the SymInts ops take (ember.autograd.symbolic)
+        self.input_index: dict[torch.fx.Node, int] = {}   # placeholder -> its position among the graph's inputs
 
     # -- bookkeeping
     def _new(self, t: torch.Tensor, node: torch.fx.Node, base: _Base | None = None, chain: tuple = ()) -> None:
@@ -116,6 +125,23 @@ class _Recorder(TorchDispatchMode):
         node = self.graph.placeholder(name)
         self._new(t, node)
         self.recs[id(t)].base.input_index = input_index
+        self.input_index[node] = input_index
+        self.syms.bind_dims(t, node)
+        return node
+
+    def sym_placeholder(self, s: torch.SymInt, name: str, input_index: int) -> torch.fx.Node:
+        """An int input carrying a symbol (docs/dynamic.md): the node of that symbol in the graph's ops."""
+        node = self.graph.placeholder(name)
+        node.meta["val"] = s
+        self.input_index[node] = input_index
+        self.syms.bind(s, node)
+        return node
+
+    def int_placeholder(self, value: int, name: str, input_index: int) -> torch.fx.Node:
+        """An int input a static trace takes as a constant (the graph is specialized to it)."""
+        node = self.graph.placeholder(name)
+        node.meta["val"] = value
+        self.input_index[node] = input_index
         return node
 
     def alias_placeholder(self, t: torch.Tensor, of: torch.Tensor) -> None:
@@ -149,7 +175,7 @@ class _Recorder(TorchDispatchMode):
         return rec.node
 
     def _to_nodes(self, x):
-        return _map_tensors(x, self.node_of)
+        return _map_tensors(x, self.node_of, self.syms.to_node)
 
     def _record(self, op, args, kwargs, out) -> torch.fx.Node:
         node = self.graph.call_function(op, tuple(self._to_nodes(list(args))), self._to_nodes(dict(kwargs)))
@@ -291,7 +317,7 @@ class _Recorder(TorchDispatchMode):
         rec = self.recs.get(id(t))
         if rec is None:
             raise TraceError("an in-place op wrote into a tensor made outside the traced program")
-        if tuple(new_fake.shape) != tuple(t.shape):
+        if not _known_equal(new_fake.shape, t.shape):
             raise TraceError(f"in-place op changed a tensor's shape {tuple(t.shape)} -> {tuple(new_fake.shape)}")
         base = rec.base
         if new_fake.dtype != t.dtype:                  # in-place ops keep the written tensor's dtype
@@ -317,9 +343,10 @@ class _Recorder(TorchDispatchMode):
         else:
             # as_strided_scatter writes into a clone of the base: offsets are relative to it, so the clone must
             # keep the base's strides (true for dense tensors) and the view its dtype
-            if torch.empty_like(base.fake).stride() != base.fake.stride() or t.dtype != base.fake.dtype:
+            if not _known_equal(torch.empty_like(base.fake).stride(), base.fake.stride()) or \
+                    t.dtype != base.fake.dtype:
                 raise TraceError("an in-place write into a view of a non-dense tensor, or into a dtype view")
-            node = self.graph.call_function(aten.as_strided_scatter.default, (
-                cur, new, list(t.shape), list(t.stride()), t.storage_offset() - base.fake.storage_offset()))
+            node = self.graph.call_function(aten.as_strided_scatter.default, self._to_nodes((
+                cur, new, list(t.shape), list(t.stride()), t.storage_offset() - base.fake.storage_offset())))
         node.meta["val"] = base.fake
         return node

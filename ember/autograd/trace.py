@@ -42,10 +42,12 @@ from __future__ import annotations
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ember.autograd.fake_dispatch import _tensors
 from ember.autograd.recorder import _OriginInterpreter, _Recorder
+from ember.autograd.symbolic import SYM_TYPES, SymArg, dispatch_context, is_symbolic_value, is_sym_node, \
+    placeholder_values, shape_env_of
 from ember.autograd.trace_meta import InputMutation, OutputSpec, TraceError, TraceMeta
 
 
@@ -85,11 +87,45 @@ def _fakes(fake_mode: FakeTensorMode, tensors: list) -> list:
     return out
 
 
+def _fresh_fake(fake_mode: FakeTensorMode, like: torch.Tensor) -> torch.Tensor:
+    """A new fake tensor (of this trace's own) with like's sizes, strides and offset: symbolic ones for a
+    placeholder's meta["val"], whose object the frontend keeps, or a real tensor's (lifted parameters)."""
+    with fake_mode:
+        if like.storage_offset() == 0:
+            return torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=like.device)
+        need = like.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(like.shape, like.stride()))
+        return torch.empty(need, dtype=like.dtype, device=like.device).as_strided(
+            like.shape, like.stride(), like.storage_offset())
+
+
+def _symbolic_fakes(values: list, inputs: list) -> tuple[FakeTensorMode, list]:
+    """The inputs of a symbolic graph as the trace sees them: the placeholders' SymInts, fresh fakes shaped as
+    their fake tensors (a real tensor where a placeholder has no meta["val"]: its static fake), all in the
+    FakeTensorMode of the placeholders' fakes, whose ShapeEnv holds the symbols."""
+    shape_env = shape_env_of(values)
+    modes = [v.fake_mode for v in values if isinstance(v, FakeTensor) and v.fake_mode.shape_env is shape_env]
+    fake_mode = modes[0] if modes else FakeTensorMode(shape_env=shape_env)
+    if any(is_symbolic_value(v) and shape_env_of([v]) is not shape_env for v in values):
+        raise TraceError("the graph's placeholders hold sizes of several ShapeEnvs")
+    out = []
+    for i, x in enumerate(inputs):
+        v = values[i] if i < len(values) else None
+        if isinstance(v, SYM_TYPES):
+            out.append(v)
+        elif isinstance(x, torch.Tensor):
+            out.append(_fresh_fake(fake_mode, v if isinstance(v, torch.Tensor) else x))
+        elif type(x) is int:             # an int the graph does not say is symbolic: a constant of this trace
+            out.append(x)
+        else:
+            raise TraceError(f"graph input of type {type(x).__name__}: only tensors and ints are supported")
+    return fake_mode, out
+
+
 def _check_inputs_do_not_overlap(inputs: list[torch.Tensor], mutated: set[int]) -> None:
     """Two inputs sharing memory, one of them written: each is traced as its own storage, so refuse."""
     storages = {}
     for i, t in enumerate(inputs):
-        if t.numel() == 0:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
             continue
         key = (t.device, t.untyped_storage().data_ptr())
         if key in storages and (i in mutated or storages[key] in mutated):
@@ -97,18 +133,33 @@ def _check_inputs_do_not_overlap(inputs: list[torch.Tensor], mutated: set[int]) 
         storages.setdefault(key, i)
 
 
-def _run(gm: torch.nn.Module, example_inputs: list, grad: bool, lift: bool = True):
-    """Trace gm on fakes. Returns (recorder, fake primals, fake outputs (flat), out_spec, lifted names, all inputs)."""
+def _run(gm: torch.nn.Module, example_inputs: list, grad: bool, lift: bool = True, symbolic: bool = True):
+    """Trace gm on fakes. Returns (recorder, fake mode, fake primals, program inputs, fake outputs (flat), out_spec,
+    lifted names, all inputs). A symbolic graph (ember.autograd.symbolic) is traced on its placeholders' fakes
+    and SymInts unless `symbolic` is False; otherwise on static fakes of the inputs (ints: constants)."""
     names, lifted = lift_parameters(gm) if lift else ([], [])
     inputs = list(example_inputs) + lifted
-    fake_mode = FakeTensorMode()
+    values = placeholder_values(gm)
+    if values is not None and symbolic:
+        fake_mode, fakes = _symbolic_fakes(values, inputs)
+    else:          # (a symbolic graph's int inputs, traced statically: constants of this trace)
+        fake_mode = FakeTensorMode()
+        fakes = [x if values is not None and type(x) is int else _fakes(fake_mode, [x])[0] for x in inputs]
     rec = _Recorder(fake_mode)
-    fakes = _fakes(fake_mode, inputs)
     primals, program_inputs = [], []
     with fake_mode:
         for i, (f, real) in enumerate(zip(fakes, inputs)):
+            name = f"primal_{i}" if grad else f"arg_{i}"
+            if not isinstance(f, torch.Tensor):
+                if isinstance(f, SYM_TYPES):
+                    rec.sym_placeholder(f, name, i)
+                else:                           # an int input of a static trace: a constant of the graph
+                    rec.int_placeholder(f, name, i)
+                primals.append(f)
+                program_inputs.append(f)
+                continue
             p = f.requires_grad_(grad and real.requires_grad)
-            rec.placeholder(p, f"primal_{i}" if grad else f"arg_{i}", i)
+            rec.placeholder(p, name, i)
             primals.append(p)
             if p.requires_grad:                    # a non-leaf stand-in, so the program may write into it
                 with torch.enable_grad():
@@ -121,7 +172,8 @@ def _run(gm: torch.nn.Module, example_inputs: list, grad: bool, lift: bool = Tru
     # cudnn off while tracing: batch norm then goes to native_batch_norm, whose functional form we know
     # (convolutions are recorded as aten.convolution either way and still use cudnn when the graph runs).
     mode = grad or torch.is_grad_enabled()      # inference traces run in the caller's mode (nothing requires grad)
-    with torch.set_grad_enabled(mode), torch.backends.cudnn.flags(enabled=False), fake_mode, rec, \
+    with torch.set_grad_enabled(mode), torch.backends.cudnn.flags(enabled=False), dispatch_context(fake_mode), \
+            fake_mode, rec, \
             _swap_tensors(gm, names, program_inputs[n_user:]):
         if isinstance(gm, torch.fx.GraphModule):
             out = _OriginInterpreter(gm, rec.graph).run(*program_inputs[:n_user])
@@ -137,19 +189,46 @@ def _outputs(rec: _Recorder, flat: list, program_inputs: list) -> tuple[list[Out
     """Classify program outputs; returns (specs, graph output nodes, graph output fakes)."""
     specs, nodes, fakes = [], [], []
     for o in flat:
+        if isinstance(o, SYM_TYPES) and is_symbolic_value(o):   # an int computed from sizes: from the inputs
+            node = rec.syms.to_node(o)
+            specs.append(OutputSpec("sym", value=SymArg(node, rec.input_index)) if isinstance(node, torch.fx.Node)
+                         else OutputSpec("const", value=node))
+            continue
         if not isinstance(o, torch.Tensor):
             specs.append(OutputSpec("const", value=o))
             continue
         r = rec.recs.get(id(o))
-        if r is not None and r.base.input_index is not None and all(
-                not _tensors((s[1], s[2])) for s in r.chain):
-            views = tuple((op, args, kwargs, item) for op, args, kwargs, item, _ in r.chain)
+        if r is not None and r.base.input_index is not None and not any(
+                isinstance(a, torch.fx.Node) and not is_sym_node(a) for s in r.chain for a in _leaves((s[1], s[2]))):
+            # (a view's symbolic sizes are computed from the call's inputs when it is replayed)
+            def sym_arg(n):
+                return SymArg(n, rec.input_index)
+            views = tuple((op, _map_nodes(args, sym_arg), _map_nodes(kwargs, sym_arg), item)
+                          for op, args, kwargs, item, _ in r.chain)
             specs.append(OutputSpec("alias", r.base.input_index, views))
             continue
         specs.append(OutputSpec("graph", len(nodes)))
         nodes.append(rec.node_of(o))
         fakes.append(o)
     return specs, nodes, fakes
+
+
+def _leaves(x) -> list:
+    if type(x) in (list, tuple):
+        return [z for y in x for z in _leaves(y)]
+    if type(x) is dict:
+        return [z for y in x.values() for z in _leaves(y)]
+    return [x]
+
+
+def _map_nodes(x, fn):
+    if isinstance(x, torch.fx.Node):
+        return fn(x)
+    if type(x) in (list, tuple):
+        return type(x)(_map_nodes(y, fn) for y in x)
+    if type(x) is dict:
+        return {k: _map_nodes(y, fn) for k, y in x.items()}
+    return x
 
 
 def _mutations(rec: _Recorder, first_output: int) -> tuple[list[InputMutation], list, list]:
@@ -171,9 +250,13 @@ def _graph_module(rec: _Recorder, name: str) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(root, rec.graph, class_name=name)
 
 
-def trace_forward(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.GraphModule, TraceMeta]:
-    """The functional ATen graph of `gm` for inference (no autograd), and what to do after it (module docstring)."""
-    rec, fake_mode, primals, program_inputs, flat, spec, names, inputs = _run(gm, example_inputs, grad=False)
+def trace_forward(gm: torch.nn.Module, example_inputs: list, symbolic: bool = True) \
+        -> tuple[torch.fx.GraphModule, TraceMeta]:
+    """The functional ATen graph of `gm` for inference (no autograd), and what to do after it (module docstring).
+    A symbolic gm (docs/dynamic.md) gives a symbolic graph unless `symbolic` is False (then: at the example's
+    sizes, its int inputs constants)."""
+    rec, fake_mode, primals, program_inputs, flat, spec, names, inputs = _run(gm, example_inputs, False,
+                                                                              symbolic=symbolic)
     specs, out_nodes, _ = _outputs(rec, flat, program_inputs)
     muts, mut_nodes, _ = _mutations(rec, len(out_nodes))
     _check_inputs_do_not_overlap(inputs, {m.input_index for m in muts})
@@ -183,7 +266,8 @@ def trace_forward(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.G
     return _graph_module(rec, "AtenForward"), meta
 
 
-def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.GraphModule, TraceMeta]:
+def trace_joint(gm: torch.nn.Module, example_inputs: list, symbolic: bool = True) \
+        -> tuple[torch.fx.GraphModule, TraceMeta]:
     """Forward and backward in one functional ATen graph.
 
     placeholders: primals (example_inputs, then lifted parameters/buffers), then tangents: one per forward output
@@ -192,7 +276,8 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.Gra
     requires grad (None where the output does not depend on it)...). The forward outputs are the first
     `meta.num_graph_outputs + len(meta.mutations)` of them.
     """
-    rec, fake_mode, primals, program_inputs, flat, spec, names, inputs = _run(gm, example_inputs, grad=True)
+    rec, fake_mode, primals, program_inputs, flat, spec, names, inputs = _run(gm, example_inputs, True,
+                                                                              symbolic=symbolic)
     specs, out_nodes, out_fakes = _outputs(rec, flat, program_inputs)
     muts, mut_nodes, _ = _mutations(rec, len(out_nodes))
     _check_inputs_do_not_overlap(inputs, {m.input_index for m in muts})
@@ -202,7 +287,7 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.Gra
     # new value needs no tangent
     differentiable = [True] * len(out_fakes) + [m.grad_written for m in muts]
     diff = [k for k, f in enumerate(fw_fakes) if f.requires_grad and differentiable[k]]
-    wrt = [p for p in primals if p.requires_grad]
+    wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
     # tangent placeholders go right after the primals
     last = [n for n in rec.graph.nodes if n.op == "placeholder"][-1]
     tangents = []
@@ -217,11 +302,12 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list) -> tuple[torch.fx.Gra
     grads = [None] * len(wrt)
     if diff and wrt:
         rec.graph.origin = {"origin": "backward"}
-        with fake_mode, rec:
+        with dispatch_context(fake_mode), fake_mode, rec:
             grads = torch.autograd.grad([fw_fakes[k] for k in diff], wrt, tangents, allow_unused=True)
     grad_nodes = [None if g is None else rec.node_of(g) for g in grads]
     rec.graph.output(tuple(fw_nodes + grad_nodes))
     meta = TraceMeta(len(primals), names, specs, spec, muts, num_graph_outputs=len(out_nodes),
                      grad_mode_after=rec.grad_mode_after,
-                     requires_grad=[p.requires_grad for p in primals], tangent_of=diff)
+                     requires_grad=[isinstance(p, torch.Tensor) and p.requires_grad for p in primals],
+                     tangent_of=diff)
     return _graph_module(rec, "AtenJoint"), meta

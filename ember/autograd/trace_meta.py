@@ -22,10 +22,12 @@ class InputMutation:
 
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
-    kind: str                  # "graph": graph output `index`; "alias": view of input `index`; "const": `value`
+    kind: str                  # "graph": graph output `index`; "alias": view of input `index`; "const": `value`;
+                               # "sym": an int computed from the sizes of the inputs, `value(inputs)`
     index: int = -1
-    views: tuple = ()          # for "alias": ((op, args, kwargs, item), ...) replayed on the input
-    value: Any = None          # for "const": a non-tensor output (None, int, ...) returned as is
+    views: tuple = ()          # for "alias": ((op, args, kwargs, item), ...) replayed on the input (symbolic
+                               # sizes among args: ember.autograd.symbolic.SymArg, computed from the inputs)
+    value: Any = None          # for "const": a non-tensor output (None, int, ...) returned as is; "sym": a SymArg
 
 
 @dataclasses.dataclass

@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from ember.tools.logs import get_logger
+
 # device type -> the module whose compile_aten(gm, example_inputs, options) compiles an ATen graph for it, imported
 # when a graph first needs it (a CPU program never loads the Triton printer)
 DEVICE_BACKENDS = {"cpu": "ember.backends.cpp_backend", "cuda": "ember.backends.triton_backend"}
@@ -37,16 +39,36 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
 
     def inner(g: torch.fx.GraphModule, ex: list, more_options: dict | None = None) -> Callable:
         backend = importlib.import_module(DEVICE_BACKENDS["cuda" if _on_cuda(g, ex) else "cpu"])
+        if not getattr(backend, "SYMBOLIC", False) and _is_symbolic(g):
+            # a code generator that does not say it lowers symbolic sizes: the ATen graph runs as it is, correct
+            # at every size (docs/dynamic.md)
+            if backend.__name__ not in _logged_symbolic:
+                _logged_symbolic.add(backend.__name__)
+                get_logger("dynamic").info("%s has no SYMBOLIC = True: symbolic graphs run as ATen graphs",
+                                           backend.__name__)
+            return g.forward
         return backend.compile_aten(g, ex, {**options, **(more_options or {})})
 
     cuda_graphs = mode in ("reduce-overhead", "max-autotune") and options.get("triton.cudagraphs", True) \
         and _on_cuda(gm, example_inputs)
+    if cuda_graphs and _is_symbolic(gm):
+        # (a recording is of one size, and the replayer takes tensors only: int inputs are not handled yet)
+        get_logger("dynamic").info("mode=%r: a symbolic graph runs without CUDA graphs", mode)
+        cuda_graphs = False
     if cuda_graphs:
         # (a graph that reads CPU tensors, torch.optim's step counters, replays its device part: aot_compilers)
         from ember.runtime.cudagraphs import aot_compilers
         fw, bw = aot_compilers(inner)
         return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
     return aot_module(gm, example_inputs, fw_compiler=inner, bw_compiler=inner)
+
+
+_logged_symbolic: set[str] = set()   # device backends whose symbolic fallback was logged
+
+
+def _is_symbolic(g: torch.fx.GraphModule) -> bool:
+    from ember.autograd.symbolic import placeholder_values
+    return placeholder_values(g) is not None
 
 
 def _on_cuda(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
