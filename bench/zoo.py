@@ -1,0 +1,536 @@
+"""Model zoo: ember against eager and torch.compile(backend="eager") on every torchvision classification model and
+50+ transformers architectures (bench/zoo_models.py), in eval and train mode.
+
+    .venv/bin/python bench/zoo.py [--models sub,...] [--mode eval|train|both] [--backend ember|eager]
+                                  [--shard i/n] [--timeout S] [--recount-torch] [--json FILE]
+    .venv/bin/python bench/zoo.py --merge a.json b.json ...     # one table and summary from shards' JSON
+
+Each (model, mode) row:
+- counts: graphs, graph breaks and captured ops (call_function/call_method/call_module nodes of the graphs) of
+  ember (ember.explain with the chosen backend) and of torch.compile (torch._dynamo.explain, the eager backend),
+  with each one's first break reason and the user's file:line. torch.compile's counts are cached per torch version
+  in bench/zoo_counts/torch-<version>.json (recomputed only with --recount-torch or when missing).
+- equal: eval runs forward under torch.no_grad and compares ember's outputs with eager's (assert_close at its
+  default tolerances, dtypes, keys and output types included). train runs forward + backward of a scalar (the sum
+  of the means of the floating outputs) and compares the outputs and the mutated buffers with eager float32 (same
+  check), and every parameter's gradient with a float64 eager run (same weights, same dropout masks, float inputs
+  cast): per parameter, with err(x) = max|x - grad_f64|, ember passes when
+        err(ember) <= 2 * err(eager float32) + 1e-5 * max|grad_f64|
+  i.e. ember is at most twice as far from float64 as eager float32 is, plus a small allowance relative to the
+  gradient's size. A train-mode output or buffer that fails assert_close gets the same float64 criterion.
+- --backend ember (default): the whole pipeline (autograd, decompositions, codegen); --backend eager: ember's
+  frontend alone (its captured graphs run as they are), fast, for counts.
+Every row runs in a worker process with a per-row timeout: a crash or timeout is a row, not an abort.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import fcntl
+import json
+import os
+import pathlib
+import platform
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+COUNTS_DIR = ROOT / "bench" / "zoo_counts"
+RESULT_TAG = "@@ZOO "
+SITE = "site-packages/"
+
+
+# ---------------------------------------------------------------- helpers run inside a worker
+
+def short_path(path: str) -> str:
+    """A file under site-packages or this repository, by its path from there."""
+    if SITE in path:
+        return path.split(SITE, 1)[1]
+    return os.path.relpath(path, ROOT) if path.startswith(str(ROOT)) else path
+
+
+def op_count(gm) -> int:
+    return sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
+
+
+def tensors(out) -> list:
+    """The tensors of a nested output (tuples, lists, dicts, HF ModelOutputs), in order."""
+    import torch
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in tensors(v)]
+    return []
+
+
+def scalar_loss(out):
+    """The scalar train mode differentiates: the sum of the means of the floating outputs that carry a gradient."""
+    ts = [t for t in tensors(out) if t.is_floating_point() and t.requires_grad]
+    if not ts:
+        raise ValueError("no floating output carries a gradient")
+    return sum(t.float().mean() for t in ts)
+
+
+def within_f64(actual, eager32, f64) -> tuple[bool, str]:
+    """ember at most twice as far from float64 as eager float32, plus 1e-5 of the largest float64 value."""
+    f64 = f64.detach()
+    err_e = (actual.detach().double() - f64).abs().max().item()
+    err_32 = (eager32.detach().double() - f64).abs().max().item()
+    scale = f64.abs().max().item()
+    ok = err_e <= 2 * err_32 + 1e-5 * scale
+    return ok, f"err {err_e:.2e} vs eager32 {err_32:.2e} (max|f64| {scale:.2e})"
+
+
+def same(expected, actual) -> str | None:
+    """None when assert_same (the test suite's comparison) passes, else its message's first line."""
+    from model_zoo import assert_same
+    try:
+        assert_same(expected, actual)
+        return None
+    except AssertionError as e:
+        return str(e).strip().split("\n")[0][:160]
+
+
+def first_torch_break(explained) -> str:
+    if not explained.break_reasons:
+        return ""
+    b = explained.break_reasons[0]
+    where = f" at {short_path(b.user_stack[-1].filename)}:{b.user_stack[-1].lineno}" if b.user_stack else ""
+    return f"{b.reason.strip().splitlines()[0][:200]}{where}"
+
+
+def first_ember_break(explained) -> str:
+    if not explained.break_reasons:
+        return ""
+    b = explained.break_reasons[0]
+    where = b.where
+    if ":" in where:
+        f, line = where.rsplit(":", 1)
+        where = f"{short_path(f)}:{line}"
+    return f"{b.reason.strip().splitlines()[0][:200]} at {where}"
+
+
+def _build(name: str, train: bool):
+    import torch
+    import zoo_models
+    torch.manual_seed(0)
+    model, kwargs = zoo_models.all_models()[name]()
+    return model.train(train), kwargs
+
+
+def _skip_reason(name: str) -> str | None:
+    import zoo_models
+    n = zoo_models.param_count(zoo_models.all_models()[name])
+    return f"{n / 1e6:.0f}M parameters > {zoo_models.MAX_PARAMS / 1e6:.0f}M" if n > zoo_models.MAX_PARAMS else None
+
+
+def torch_counts(name: str, mode: str) -> dict:
+    """torch.compile(backend="eager")'s graphs, breaks and ops on the model, as torch._dynamo.explain reports them."""
+    import torch
+    import torch._dynamo
+    train = mode == "train"
+    model, kwargs = _build(name, train)
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(train):
+        torch.manual_seed(100)
+        ex = torch._dynamo.explain(model)(**kwargs)
+    return dict(graphs=len(ex.graphs), breaks=ex.graph_break_count, ops=sum(op_count(g) for g in ex.graphs),
+                first_break=first_torch_break(ex))
+
+
+def ember_row(name: str, mode: str, backend: str) -> dict:
+    """ember's counts (ember.explain with `backend`) and whether its results equal eager's."""
+    import torch
+    import ember
+    train = mode == "train"
+    model, kwargs = _build(name, train)
+    ember.reset()
+    if not train:
+        eager = copy.deepcopy(model)
+        with torch.no_grad():
+            torch.manual_seed(100)
+            expected = eager(**kwargs)
+            torch.manual_seed(100)
+            ex = ember.explain(model, backend=backend)(**kwargs)
+        row = counts(ex)
+        diff = same(expected, ex.result)
+        row["equal"] = "yes" if diff is None else f"no: {diff}"
+        return row
+
+    m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
+    kwargs64 = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
+    torch.manual_seed(100)
+    out32 = m32(**kwargs)
+    scalar_loss(out32).backward()
+    torch.manual_seed(100)
+    ex = ember.explain(model, backend=backend)(**kwargs)
+    row = counts(ex)
+    scalar_loss(ex.result).backward()
+    try:
+        torch.manual_seed(100)
+        out64 = m64(**kwargs64)
+        scalar_loss(out64).backward()
+    except Exception as e:  # noqa: BLE001 - a model that cannot run in float64: gradients against eager float32
+        out64, note = None, f"(no float64 run: {type(e).__name__}) "
+    else:
+        note = ""
+    problems = []
+    # outputs and buffers: assert_close against eager float32, else the float64 criterion
+    diff = same(out32, ex.result)
+    if diff is not None:
+        if out64 is None:
+            problems.append(f"outputs: {diff}")
+        else:
+            for i, (a, e32, e64) in enumerate(zip(tensors(ex.result), tensors(out32), tensors(out64))):
+                if a.is_floating_point():
+                    ok, msg = within_f64(a, e32, e64)
+                    if not ok:
+                        problems.append(f"output {i}: {msg}")
+                        break
+            else:
+                row["outputs_vs_f64"] = True
+    bufs32, bufs64 = dict(m32.named_buffers()), dict(m64.named_buffers())
+    for bname, b in model.named_buffers():
+        diff = same(bufs32[bname], b)
+        if diff is not None and not (b.is_floating_point() and within_f64(b, bufs32[bname], bufs64[bname])[0]):
+            problems.append(f"buffer {bname}: {diff}")
+            break
+    grads32, grads64 = dict(m32.named_parameters()), dict(m64.named_parameters())
+    for pname, p in model.named_parameters():
+        g32, g64 = grads32[pname].grad, grads64[pname].grad
+        if (p.grad is None) != (g32 is None):
+            problems.append(f"grad {pname}: {'None' if p.grad is None else 'set'} where eager's is "
+                            f"{'None' if g32 is None else 'set'}")
+            break
+        if p.grad is None:
+            continue
+        if g64 is None:
+            diff = same(g32, p.grad)
+            if diff is not None:
+                problems.append(f"grad {pname}: {diff}")
+                break
+            continue
+        ok, msg = within_f64(p.grad, g32, g64)
+        if not ok:
+            problems.append(f"grad {pname}: {msg}")
+            break
+    row["equal"] = "yes" if not problems else f"no: {note}{problems[0][:200]}"
+    return row
+
+
+def counts(ex) -> dict:
+    return dict(graphs=ex.graph_count, breaks=ex.graph_break_count, ops=sum(op_count(g) for g in ex.graphs),
+                first_break=first_ember_break(ex))
+
+
+def run_task(task: dict) -> dict:
+    import torch
+    t0 = time.perf_counter()
+    out = dict(task)
+    try:
+        skip = _skip_reason(task["name"])
+        if skip:
+            out["skipped"] = skip
+        elif task["kind"] == "torch":
+            out["counts"] = torch_counts(task["name"], task["mode"])
+        else:
+            out["counts"] = ember_row(task["name"], task["mode"], task["backend"])
+    except Exception as e:  # noqa: BLE001 - a failure is a row
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" at {short_path(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
+        out["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}{where}"
+    finally:
+        try:
+            import torch._dynamo
+            torch._dynamo.reset()
+            import ember
+            ember.reset()
+        except Exception:  # noqa: BLE001
+            pass
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def worker() -> int:
+    """Read one task (JSON) a line from stdin, write its result on the original stdout; prints go to stderr."""
+    import warnings
+    warnings.filterwarnings("ignore")
+    results = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    import torch
+    torch.set_num_threads(int(os.environ.get("ZOO_THREADS", "1")))
+    sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "models"), str(ROOT)]
+    for line in sys.stdin:
+        results.write(RESULT_TAG + json.dumps(run_task(json.loads(line))) + "\n")
+    return 0
+
+
+# ---------------------------------------------------------------- the parent: workers, timeouts, the counts cache
+
+class Worker:
+    """A `zoo.py --worker` process; a task that outlasts its timeout kills it (and its session), a new one follows."""
+
+    def __init__(self, log):
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=env,
+                                     cwd=ROOT, start_new_session=True)
+
+    def run(self, task: dict, timeout: float) -> dict:
+        self.proc.stdin.write(json.dumps(task) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                self.kill()
+                return dict(task, error=f"timeout after {timeout:.0f} s", seconds=timeout)
+            line = self.proc.stdout.readline()
+            if not line:  # the worker died: a crash (segfault, out of memory, abort)
+                self.proc.wait()
+                return dict(task, error=f"worker crashed (exit {self.proc.returncode})",
+                            seconds=round(timeout - left, 1))
+            if line.startswith(RESULT_TAG):
+                return json.loads(line[len(RESULT_TAG):])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def counts_file() -> pathlib.Path:
+    import torch
+    return COUNTS_DIR / f"torch-{torch.__version__.split('+')[0]}.json"
+
+
+def versions() -> dict:
+    import torch
+    import torchvision
+    import transformers
+    return {"torch": torch.__version__, "torchvision": torchvision.__version__,
+            "transformers": transformers.__version__}
+
+
+def load_counts() -> dict:
+    path = counts_file()
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    if data.get("versions") != versions():
+        print(f"note: {path.name} was measured with {data.get('versions')}, installed {versions()}; "
+              f"--recount-torch measures again", file=sys.stderr)
+    return data.get("counts", {})
+
+
+def save_count(key: str, value: dict) -> None:
+    """Add one row to the cache file; shards running at once take turns through a lock file."""
+    COUNTS_DIR.mkdir(exist_ok=True)
+    path = counts_file()
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(path.read_text()) if path.exists() else {"versions": versions(), "counts": {}}
+        data["counts"][key] = value
+        data["counts"] = dict(sorted(data["counts"].items()))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- table and summary
+
+def table(header: list[str], rows: list[list]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w[i]) if i in (0, 1, len(r) - 1, len(r) - 2) else c.rjust(w[i])  # noqa: E731
+                              for i, c in enumerate(r)).rstrip()
+    return "\n".join([fmt(cells[0]), "-" * min(sum(w) + 2 * len(w) - 2, 160)] + [fmt(r) for r in cells[1:]])
+
+
+def meets_goal(e: dict, t: dict) -> bool:
+    return e["graphs"] <= t["graphs"] and e["ops"] >= 0.98 * t["ops"]
+
+
+def report(rows: list[dict]) -> str:
+    """The per-row table, then a summary per mode; `rows` are {name, mode, backend, ember: ..., torch: ...}."""
+    lines, out = [], []
+    for r in rows:
+        e, t = r.get("ember", {}), r.get("torch", {})
+        if "skipped" in e or "skipped" in t:
+            out.append([r["name"], r["mode"], "-", "-", "-", "-", "-", "-", "skipped",
+                        e.get("skipped", t.get("skipped"))])
+            continue
+        ec, tc = e.get("counts", {}), t.get("counts", {})
+        col = lambda c, k: c.get(k, "err") if c else "err"  # noqa: E731
+        if "error" in e:
+            equal = f"error: {e['error']}"
+        else:
+            equal = ec.get("equal", "?")
+        brk = ec.get("first_break", "") if ec else ""
+        if not ec:
+            brk = ""
+        if "error" in t:
+            brk = (brk + " | " if brk else "") + f"torch.compile: {t['error']}"
+        out.append([r["name"], r["mode"], col(ec, "graphs"), col(ec, "breaks"), col(ec, "ops"),
+                    col(tc, "graphs"), col(tc, "breaks"), col(tc, "ops"), equal[:90], brk])
+    lines.append(table(["model", "mode", "ember graphs", "breaks", "ops", "torch.compile graphs", "breaks", "ops",
+                        "equal", "ember's first break"], out))
+    lines.append("")
+    lines += summary(rows)
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> list[str]:
+    lines = []
+    for mode in ("eval", "train"):
+        rs = [r for r in rows if r["mode"] == mode]
+        if not rs:
+            continue
+        skipped = [r for r in rs if "skipped" in r.get("ember", {}) or "skipped" in r.get("torch", {})]
+        rs = [r for r in rs if r not in skipped]
+        ran = [r for r in rs if "counts" in r.get("ember", {})]
+        equal = [r for r in ran if r["ember"]["counts"].get("equal") == "yes"]
+        both = [r for r in ran if "counts" in r.get("torch", {})]
+        goal = [r for r in both if meets_goal(r["ember"]["counts"], r["torch"]["counts"])]
+        e_ops = sum(r["ember"]["counts"]["ops"] for r in both)
+        t_ops = sum(r["torch"]["counts"]["ops"] for r in both)
+        backends = sorted({r.get("backend", "?") for r in rs})
+        lines.append(
+            f"{mode} ({'/'.join(backends)} backend): {len(rs)} models ({len(skipped)} skipped); "
+            f"equal to eager {len(equal)}/{len(rs)} ({len(rs) - len(ran)} errors or timeouts); "
+            f"graphs <= torch.compile's and ops >= 98% of its: {len(goal)}/{len(both)}; "
+            f"captured ops ember {e_ops} vs torch.compile {t_ops} ({100 * e_ops / max(t_ops, 1):.1f}%)")
+    return lines
+
+
+def misses(rows: list[dict]) -> list[str]:
+    """Each row below a goal: not equal, an error, or fewer ops / more graphs than torch.compile."""
+    out = []
+    for r in rows:
+        e, t = r.get("ember", {}), r.get("torch", {})
+        if "skipped" in e or "skipped" in t:
+            continue
+        ec, tc = e.get("counts"), t.get("counts")
+        why = []
+        if not ec:
+            why.append(f"error: {e.get('error')}")
+        else:
+            if ec.get("equal") != "yes":
+                why.append(f"equal: {ec.get('equal')}")
+            if tc and not meets_goal(ec, tc):
+                why.append(f"graphs {ec['graphs']} vs {tc['graphs']}, ops {ec['ops']} vs {tc['ops']}")
+        if why:
+            brk = ec.get("first_break") if ec else ""
+            out.append(f"{r['name']} ({r['mode']}): {'; '.join(why)}" + (f"; first break: {brk}" if brk else ""))
+    return out
+
+
+def machine() -> str:
+    cpu = platform.machine()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    v = versions()
+    return (f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}, torch {v['torch']}, "
+            f"torchvision {v['torchvision']}, transformers {v['transformers']}; commit {commit}; "
+            f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="", help="comma-separated substrings of model names (hf_ = transformers)")
+    p.add_argument("--mode", default="both", choices=["eval", "train", "both"])
+    p.add_argument("--backend", default="ember", help="ember's backend: ember (the whole pipeline) or eager "
+                   "(its frontend's graphs run as captured: capture-only counts)")
+    p.add_argument("--shard", default="1/1", help="i/n: the i-th of n interleaved slices of the models (1-based)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per row and compiler")
+    p.add_argument("--recount-torch", action="store_true", help="measure torch.compile's counts again")
+    p.add_argument("--no-torch", action="store_true", help="leave torch.compile's counts out where not cached")
+    p.add_argument("--json", help="write the rows to this file (for --merge)")
+    p.add_argument("--log", default=os.devnull, help="the workers' stderr (warnings, model prints)")
+    p.add_argument("--merge", nargs="+", help="print one table and summary from these --json files")
+    p.add_argument("--list", action="store_true", help="print the model names and exit")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:
+        return worker()
+    if a.merge:
+        rows = [r for f in a.merge for r in json.loads(pathlib.Path(f).read_text())["rows"]]
+        rows.sort(key=lambda r: (r["name"], r["mode"]))
+        print(report(rows))
+        print("\nmisses:\n" + "\n".join(misses(rows)))
+        return 0
+
+    sys.path[:0] = [str(ROOT / "bench")]
+    import zoo_models
+    names = list(zoo_models.all_models())
+    wanted = [w for w in a.models.split(",") if w]
+    names = [n for n in names if not wanted or any(w in n for w in wanted)]
+    i, n = (int(x) for x in a.shard.split("/"))
+    names = names[i - 1::n]
+    if a.list:
+        print("\n".join(names))
+        return 0
+    modes = ["eval", "train"] if a.mode == "both" else [a.mode]
+    cached = {} if a.recount_torch else load_counts()
+    print(f"ember zoo: {len(names)} models x {modes}, backend {a.backend}, shard {a.shard}\n{machine()}",
+          flush=True)
+
+    header = machine()
+    log = open(a.log, "a")
+    w = Worker(log)
+    rows = []
+    for name in names:
+        for mode in modes:
+            row = {"name": name, "mode": mode, "backend": a.backend}
+            key = f"{name}/{mode}"
+            jobs = [("ember", dict(kind="ember", name=name, mode=mode, backend=a.backend))]
+            if key in cached:
+                row["torch"] = cached[key]
+            elif not a.no_torch:
+                jobs.append(("torch", dict(kind="torch", name=name, mode=mode)))
+            for who, task in jobs:
+                if not w.alive():
+                    w = Worker(log)
+                res = w.run(task, a.timeout)
+                if not w.alive():
+                    w = Worker(log)
+                row[who] = {k: res[k] for k in ("counts", "error", "skipped", "seconds") if k in res}
+                if who == "torch" and "timeout" not in res.get("error", ""):  # a timeout may pass on a freer machine
+                    save_count(key, row["torch"])
+                if "skipped" in res:
+                    row["torch"] = row.get("torch") or {"skipped": res["skipped"]}
+                    break
+            rows.append(row)
+            e = row["ember"]
+            print(f"  {name} {mode}: {e.get('seconds', '?')} s, "
+                  f"{e.get('skipped') or e.get('error') or e['counts'].get('equal')}", file=sys.stderr, flush=True)
+            if a.json:
+                pathlib.Path(a.json).write_text(json.dumps({"machine": header, "rows": rows}, indent=1))
+    w.kill()
+    print(report(rows))
+    ms = misses(rows)
+    if ms:
+        print("\nmisses:\n" + "\n".join(ms))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
