@@ -36,6 +36,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -339,7 +340,7 @@ def save_count(key: str, value: dict) -> None:
     """Add one row to the cache file; shards running at once take turns through a lock file."""
     COUNTS_DIR.mkdir(exist_ok=True)
     path = counts_file()
-    with open(path.with_suffix(".lock"), "w") as lock:
+    with open(pathlib.Path(tempfile.gettempdir()) / f"ember-zoo-{path.stem}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = json.loads(path.read_text()) if path.exists() else {"versions": versions(), "counts": {}}
         data["counts"][key] = value
