@@ -128,7 +128,7 @@ def _build(name: str, train: bool):
 
 def _skip_reason(name: str) -> str | None:
     import zoo_models
-    n = zoo_models.param_count(zoo_models.all_models()[name])
+    n = zoo_models.param_count(name)
     return f"{n / 1e6:.0f}M parameters > {zoo_models.MAX_PARAMS / 1e6:.0f}M" if n > zoo_models.MAX_PARAMS else None
 
 

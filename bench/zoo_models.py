@@ -6,7 +6,7 @@
 - transformers architectures from small configs (hidden 32, 2 layers, 4 heads, vocab 99, `use_cache=False`),
   through the class users call (XModel for encoders, XForCausalLM, XForConditionalGeneration,
   XForImageClassification, ...), batch 2, 8 tokens.
-Models over MAX_PARAMS parameters are skipped (counted on the meta device, nothing allocated).
+Models over MAX_PARAMS parameters are skipped (torchvision: its weights' metadata; others counted on the meta device).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ MAX_PARAMS = 300_000_000
 BATCH, SEQ, VOCAB = 2, 8, 99
 
 # Per-model input sizes for the torchvision models that need more than 64x64 or take their size in the constructor.
-TV_INPUT = {"inception_v3": 160, "googlenet": 64, "maxvit_t": 224}
+TV_INPUT = {"inception_v3": 299, "maxvit_t": 224}  # inception_v3: its auxiliary head needs 299x299
 TV_KWARGS = {"inception_v3": dict(init_weights=False), "googlenet": dict(init_weights=False),
              "vit_b_16": dict(image_size=32), "vit_b_32": dict(image_size=32), "vit_l_16": dict(image_size=32),
              "vit_l_32": dict(image_size=32), "vit_h_14": dict(image_size=28)}
@@ -254,7 +254,10 @@ def all_models() -> dict[str, Callable]:
     return models
 
 
-def param_count(build: Callable) -> int:
-    """Parameters of the model build() makes, counted on the meta device (nothing allocated)."""
-    model, _ = build("meta")
+def param_count(name: str) -> int:
+    """Parameters of the model: torchvision's from its weights' metadata, others counted on the meta device."""
+    if not name.startswith("hf_"):
+        import torchvision
+        return torchvision.models.get_model_weights(name).DEFAULT.meta["num_params"]
+    model, _ = all_models()[name]("meta")
     return sum(p.numel() for p in model.parameters())
