@@ -146,8 +146,9 @@ def torch_counts(name: str, mode: str) -> dict:
                 first_break=first_torch_break(ex))
 
 
-def ember_row(name: str, mode: str, backend: str) -> dict:
-    """ember's counts (ember.explain with `backend`) and whether its results equal eager's."""
+def ember_row(name: str, mode: str, backend: str, check_train: bool = True) -> dict:
+    """ember's counts (ember.explain with `backend`) and whether its results equal eager's (train mode: only when
+    check_train; else forward and backward run, unchecked)."""
     import torch
     import ember
     train = mode == "train"
@@ -165,6 +166,10 @@ def ember_row(name: str, mode: str, backend: str) -> dict:
         row["equal"] = "yes" if diff is None else f"no: {diff}"
         return row
 
+    if not check_train:
+        ex = ember.explain(model, backend=backend)(**kwargs)
+        scalar_loss(ex.result).backward()
+        return dict(counts(ex), equal="not checked")
     m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
     kwargs64 = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
     torch.manual_seed(100)
@@ -242,7 +247,7 @@ def run_task(task: dict) -> dict:
         elif task["kind"] == "torch":
             out["counts"] = torch_counts(task["name"], task["mode"])
         else:
-            out["counts"] = ember_row(task["name"], task["mode"], task["backend"])
+            out["counts"] = ember_row(task["name"], task["mode"], task["backend"], task["check_train"])
     except Exception as e:  # noqa: BLE001 - a failure is a row
         tb = traceback.extract_tb(e.__traceback__)
         where = f" at {short_path(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
@@ -403,6 +408,7 @@ def summary(rows: list[dict]) -> list[str]:
         rs = [r for r in rs if r not in skipped]
         ran = [r for r in rs if "counts" in r.get("ember", {})]
         equal = [r for r in ran if r["ember"]["counts"].get("equal") == "yes"]
+        unchecked = [r for r in ran if r["ember"]["counts"].get("equal") == "not checked"]
         both = [r for r in ran if "counts" in r.get("torch", {})]
         goal = [r for r in both if meets_goal(r["ember"]["counts"], r["torch"]["counts"])]
         e_ops = sum(r["ember"]["counts"]["ops"] for r in both)
@@ -410,7 +416,7 @@ def summary(rows: list[dict]) -> list[str]:
         backends = sorted({r.get("backend", "?") for r in rs})
         lines.append(
             f"{mode} ({'/'.join(backends)} backend): {len(rs)} models ({len(skipped)} skipped); "
-            f"equal to eager {len(equal)}/{len(rs)} ({len(rs) - len(ran)} errors or timeouts); "
+            f"equal to eager {len(equal)}/{len(rs) - len(unchecked)} checked ({len(rs) - len(ran)} errors or timeouts); "
             f"graphs <= torch.compile's and ops >= 98% of its: {len(goal)}/{len(both)}; "
             f"captured ops ember {e_ops} vs torch.compile {t_ops} ({100 * e_ops / max(t_ops, 1):.1f}%)")
     return lines
@@ -428,7 +434,7 @@ def misses(rows: list[dict]) -> list[str]:
         if not ec:
             why.append(f"error: {e.get('error')}")
         else:
-            if ec.get("equal") != "yes":
+            if ec.get("equal") not in ("yes", "not checked"):
                 why.append(f"equal: {ec.get('equal')}")
             if tc and not meets_goal(ec, tc):
                 why.append(f"graphs {ec['graphs']} vs {tc['graphs']}, ops {ec['ops']} vs {tc['ops']}")
@@ -464,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300, help="seconds per row and compiler")
     p.add_argument("--recount-torch", action="store_true", help="measure torch.compile's counts again")
     p.add_argument("--no-torch", action="store_true", help="leave torch.compile's counts out where not cached")
+    p.add_argument("--no-train-check", action="store_true", help="train mode: counts only, results unchecked "
+                   "(the float64 gradient check of big models takes minutes)")
     p.add_argument("--json", help="write the rows to this file (for --merge)")
     p.add_argument("--log", default=os.devnull, help="the workers' stderr (warnings, model prints)")
     p.add_argument("--merge", nargs="+", help="print one table and summary from these --json files")
@@ -496,23 +504,37 @@ def main(argv: list[str] | None = None) -> int:
 
     header = machine()
     log = open(a.log, "a")
-    w = Worker(log)
-    rows = []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so that `finally` ends the worker too
+    workers: list[Worker] = []
+    rows: list[dict] = []
+    try:
+        run_rows(a, names, modes, cached, workers, log, header, rows)
+    finally:
+        for w in workers:
+            w.kill()
+    print(report(rows))
+    ms = misses(rows)
+    if ms:
+        print("\nmisses:\n" + "\n".join(ms))
+    return 0
+
+
+def run_rows(a, names, modes, cached, workers: list, log, header: str, rows: list) -> None:
+    """Each (model, mode) row into `rows`: ember's task, then torch.compile's where not cached."""
     for name in names:
         for mode in modes:
             row = {"name": name, "mode": mode, "backend": a.backend}
             key = f"{name}/{mode}"
-            jobs = [("ember", dict(kind="ember", name=name, mode=mode, backend=a.backend))]
+            jobs = [("ember", dict(kind="ember", name=name, mode=mode, backend=a.backend,
+                                   check_train=not a.no_train_check))]
             if key in cached:
                 row["torch"] = cached[key]
             elif not a.no_torch:
                 jobs.append(("torch", dict(kind="torch", name=name, mode=mode)))
             for who, task in jobs:
-                if not w.alive():
-                    w = Worker(log)
-                res = w.run(task, a.timeout)
-                if not w.alive():
-                    w = Worker(log)
+                if not workers or not workers[-1].alive():
+                    workers.append(Worker(log))
+                res = workers[-1].run(task, a.timeout)
                 row[who] = {k: res[k] for k in ("counts", "error", "skipped", "seconds") if k in res}
                 if who == "torch" and "timeout" not in res.get("error", ""):  # a timeout may pass on a freer machine
                     save_count(key, row["torch"])
@@ -525,12 +547,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{e.get('skipped') or e.get('error') or e['counts'].get('equal')}", file=sys.stderr, flush=True)
             if a.json:
                 pathlib.Path(a.json).write_text(json.dumps({"machine": header, "rows": rows}, indent=1))
-    w.kill()
-    print(report(rows))
-    ms = misses(rows)
-    if ms:
-        print("\nmisses:\n" + "\n".join(ms))
-    return 0
 
 
 if __name__ == "__main__":
