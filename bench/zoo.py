@@ -6,7 +6,8 @@
     .venv/bin/python bench/zoo.py --merge a.json b.json ...     # one table and summary from shards' JSON
 
 Each (model, mode) row:
-- counts: graphs, graph breaks and captured ops (call_function/call_method/call_module nodes of the graphs) of
+- counts: graphs, graph breaks and captured ops (call_function/call_method/call_module nodes of the graphs, less
+  calls that compute nothing: NOT_OPS, torch's API-usage logging, which torch.compile records in its graphs) of
   ember (ember.explain with the chosen backend) and of torch.compile (torch._dynamo.explain, the eager backend),
   with each one's first break reason and the user's file:line. torch.compile's counts are cached per torch version
   in bench/zoo_counts/torch-<version>.json (recomputed only with --recount-torch or when missing).
@@ -55,8 +56,16 @@ def short_path(path: str) -> str:
     return os.path.relpath(path, ROOT) if path.startswith(str(ROOT)) else path
 
 
-def op_count(gm) -> int:
-    return sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
+# Graph calls that compute nothing: torch.compile records torch's API-usage logging (torchvision ops call it) as a
+# call_function node, ember drops it at capture. Counting it would score a compiler for recording a no-op.
+NOT_OPS = ("_log_api_usage_once",)
+
+
+def op_count(gm, all_calls: bool = False) -> int:
+    """call_function/call_method/call_module nodes of a graph, those in NOT_OPS left out unless all_calls."""
+    return sum(n.op in ("call_function", "call_method", "call_module")
+               and (all_calls or getattr(n.target, "__name__", str(n.target)) not in NOT_OPS)
+               for n in gm.graph.nodes)
 
 
 def tensors(out) -> list:
@@ -143,7 +152,7 @@ def torch_counts(name: str, mode: str) -> dict:
         torch.manual_seed(100)
         ex = torch._dynamo.explain(model)(**kwargs)
     return dict(graphs=len(ex.graphs), breaks=ex.graph_break_count, ops=sum(op_count(g) for g in ex.graphs),
-                first_break=first_torch_break(ex))
+                calls=sum(op_count(g, all_calls=True) for g in ex.graphs), first_break=first_torch_break(ex))
 
 
 def ember_row(name: str, mode: str, backend: str, check_train: bool = True) -> dict:
@@ -233,7 +242,7 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True) -> d
 
 def counts(ex) -> dict:
     return dict(graphs=ex.graph_count, breaks=ex.graph_break_count, ops=sum(op_count(g) for g in ex.graphs),
-                first_break=first_ember_break(ex))
+                calls=sum(op_count(g, all_calls=True) for g in ex.graphs), first_break=first_ember_break(ex))
 
 
 def run_task(task: dict) -> dict:
@@ -444,6 +453,17 @@ def misses(rows: list[dict]) -> list[str]:
     return out
 
 
+def break_groups(rows: list[dict]) -> list[str]:
+    """The first break of each row below the ops/graphs goal, grouped by reason and place, most common first."""
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        ec, tc = r.get("ember", {}).get("counts"), r.get("torch", {}).get("counts")
+        if not ec or not ec.get("first_break") or (tc and meets_goal(ec, tc)):
+            continue
+        groups.setdefault(ec["first_break"], []).append(f"{r['name']}/{r['mode']}")
+    return [f"{len(v):3d}  {k}\n       {', '.join(v)}" for k, v in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+
+
 def machine() -> str:
     cpu = platform.machine()
     try:
@@ -485,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.sort(key=lambda r: (r["name"], r["mode"]))
         print(report(rows))
         print("\nmisses:\n" + "\n".join(misses(rows)))
+        print("\nfirst breaks of the rows below the goal, grouped:\n" + "\n".join(break_groups(rows)))
         return 0
 
     sys.path[:0] = [str(ROOT / "bench")]
