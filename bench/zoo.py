@@ -387,8 +387,8 @@ def report(rows: list[dict]) -> str:
             out.append([r["name"], r["mode"], "-", "-", "-", "-", "-", "-", "skipped",
                         e.get("skipped", t.get("skipped"))])
             continue
-        ec, tc = e.get("counts", {}), t.get("counts", {})
-        col = lambda c, k: c.get(k, "err") if c else "err"  # noqa: E731
+        ec, tc = e.get("counts", {}), t.get("counts", {} if t else None)
+        col = lambda c, k: "-" if c is None else c.get(k, "err")  # noqa: E731  (-: not measured)
         if "error" in e:
             equal = f"error: {e['error']}"
         else:
@@ -502,6 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         return worker()
     if a.merge:
         rows = [r for f in a.merge for r in json.loads(pathlib.Path(f).read_text())["rows"]]
+        cached = load_counts()
+        for r in rows:  # rows run with --no-torch take torch.compile's counts from the cache
+            if not r.get("torch") and f"{r['name']}/{r['mode']}" in cached:
+                r["torch"] = cached[f"{r['name']}/{r['mode']}"]
         rows.sort(key=lambda r: (r["name"], r["mode"]))
         print(report(rows))
         print("\nmisses:\n" + "\n".join(misses(rows)))
