@@ -399,7 +399,7 @@ def report(rows: list[dict]) -> str:
         if "error" in t:
             brk = (brk + " | " if brk else "") + f"torch.compile: {t['error']}"
         out.append([r["name"], r["mode"], col(ec, "graphs"), col(ec, "breaks"), col(ec, "ops"),
-                    col(tc, "graphs"), col(tc, "breaks"), col(tc, "ops"), equal[:90], brk])
+                    col(tc, "graphs"), col(tc, "breaks"), col(tc, "ops"), equal[:60], brk])
     lines.append(table(["model", "mode", "ember graphs", "breaks", "ops", "torch.compile graphs", "breaks", "ops",
                         "equal", "ember's first break"], out))
     lines.append("")
@@ -454,14 +454,23 @@ def misses(rows: list[dict]) -> list[str]:
 
 
 def break_groups(rows: list[dict]) -> list[str]:
-    """The first break of each row below the ops/graphs goal, grouped by reason and place, most common first."""
-    groups: dict[str, list[str]] = {}
+    """ember's first break in each row below the ops/graphs goal, grouped by reason (places listed), most common
+    first; a row with no torch.compile counts is listed when ember broke at all."""
+    groups: dict[str, list[tuple[str, str]]] = {}
     for r in rows:
         ec, tc = r.get("ember", {}).get("counts"), r.get("torch", {}).get("counts")
         if not ec or not ec.get("first_break") or (tc and meets_goal(ec, tc)):
             continue
-        groups.setdefault(ec["first_break"], []).append(f"{r['name']}/{r['mode']}")
-    return [f"{len(v):3d}  {k}\n       {', '.join(v)}" for k, v in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+        reason, _, where = ec["first_break"].rpartition(" at ")
+        groups.setdefault(reason or where, []).append((f"{r['name']}/{r['mode']}", where))
+    out = []
+    for reason, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        places: dict[str, int] = {}
+        for _, where in items:
+            places[where] = places.get(where, 0) + 1
+        out.append(f"{len(items):3d}  {reason}\n       at {', '.join(f'{w} ({n})' for w, n in places.items())}"
+                   f"\n       rows: {', '.join(m for m, _ in items)}")
+    return out
 
 
 def machine() -> str:
