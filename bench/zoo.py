@@ -14,10 +14,10 @@ Each (model, mode) row:
 - equal: eval runs forward under torch.no_grad and compares ember's outputs with eager's (assert_close at its
   default tolerances, dtypes, keys and output types included). train runs forward + backward of a scalar (the sum
   of mean(output * fixed random weights) over the floating outputs) and compares the outputs and the mutated
-  buffers with eager float32 (same check), and every parameter's gradient with a float64 eager run (same weights, same dropout masks, float inputs
-  cast): over all gradients together, ember at most twice as far from float64 (2-norm) as eager float32 is, and
-  each parameter's gradient within 10x eager float32's error plus a small allowance (check_grads has the
-  bounds and why). A train-mode output or buffer that fails assert_close passes if it is at most twice as far from
+  buffers with eager float32 (same check), and every parameter's gradient with a float64 eager run (same weights,
+  same dropout masks, float inputs cast): over all gradients together, ember at most twice as far from float64
+  (2-norm) as eager float32 is, and each parameter's gradient within 10x eager float32's error plus a small
+  allowance (check_grads has the bounds and why). A train-mode output or buffer that fails assert_close passes if it is at most twice as far from
   the float64 run as eager float32's, plus 1e-5 of the largest float64 value (within_f64).
 - --backend ember (default): the whole pipeline (autograd, decompositions, codegen); --backend eager: ember's
   frontend alone (its captured graphs run as they are), fast, for counts.
@@ -258,7 +258,8 @@ def check_grads(model, m32, m64) -> str | None:
     for name, p in model.named_parameters():
         g32 = p32[name].grad
         if (p.grad is None) != (g32 is None):
-            return f"grad {name}: {'None' if p.grad is None else 'set'} where eager's is {'None' if g32 is None else 'set'}"
+            state = lambda g: "None" if g is None else "set"  # noqa: E731
+            return f"grad {name}: {state(p.grad)} where eager's is {state(g32)}"
         if p.grad is None:
             continue
         if m64 is None:
@@ -467,7 +468,8 @@ def summary(rows: list[dict]) -> list[str]:
         backends = sorted({r.get("backend", "?") for r in rs})
         lines.append(
             f"{mode} ({'/'.join(backends)} backend): {len(rs)} models ({len(skipped)} skipped); "
-            f"equal to eager {len(equal)}/{len(rs) - len(unchecked)} checked ({len(rs) - len(ran)} errors or timeouts); "
+            f"equal to eager {len(equal)}/{len(rs) - len(unchecked)} checked "
+            f"({len(rs) - len(ran)} errors or timeouts); "
             f"graphs <= torch.compile's and ops >= 98% of its: {len(goal)}/{len(both)}; "
             f"captured ops ember {e_ops} vs torch.compile {t_ops} ({100 * e_ops / max(t_ops, 1):.1f}%)")
     return lines
