@@ -17,8 +17,9 @@ Each (model, mode) row:
   buffers with eager float32 (same check), and every parameter's gradient with a float64 eager run (same weights,
   same dropout masks, float inputs cast): over all gradients together, ember at most twice as far from float64
   (2-norm) as eager float32 is, and each parameter's gradient within 10x eager float32's error plus a small
-  allowance (check_grads has the bounds and why). A train-mode output or buffer that fails assert_close passes if it is at most twice as far from
-  the float64 run as eager float32's, plus 1e-5 of the largest float64 value (within_f64).
+  allowance (check_grads has the bounds and why). A train-mode output or buffer that fails assert_close passes
+  if it is at most twice as far from the float64 run as eager float32's, plus 1e-5 of the largest float64 value
+  (within_f64).
 - --backend ember (default): the whole pipeline (autograd, decompositions, codegen); --backend eager: ember's
   frontend alone (its captured graphs run as they are), fast, for counts.
 Every row runs in a worker process with a per-row timeout: a crash or timeout is a row, not an abort.
