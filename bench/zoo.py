@@ -468,7 +468,7 @@ def summary(rows: list[dict]) -> list[str]:
         t_ops = sum(r["torch"]["counts"]["ops"] for r in both)
         backends = sorted({r.get("backend", "?") for r in rs})
         lines.append(
-            f"{mode} ({'/'.join(backends)} backend): {len(rs)} models ({len(skipped)} skipped); "
+            f"{mode} ({'/'.join(backends)} backend): {len(rs)} models (+{len(skipped)} skipped); "
             f"equal to eager {len(equal)}/{len(rs) - len(unchecked)} checked "
             f"({len(rs) - len(ran)} errors or timeouts); "
             f"graphs <= torch.compile's and ops >= 98% of its: {len(goal)}/{len(both)}; "
