@@ -567,14 +567,19 @@ def main(argv: list[str] | None = None) -> int:
                    "(the float64 gradient check of big models takes minutes)")
     p.add_argument("--json", help="write the rows to this file (for --merge)")
     p.add_argument("--log", default=os.devnull, help="the workers' stderr (warnings, model prints)")
-    p.add_argument("--merge", nargs="+", help="print one table and summary from these --json files")
+    p.add_argument("--merge", nargs="+", help="print one table and summary from these --json files (a later "
+                   "file's row replaces an earlier one's)")
     p.add_argument("--list", action="store_true", help="print the model names and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return worker()
     if a.merge:
-        rows = [r for f in a.merge for r in json.loads(pathlib.Path(f).read_text())["rows"]]
+        by_key = {}  # a later file's row replaces an earlier one's (a rerun)
+        for f in a.merge:
+            for r in json.loads(pathlib.Path(f).read_text())["rows"]:
+                by_key[r["name"], r["mode"]] = r
+        rows = list(by_key.values())
         cached = load_counts()
         for r in rows:  # rows run with --no-torch take torch.compile's counts from the cache
             if not r.get("torch") and f"{r['name']}/{r['mode']}" in cached:
