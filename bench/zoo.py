@@ -1,0 +1,656 @@
+"""Model zoo: ember against eager and torch.compile(backend="eager") on every torchvision classification model and
+50+ transformers architectures (bench/zoo_models.py), in eval and train mode.
+
+    .venv/bin/python bench/zoo.py [--models sub,...] [--mode eval|train|both] [--backend ember|eager]
+                                  [--shard i/n] [--timeout S] [--recount-torch] [--json FILE]
+    .venv/bin/python bench/zoo.py --merge a.json b.json ...     # one table and summary from shards' JSON
+
+Each (model, mode) row:
+- counts: graphs, graph breaks and captured ops (call_function/call_method/call_module nodes of the graphs, less
+  calls that compute nothing: NOT_OPS, torch's API-usage logging, which torch.compile records in its graphs) of
+  ember (ember.explain with the chosen backend) and of torch.compile (torch._dynamo.explain, the eager backend),
+  with each one's first break reason and the user's file:line. torch.compile's counts are cached per torch version
+  in bench/zoo_counts/torch-<version>.json (recomputed only with --recount-torch or when missing).
+- equal: eval runs forward under torch.no_grad and compares ember's outputs with eager's (assert_close at its
+  default tolerances, dtypes, keys and output types included). train runs forward + backward of a scalar (the sum
+  of mean(output * fixed random weights) over the floating outputs) and compares the outputs and the mutated
+  buffers with eager float32 (same check), and every parameter's gradient with a float64 eager run (same weights,
+  same dropout masks, float inputs cast): over all gradients together, ember at most twice as far from float64
+  (2-norm) as eager float32 is, and each parameter's gradient within 10x eager float32's error plus a small
+  allowance (check_grads has the bounds and why). An output (either mode) or buffer that fails assert_close
+  with the same structure passes if it is at most twice as far from a float64 eager run as eager float32 is, plus
+  1e-5 of the largest float64 value (within_f64); such rows say "yes (vs float64)". Large outputs need it:
+  random-weight resnet34's logits reach 42, and a different summation order is off by 4e-5 there.
+- --backend ember (default): the whole pipeline (autograd, decompositions, codegen); --backend eager: ember's
+  frontend alone (its captured graphs run as they are), fast, for counts.
+Every row runs in a worker process with a per-row timeout: a crash or timeout is a row, not an abort.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import fcntl
+import json
+import os
+import pathlib
+import platform
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+COUNTS_DIR = ROOT / "bench" / "zoo_counts"
+RESULT_TAG = "@@ZOO "
+SITE = "site-packages/"
+
+
+# ---------------------------------------------------------------- helpers run inside a worker
+
+def short_path(path: str) -> str:
+    """A file under site-packages or this repository, by its path from there."""
+    if SITE in path:
+        return path.split(SITE, 1)[1]
+    return os.path.relpath(path, ROOT) if path.startswith(str(ROOT)) else path
+
+
+# Graph calls that compute nothing: torch.compile records torch's API-usage logging (torchvision ops call it) as a
+# call_function node, ember drops it at capture. Counting it would score a compiler for recording a no-op.
+NOT_OPS = ("_log_api_usage_once",)
+
+
+def op_count(gm, all_calls: bool = False) -> int:
+    """call_function/call_method/call_module nodes of a graph, those in NOT_OPS left out unless all_calls."""
+    return sum(n.op in ("call_function", "call_method", "call_module")
+               and (all_calls or getattr(n.target, "__name__", str(n.target)) not in NOT_OPS)
+               for n in gm.graph.nodes)
+
+
+def tensors(out) -> list:
+    """The tensors of a nested output (tuples, lists, dicts, HF ModelOutputs), in order."""
+    import torch
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in tensors(v)]
+    return []
+
+
+def skeleton(out):
+    """The output with each tensor replaced by its shape and dtype: containers, keys and types kept."""
+    import torch
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda t: (tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else t, out)
+
+
+def scalar_loss(out):
+    """The scalar train mode differentiates: sum over the floating outputs that carry a gradient of mean(t * w),
+    w fixed random weights of t's shape (the same in float32 and float64 runs). A plain mean would be degenerate:
+    the mean of a LayerNorm's output does not depend on its input, so most gradients would be rounding noise."""
+    import torch
+    ts = [t for t in tensors(out) if t.is_floating_point() and t.requires_grad]
+    if not ts:
+        raise ValueError("no floating output carries a gradient")
+    total = 0
+    for i, t in enumerate(ts):
+        w = torch.randn(t.shape, generator=torch.Generator().manual_seed(1000 + i), dtype=torch.float64)
+        term = t * w.to(t.dtype)
+        total = total + (term.mean() if t.dtype == torch.float64 else term.float().mean())
+    return total
+
+
+def within_f64(actual, eager32, f64) -> tuple[bool, str]:
+    """ember at most twice as far from float64 as eager float32, plus 1e-5 of the largest float64 value."""
+    f64 = f64.detach()
+    err_e = (actual.detach().double() - f64).abs().max().item()
+    err_32 = (eager32.detach().double() - f64).abs().max().item()
+    scale = f64.abs().max().item()
+    ok = err_e <= 2 * err_32 + 1e-5 * scale
+    return ok, f"err {err_e:.2e} vs eager32 {err_32:.2e} (max|f64| {scale:.2e})"
+
+
+def values_vs_f64(actual, eager32, f64) -> str | None:
+    """None when every floating output tensor passes within_f64, else the first that does not."""
+    for i, (a, e32, e64) in enumerate(zip(tensors(actual), tensors(eager32), tensors(f64))):
+        if a.is_floating_point():
+            ok, msg = within_f64(a, e32, e64)
+            if not ok:
+                return f"output {i}: {msg}"
+    return None
+
+
+def same(expected, actual) -> str | None:
+    """None when assert_same (the test suite's comparison) passes, else its message's first line."""
+    from model_zoo import assert_same
+    try:
+        assert_same(expected, actual)
+        return None
+    except AssertionError as e:
+        return str(e).strip().split("\n")[0][:160]
+
+
+def first_torch_break(explained) -> str:
+    if not explained.break_reasons:
+        return ""
+    b = explained.break_reasons[0]
+    where = f" at {short_path(b.user_stack[-1].filename)}:{b.user_stack[-1].lineno}" if b.user_stack else ""
+    return f"{b.reason.strip().splitlines()[0][:200]}{where}"
+
+
+def first_ember_break(explained) -> str:
+    if not explained.break_reasons:
+        return ""
+    b = explained.break_reasons[0]
+    where = b.where
+    if ":" in where:
+        f, line = where.rsplit(":", 1)
+        where = f"{short_path(f)}:{line}"
+    return f"{b.reason.strip().splitlines()[0][:200]} at {where}"
+
+
+def _build(name: str, train: bool):
+    import torch
+    import zoo_models
+    torch.manual_seed(0)
+    model, kwargs = zoo_models.all_models()[name]()
+    return model.train(train), kwargs
+
+
+def _skip_reason(name: str) -> str | None:
+    import zoo_models
+    n = zoo_models.param_count(name)
+    return f"{n / 1e6:.0f}M parameters > {zoo_models.MAX_PARAMS / 1e6:.0f}M" if n > zoo_models.MAX_PARAMS else None
+
+
+def torch_counts(name: str, mode: str) -> dict:
+    """torch.compile(backend="eager")'s graphs, breaks and ops on the model, as torch._dynamo.explain reports them."""
+    import torch
+    import torch._dynamo
+    train = mode == "train"
+    model, kwargs = _build(name, train)
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(train):
+        torch.manual_seed(100)
+        ex = torch._dynamo.explain(model)(**kwargs)
+    return dict(graphs=len(ex.graphs), breaks=ex.graph_break_count, ops=sum(op_count(g) for g in ex.graphs),
+                calls=sum(op_count(g, all_calls=True) for g in ex.graphs), first_break=first_torch_break(ex))
+
+
+def ember_row(name: str, mode: str, backend: str, check_train: bool = True) -> dict:
+    """ember's counts (ember.explain with `backend`) and whether its results equal eager's (train mode: only when
+    check_train; else forward and backward run, unchecked)."""
+    import torch
+    import ember
+    train = mode == "train"
+    model, kwargs = _build(name, train)
+    ember.reset()
+    if not train:
+        eager = copy.deepcopy(model)
+        with torch.no_grad():
+            torch.manual_seed(100)
+            expected = eager(**kwargs)
+            torch.manual_seed(100)
+            ex = ember.explain(model, backend=backend)(**kwargs)
+        row = counts(ex)
+        diff = same(expected, ex.result)
+        if diff is not None and same(skeleton(expected), skeleton(ex.result)) is None:
+            # values only: ember's rounding against float64's, as large as eager float32's
+            with torch.no_grad():
+                torch.manual_seed(100)
+                out64 = copy.deepcopy(eager).double()(**{k: v.double() if v.is_floating_point() else v
+                                                          for k, v in kwargs.items()})
+            bad = values_vs_f64(ex.result, expected, out64)
+            diff = None if bad is None else f"{diff}; {bad}"
+            row["vs_f64"] = diff is None
+        row["equal"] = ("yes (vs float64)" if row.get("vs_f64") else "yes") if diff is None else f"no: {diff}"
+        return row
+
+    if not check_train:
+        ex = ember.explain(model, backend=backend)(**kwargs)
+        scalar_loss(ex.result).backward()
+        return dict(counts(ex), equal="not checked")
+    m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
+    kwargs64 = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
+    torch.manual_seed(100)
+    out32 = m32(**kwargs)
+    scalar_loss(out32).backward()
+    torch.manual_seed(100)
+    ex = ember.explain(model, backend=backend)(**kwargs)
+    row = counts(ex)
+    scalar_loss(ex.result).backward()
+    try:
+        torch.manual_seed(100)
+        out64 = m64(**kwargs64)
+        scalar_loss(out64).backward()
+    except Exception as e:  # noqa: BLE001 - a model that cannot run in float64: gradients against eager float32
+        out64, note = None, f"(no float64 run: {type(e).__name__}) "
+    else:
+        note = ""
+    problems = []
+    # outputs and buffers: assert_close against eager float32, else the float64 criterion
+    diff = same(out32, ex.result)
+    if diff is not None:
+        shape_diff = same(skeleton(out32), skeleton(ex.result))
+        if out64 is None or shape_diff is not None:  # the float64 criterion is for values, not structure
+            problems.append(f"outputs: {shape_diff or diff}")
+        else:
+            bad = values_vs_f64(ex.result, out32, out64)
+            if bad is not None:
+                problems.append(bad)
+            else:
+                row["vs_f64"] = True
+    bufs32, bufs64 = dict(m32.named_buffers()), dict(m64.named_buffers())
+    for bname, b in model.named_buffers():
+        diff = same(bufs32[bname], b)
+        if diff is not None and not (out64 is not None and b.is_floating_point() and b.shape == bufs32[bname].shape
+                                     and within_f64(b, bufs32[bname], bufs64[bname])[0]):
+            problems.append(f"buffer {bname}: {diff}")
+            break
+    problem = check_grads(model, m32, m64 if out64 is not None else None)
+    if problem:
+        problems.append(problem)
+    ok = "yes (vs float64)" if row.get("vs_f64") else "yes"
+    row["equal"] = ok if not problems else f"no: {note}{problems[0][:200]}"
+    return row
+
+
+def check_grads(model, m32, m64) -> str | None:
+    """None when ember's gradients are as close to float64 as eager float32's, else the first problem.
+
+    err(x) = max|x - grad_f64| per parameter, G = the largest |grad_f64| of the model, n(x) = the 2-norm of x - f64
+    over every gradient together:
+      whole model:    n(ember) <= 2 * n(eager32) + 1e-6 * |grad_f64|
+      each parameter: err(ember) <= 10 * err(eager32) + 1e-4 * max|grad_f64 of it| + 1e-7 * G
+    The per-parameter bound is looser: a gradient that is zero in exact arithmetic (a key projection's bias under
+    softmax) is float32 rounding noise of size ~1e-7 G, different in every summation order, so one eager run is a
+    poor estimate of it; a wrong gradient is off by its own size and fails either bound.
+    Without a float64 run (m64 None) each gradient must pass assert_close against eager float32.
+    """
+    p32, p64 = dict(m32.named_parameters()), dict(m64.named_parameters()) if m64 is not None else {}
+    pairs = []
+    for name, p in model.named_parameters():
+        g32 = p32[name].grad
+        if (p.grad is None) != (g32 is None):
+            state = lambda g: "None" if g is None else "set"  # noqa: E731
+            return f"grad {name}: {state(p.grad)} where eager's is {state(g32)}"
+        if p.grad is None:
+            continue
+        if m64 is None:
+            diff = same(g32, p.grad)
+            if diff is not None:
+                return f"grad {name}: {diff}"
+            continue
+        pairs.append((name, p.grad.detach().double(), g32.detach().double(), p64[name].grad.detach()))
+    if not pairs:
+        return None
+    big = max(g64.abs().max().item() for *_, g64 in pairs)
+    sq = lambda i: sum(((t[i] - t[3]) ** 2).sum().item() for t in pairs) ** 0.5  # noqa: E731
+    n_e, n_32, n_64 = sq(1), sq(2), sum((t[3] ** 2).sum().item() for t in pairs) ** 0.5
+    if n_e > 2 * n_32 + 1e-6 * n_64:
+        return f"gradients' norm error {n_e:.2e} vs eager32 {n_32:.2e} (norm {n_64:.2e})"
+    for name, ge, g32, g64 in pairs:
+        err_e, err_32 = (ge - g64).abs().max().item(), (g32 - g64).abs().max().item()
+        if err_e > 10 * err_32 + 1e-4 * g64.abs().max().item() + 1e-7 * big:
+            return f"grad {name}: err {err_e:.2e} vs eager32 {err_32:.2e} (max|f64| {g64.abs().max().item():.2e}, " \
+                   f"model's {big:.2e})"
+    return None
+
+
+def counts(ex) -> dict:
+    return dict(graphs=ex.graph_count, breaks=ex.graph_break_count, ops=sum(op_count(g) for g in ex.graphs),
+                calls=sum(op_count(g, all_calls=True) for g in ex.graphs), first_break=first_ember_break(ex))
+
+
+def run_task(task: dict) -> dict:
+    import torch
+    t0 = time.perf_counter()
+    out = dict(task)
+    try:
+        skip = _skip_reason(task["name"])
+        if skip:
+            out["skipped"] = skip
+        elif task["kind"] == "torch":
+            out["counts"] = torch_counts(task["name"], task["mode"])
+        else:
+            out["counts"] = ember_row(task["name"], task["mode"], task["backend"], task["check_train"])
+    except Exception as e:  # noqa: BLE001 - a failure is a row
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" at {short_path(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
+        out["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}{where}"
+    finally:
+        try:
+            import torch._dynamo
+            torch._dynamo.reset()
+            import ember
+            ember.reset()
+        except Exception:  # noqa: BLE001
+            pass
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def worker() -> int:
+    """Read one task (JSON) a line from stdin, write its result on the original stdout; prints go to stderr."""
+    import warnings
+    warnings.filterwarnings("ignore")
+    results = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    import torch
+    torch.set_num_threads(int(os.environ.get("ZOO_THREADS", "1")))
+    sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "models"), str(ROOT)]
+    for line in sys.stdin:
+        results.write(RESULT_TAG + json.dumps(run_task(json.loads(line))) + "\n")
+    return 0
+
+
+# ---------------------------------------------------------------- the parent: workers, timeouts, the counts cache
+
+class Worker:
+    """A `zoo.py --worker` process; a task that outlasts its timeout kills it (and its session), a new one follows."""
+
+    def __init__(self, log):
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=env,
+                                     cwd=ROOT, start_new_session=True)
+
+    def run(self, task: dict, timeout: float) -> dict:
+        self.proc.stdin.write(json.dumps(task) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                self.kill()
+                return dict(task, error=f"timeout after {timeout:.0f} s", seconds=timeout)
+            line = self.proc.stdout.readline()
+            if not line:  # the worker died: a crash (segfault, out of memory, abort)
+                self.proc.wait()
+                return dict(task, error=f"worker crashed (exit {self.proc.returncode})",
+                            seconds=round(timeout - left, 1))
+            if line.startswith(RESULT_TAG):
+                return json.loads(line[len(RESULT_TAG):])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def counts_file() -> pathlib.Path:
+    import torch
+    return COUNTS_DIR / f"torch-{torch.__version__.split('+')[0]}.json"
+
+
+def versions() -> dict:
+    import torch
+    import torchvision
+    import transformers
+    return {"torch": torch.__version__, "torchvision": torchvision.__version__,
+            "transformers": transformers.__version__}
+
+
+def load_counts() -> dict:
+    path = counts_file()
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    if data.get("versions") != versions():
+        print(f"note: {path.name} was measured with {data.get('versions')}, installed {versions()}; "
+              f"--recount-torch measures again", file=sys.stderr)
+    return data.get("counts", {})
+
+
+def save_count(key: str, value: dict) -> None:
+    """Add one row to the cache file; shards running at once take turns through a lock file."""
+    COUNTS_DIR.mkdir(exist_ok=True)
+    path = counts_file()
+    with open(pathlib.Path(tempfile.gettempdir()) / f"ember-zoo-{path.stem}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(path.read_text()) if path.exists() else {"versions": versions(), "counts": {}}
+        data["counts"][key] = value
+        data["counts"] = dict(sorted(data["counts"].items()))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- table and summary
+
+def table(header: list[str], rows: list[list]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w[i]) if i in (0, 1, len(r) - 1, len(r) - 2) else c.rjust(w[i])  # noqa: E731
+                              for i, c in enumerate(r)).rstrip()
+    return "\n".join([fmt(cells[0]), "-" * min(sum(w) + 2 * len(w) - 2, 160)] + [fmt(r) for r in cells[1:]])
+
+
+def meets_goal(e: dict, t: dict) -> bool:
+    return e["graphs"] <= t["graphs"] and e["ops"] >= 0.98 * t["ops"]
+
+
+def report(rows: list[dict]) -> str:
+    """The per-row table, then a summary per mode; `rows` are {name, mode, backend, ember: ..., torch: ...}."""
+    lines, out = [], []
+    for r in rows:
+        e, t = r.get("ember", {}), r.get("torch", {})
+        if "skipped" in e or "skipped" in t:
+            out.append([r["name"], r["mode"], "-", "-", "-", "-", "-", "-", "skipped",
+                        e.get("skipped", t.get("skipped"))])
+            continue
+        ec, tc = e.get("counts", {}), t.get("counts", {} if t else None)
+        col = lambda c, k: "-" if c is None else c.get(k, "err")  # noqa: E731  (-: not measured)
+        if "error" in e:
+            equal = f"error: {e['error']}"
+        else:
+            equal = ec.get("equal", "?")
+        brk = ec.get("first_break", "") if ec else ""
+        if not ec:
+            brk = ""
+        if "error" in t:
+            brk = (brk + " | " if brk else "") + f"torch.compile: {t['error']}"
+        out.append([r["name"], r["mode"], col(ec, "graphs"), col(ec, "breaks"), col(ec, "ops"),
+                    col(tc, "graphs"), col(tc, "breaks"), col(tc, "ops"), equal[:60], brk])
+    lines.append(table(["model", "mode", "ember graphs", "breaks", "ops", "torch.compile graphs", "breaks", "ops",
+                        "equal", "ember's first break"], out))
+    lines.append("")
+    lines += summary(rows)
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> list[str]:
+    lines = []
+    for mode in ("eval", "train"):
+        rs = [r for r in rows if r["mode"] == mode]
+        if not rs:
+            continue
+        skipped = [r for r in rs if "skipped" in r.get("ember", {}) or "skipped" in r.get("torch", {})]
+        rs = [r for r in rs if r not in skipped]
+        ran = [r for r in rs if "counts" in r.get("ember", {})]
+        equal = [r for r in ran if r["ember"]["counts"].get("equal", "").startswith("yes")]
+        by_f64 = [r for r in equal if r["ember"]["counts"].get("vs_f64")]
+        unchecked = [r for r in ran if r["ember"]["counts"].get("equal") == "not checked"]
+        both = [r for r in ran if "counts" in r.get("torch", {})]
+        goal = [r for r in both if meets_goal(r["ember"]["counts"], r["torch"]["counts"])]
+        e_ops = sum(r["ember"]["counts"]["ops"] for r in both)
+        t_ops = sum(r["torch"]["counts"]["ops"] for r in both)
+        backends = sorted({r.get("backend", "?") for r in rs})
+        lines.append(
+            f"{mode} ({'/'.join(backends)} backend): {len(rs)} models (+{len(skipped)} skipped); "
+            f"equal to eager {len(equal)}/{len(rs) - len(unchecked)} checked "
+            f"({len(by_f64)} of them against float64; {len(rs) - len(ran)} errors or timeouts); "
+            f"graphs <= torch.compile's and ops >= 98% of its: {len(goal)}/{len(both)}; "
+            f"captured ops ember {e_ops} vs torch.compile {t_ops} ({100 * e_ops / max(t_ops, 1):.1f}%)")
+    return lines
+
+
+def misses(rows: list[dict]) -> list[str]:
+    """Each row below a goal: not equal, an error, or fewer ops / more graphs than torch.compile."""
+    out = []
+    for r in rows:
+        e, t = r.get("ember", {}), r.get("torch", {})
+        if "skipped" in e or "skipped" in t:
+            continue
+        ec, tc = e.get("counts"), t.get("counts")
+        why = []
+        if not ec:
+            why.append(f"error: {e.get('error')}")
+        else:
+            if not ec.get("equal", "").startswith(("yes", "not checked")):
+                why.append(f"equal: {ec.get('equal')}")
+            if tc and not meets_goal(ec, tc):
+                why.append(f"graphs {ec['graphs']} vs {tc['graphs']}, ops {ec['ops']} vs {tc['ops']}")
+        if why:
+            brk = ec.get("first_break") if ec else ""
+            out.append(f"{r['name']} ({r['mode']}): {'; '.join(why)}" + (f"; first break: {brk}" if brk else ""))
+    return out
+
+
+def break_groups(rows: list[dict]) -> list[str]:
+    """ember's first break in each row below the ops/graphs goal, grouped by reason (places listed), most common
+    first; a row with no torch.compile counts is listed when ember broke at all."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for r in rows:
+        ec, tc = r.get("ember", {}).get("counts"), r.get("torch", {}).get("counts")
+        if not ec or not ec.get("first_break") or (tc and meets_goal(ec, tc)):
+            continue
+        reason, _, where = ec["first_break"].rpartition(" at ")
+        groups.setdefault(reason or where, []).append((f"{r['name']}/{r['mode']}", where))
+    out = []
+    for reason, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        places: dict[str, int] = {}
+        for _, where in items:
+            places[where] = places.get(where, 0) + 1
+        out.append(f"{len(items):3d}  {reason}\n       at {', '.join(f'{w} ({n})' for w, n in places.items())}"
+                   f"\n       rows: {', '.join(m for m, _ in items)}")
+    return out
+
+
+def machine() -> str:
+    cpu = platform.machine()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    v = versions()
+    return (f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}, torch {v['torch']}, "
+            f"torchvision {v['torchvision']}, transformers {v['transformers']}; commit {commit}; "
+            f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="", help="comma-separated substrings of model names (hf_ = transformers)")
+    p.add_argument("--mode", default="both", choices=["eval", "train", "both"])
+    p.add_argument("--backend", default="ember", help="ember's backend: ember (the whole pipeline) or eager "
+                   "(its frontend's graphs run as captured: capture-only counts)")
+    p.add_argument("--shard", default="1/1", help="i/n: the i-th of n interleaved slices of the models (1-based)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per row and compiler")
+    p.add_argument("--recount-torch", action="store_true", help="measure torch.compile's counts again")
+    p.add_argument("--no-torch", action="store_true", help="leave torch.compile's counts out where not cached")
+    p.add_argument("--no-train-check", action="store_true", help="train mode: counts only, results unchecked "
+                   "(the float64 gradient check of big models takes minutes)")
+    p.add_argument("--json", help="write the rows to this file (for --merge)")
+    p.add_argument("--log", default=os.devnull, help="the workers' stderr (warnings, model prints)")
+    p.add_argument("--merge", nargs="+", help="print one table and summary from these --json files (a later "
+                   "file's row replaces an earlier one's)")
+    p.add_argument("--list", action="store_true", help="print the model names and exit")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:
+        return worker()
+    if a.merge:
+        by_key = {}  # a later file's row replaces an earlier one's (a rerun)
+        for f in a.merge:
+            for r in json.loads(pathlib.Path(f).read_text())["rows"]:
+                by_key[r["name"], r["mode"]] = r
+        rows = list(by_key.values())
+        cached = load_counts()
+        for r in rows:  # rows run with --no-torch take torch.compile's counts from the cache
+            if not r.get("torch") and f"{r['name']}/{r['mode']}" in cached:
+                r["torch"] = cached[f"{r['name']}/{r['mode']}"]
+        rows.sort(key=lambda r: (r["name"], r["mode"]))
+        print(report(rows))
+        print("\nmisses:\n" + "\n".join(misses(rows)))
+        print("\nfirst breaks of the rows below the goal, grouped:\n" + "\n".join(break_groups(rows)))
+        return 0
+
+    sys.path[:0] = [str(ROOT / "bench")]
+    import zoo_models
+    names = list(zoo_models.all_models())
+    wanted = [w for w in a.models.split(",") if w]
+    names = [n for n in names if not wanted or any(w in n for w in wanted)]
+    i, n = (int(x) for x in a.shard.split("/"))
+    names = names[i - 1::n]
+    if a.list:
+        print("\n".join(names))
+        return 0
+    modes = ["eval", "train"] if a.mode == "both" else [a.mode]
+    cached = {} if a.recount_torch else load_counts()
+    print(f"ember zoo: {len(names)} models x {modes}, backend {a.backend}, shard {a.shard}\n{machine()}",
+          flush=True)
+
+    header = machine()
+    log = open(a.log, "a")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so that `finally` ends the worker too
+    workers: list[Worker] = []
+    rows: list[dict] = []
+    try:
+        run_rows(a, names, modes, cached, workers, log, header, rows)
+    finally:
+        for w in workers:
+            w.kill()
+    print(report(rows))
+    ms = misses(rows)
+    if ms:
+        print("\nmisses:\n" + "\n".join(ms))
+    return 0
+
+
+def run_rows(a, names, modes, cached, workers: list, log, header: str, rows: list) -> None:
+    """Each (model, mode) row into `rows`: ember's task, then torch.compile's where not cached."""
+    for name in names:
+        for mode in modes:
+            row = {"name": name, "mode": mode, "backend": a.backend}
+            key = f"{name}/{mode}"
+            jobs = [("ember", dict(kind="ember", name=name, mode=mode, backend=a.backend,
+                                   check_train=not a.no_train_check))]
+            if key in cached:
+                row["torch"] = cached[key]
+            elif not a.no_torch:
+                jobs.append(("torch", dict(kind="torch", name=name, mode=mode)))
+            for who, task in jobs:
+                if not workers or not workers[-1].alive():
+                    workers.append(Worker(log))
+                res = workers[-1].run(task, a.timeout)
+                row[who] = {k: res[k] for k in ("counts", "error", "skipped", "seconds") if k in res}
+                if who == "torch" and "timeout" not in res.get("error", ""):  # a timeout may pass on a freer machine
+                    save_count(key, row["torch"])
+                if "skipped" in res:
+                    row["torch"] = row.get("torch") or {"skipped": res["skipped"]}
+                    break
+            rows.append(row)
+            e = row["ember"]
+            print(f"  {name} {mode}: {e.get('seconds', '?')} s, "
+                  f"{e.get('skipped') or e.get('error') or e['counts'].get('equal')}", file=sys.stderr, flush=True)
+            if a.json:
+                pathlib.Path(a.json).write_text(json.dumps({"machine": header, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
