@@ -92,6 +92,9 @@ class ResumeCode:
     null_positions: tuple[int, ...]  # stack slots (0 = bottom) holding NULL; they take no argument
     live_locals: tuple[str, ...]
     passed_cells: tuple[str, ...]  # live cell variables passed as types.CellType, not as their value
+    # each offset of the resume code's body (an EXTENDED_ARG prefix's too) -> the original instruction's offset:
+    # a break in a resume function resumes the original code there, so a loop's resumes are one function
+    original_offsets: Mapping[int, int]
 
 
 def _stack_effect(ins: dis.Instruction, jump: bool) -> int:
@@ -273,4 +276,28 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
     # them would miss try blocks entered through the prologue's jump rather than from their start.
     stacksize = max(code.co_stacksize, stack_depth, 3 + len(cells))
     resumed = new.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
-    return ResumeCode(resumed, offset, argnames, stack_depth, nulls, live_locals, cells)
+    return ResumeCode(resumed, offset, argnames, stack_depth, nulls, live_locals, cells,
+                      _original_offsets(code, resumed))
+
+
+def _original_offsets(code: types.CodeType, resumed: types.CodeType) -> Mapping[int, int]:
+    """The resume code's body is the original's body, instruction for instruction (EXTENDED_ARG prefixes may
+    differ, LOAD_FAST may have become LOAD_FAST_CHECK): the two lists end alike, so align them from the end."""
+    def named(c: types.CodeType) -> list[tuple[list[int], str]]:
+        out, prefix = [], []
+        for ins in dis.get_instructions(c):
+            if ins.opname == "EXTENDED_ARG":
+                prefix.append(ins.offset)
+            else:
+                out.append(([*prefix, ins.offset], ins.opname))
+                prefix = []
+        return out
+    orig, new = named(code), named(resumed)
+    body = len(orig) - next(k for k, (_o, name) in enumerate(orig) if name == "RESUME") - 1
+    out = {}
+    for (o_offsets, o_name), (n_offsets, n_name) in zip(orig[len(orig) - body:], new[len(new) - body:]):
+        assert o_name == n_name or {o_name, n_name} in ({"LOAD_FAST", "LOAD_FAST_CHECK"},
+                                                        {"LOAD_CLOSURE", "LOAD_FAST"}), (o_name, n_name)
+        for n in n_offsets:
+            out[n] = o_offsets[-1]
+    return types.MappingProxyType(out)

@@ -28,6 +28,7 @@ import operator
 import re
 import reprlib
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -85,7 +86,7 @@ class StopHint:
     frame (`frames`, outermost first), its reason and guards, so the callee's capture stops there at once, as
     its own rediscovery would have (a stop is valid at any instruction, so a stale hint costs at most a break
     that was not needed). Used once: by the first capture of `frames[0]`'s code that the entry's call starts."""
-    frames: list            # (code, offset) per inlined frame, outermost first
+    frames: list            # (code, offset, earlier visits to the offset) per inlined frame, outermost first
     reason: str
     where: str              # the Unsupported's own location ("" when it gave none)
     holds_while: tuple      # guards under which the break stands (Unsupported.holds_while)
@@ -111,6 +112,11 @@ class FrameCompiler:
         self.warned = False
         self.resumes: dict[tuple, FrameCompiler] = {}
         self.pending_hint: StopHint | None = None   # set by _call_compiled for the call it makes
+        # a resume function's: the compiler of the code it continues and its offsets there (see resume_compiler)
+        self.origin: tuple[FrameCompiler, Any] | None = None
+        # a resume function's parameters that receive an iterator its caller's entry made (`iter((...))` of a
+        # loop's remaining items, private to the call): name -> how many items it holds
+        self.private_iters: dict[str, int] = {}
         self.argnames = _arg_names(self.code)
         self.bind = _make_binder(fn, self.argnames)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
@@ -194,7 +200,7 @@ class FrameCompiler:
             return self.capture(frame_args)
 
     def capture(self, frame_args: tuple) -> Entry:
-        stop_at: dict[int, str] = {}
+        stop_at: dict[int, tuple[str, int]] = {}   # offset -> (reason, the visit to stop at: 0 = first)
         break_guards: list[str] = []
         hints: dict[int, StopHint] = {}   # per stop offset: where the break sits in the calls made there
         prev_grad = torch.is_grad_enabled()
@@ -202,9 +208,9 @@ class FrameCompiler:
         consts = ConstTable()  # shared by the attempts: break_guards name its constants
         hint, self.pending_hint = self.pending_hint, None
         if hint is not None and hint.frames[0][0] is self.code and not self.cfg.fullgraph:
-            offset = hint.frames[0][1]
+            _code, offset, skip = hint.frames[0]
             where_ = hint.where or where(self.code, offset)
-            stop_at[offset] = f"{hint.reason} ({where_})"
+            stop_at[offset] = (f"{hint.reason} ({where_})", skip)
             break_guards += hint.holds_while
             if len(hint.frames) > 1:
                 hints[offset] = StopHint(hint.frames[1:], hint.reason, hint.where, hint.holds_while)
@@ -221,7 +227,9 @@ class FrameCompiler:
                 cap.guards.add(g, 1)
             local_vars = {}
             for name, param, value in zip(self.argnames, self.params, frame_args):
-                local_vars[name] = cap.wrap(value, param)
+                n = self.private_iters.get(name)
+                local_vars[name] = _wrap_private_iter(cap, value, param, n) if n is not None else \
+                    _wrap_method(cap, value, param) if self.origin is not None else cap.wrap(value, param)
             cells = {}
             clo = self.fn.__closure__ or ()
             for i, fv in enumerate(self.code.co_freevars):
@@ -239,12 +247,12 @@ class FrameCompiler:
                 backward_in_graph = False
             except Unsupported as u:
                 inst = frame.current
-                if inst is None or inst.offset in stop_at:
+                if inst is None or inst.offset in stop_at and stop_at[inst.offset][1] < frame.visits[inst.offset]:
                     return self.fallback_entry(cap, u.reason)
                 where_ = u.where or where(self.code, inst.offset)
                 if self.cfg.fullgraph:
                     raise GraphBreakError(_break_message(u.reason, where_)) from None
-                stop_at[inst.offset] = f"{u.reason} ({where_})"
+                stop_at[inst.offset] = (f"{u.reason} ({where_})", frame.visits[inst.offset] - 1)
                 break_guards += u.holds_while
                 if getattr(u, "inlined_at", None):
                     hints[inst.offset] = StopHint(u.inlined_at, u.reason, u.where, tuple(u.holds_while))
@@ -302,17 +310,65 @@ class FrameCompiler:
             return self.fallback_entry(cap, u.reason)
         return gen.finish("graph" if stop is None else f"graph, then break at {stop.reason}")
 
-    def resume_compiler(self, offset: int, stack_depth: int, names: tuple, nulls: tuple, compiled: bool):
-        key = (offset, stack_depth, names, nulls, compiled)
+    def resume_compiler(self, offset: int, stack_depth: int, names: tuple, nulls: tuple, compiled: bool,
+                        iters: tuple = ()):
+        """The function that continues this code at `offset` (compiled, or plain Python). A resume function's own
+        breaks continue the original code (`origin`): a break inside a loop resumes at the same instruction on
+        every iteration, one compiler per number of items left in the loop's iterators (`iters`: (argument
+        position, items) of each iterator the entry rebuilds), so iterations do not recompile one another's entry."""
+        if self.origin is not None:
+            fc, offsets = self.origin
+            return fc.resume_compiler(offsets[offset], stack_depth, names, nulls, compiled, iters)
+        if compiled and iters and sum(k[0] == offset for k in self.resumes) >= _MAX_LOOP_RESUMES:
+            compiled = False   # a long Python loop breaking on every iteration: its rest runs as Python
+        key = (offset, stack_depth, names, nulls, compiled, iters if compiled else ())
         if key not in self.resumes:
             from ember.frontend.bytecode_gen import make_resume_code
             rc = make_resume_code(self.code, offset, stack_depth, list(names), tuple(nulls))
             fn = types.FunctionType(rc.code, self.fn.__globals__, rc.code.co_name, None, self.fn.__closure__)
             if compiled:
-                self.resumes[key] = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})")
+                fc = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})")
+                fc.origin = (self, rc.original_offsets)
+                fc.private_iters = {rc.argnames[i]: n for i, n in iters}
+                self.resumes[key] = fc
             else:
                 self.resumes[key] = fn
         return self.resumes[key]
+
+
+# compiled resume functions per instruction of a loop (one per iteration count left); beyond, Python runs the rest
+_MAX_LOOP_RESUMES = 32
+
+
+def _tuple_iter_rest(it) -> tuple:
+    """The items a tuple iterator has left, without advancing it."""
+    r = it.__reduce__()
+    return r[1][0][r[2]:] if len(r) > 2 else ()
+
+
+def _wrap_private_iter(cap: Capture, value, source: str, n: int) -> V:
+    """A loop's iterator made by the caller's entry for this call (`iter((...))`): its items, as an IterV the
+    capture iterates (nothing else holds it, so the real one need not advance)."""
+    if type(value) is not _TUPLE_ITER or len(_tuple_iter_rest(value)) != n:
+        return cap.wrap(value, source)
+    cap.guards.add(f"type({source}) is {cap.consts.ref(_TUPLE_ITER)} and len(___iter_rest({source})) == {n}", 1)
+    v = IterV([cap.wrap(x, f"___iter_rest({source})[{i}]") for i, x in enumerate(_tuple_iter_rest(value))],
+              source=source)
+    cap.by_id[id(value)] = v
+    cap.keepalive.append(value)
+    return v
+
+
+_TUPLE_ITER = type(iter(()))
+
+
+def _wrap_method(cap: Capture, value, source: str) -> V:
+    """A bound method a resume function receives (a `with` block's __exit__, which its caller's entry rebuilt):
+    its function and its object, not the method object, which is new on every call."""
+    if type(value) is not types.MethodType or not isinstance(value.__func__, types.FunctionType):
+        return cap.wrap(value, source)
+    cap.guards.add(f"type({source}) is ___MethodType and {source}.__func__ is {cap.consts.ref(value.__func__)}", 0)
+    return BoundV(cap.wrap(value.__self__, f"{source}.__self__"), value.__func__, source)
 
 
 class EntryCodegen:
@@ -327,7 +383,9 @@ class EntryCodegen:
                                           "___NULL": NULL, "___new_object": _new_object,
                                           "___make_cell": _make_cell, "___grad_exit": _GradExit,
                                           "___call_compiled": _call_compiled, "___cfg": fc.cfg,
-                                          "___MethodType": types.MethodType, "___make_function": _make_function}
+                                          "___MethodType": types.MethodType, "___make_function": _make_function,
+                                          "___iter_rest": _tuple_iter_rest, "___raiser": _Raiser,
+                                          "___loop_resume": _loop_resume}
         self.memo: dict[int, str] = {}
         self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
         self.freed: set[int] = set()       # id(TensorV) of outputs an in-graph backward went through
@@ -585,43 +643,72 @@ class EntryCodegen:
 
     # -- graph breaks -----------------------------------------------------------------------------------
     def resume(self, stop: StopCapture) -> None:
+        """The break's instruction run in Python, then the rest of the function as a compiled resume function.
+
+        Inside a try or with block, an exception from the instruction resumes the function uncompiled at that
+        instruction with the failing operand replaced by a `_Raiser` of the exception: Python raises it again
+        there and the function's own handlers run. Inside a loop, each iteration's break resumes the same
+        instruction (FrameCompiler.resume_compiler), nested at most _MAX_LOOP_DEPTH calls deep at run time."""
         frame, inst = stop.frame, stop.inst
-        stack = [self.expr(v) for v in frame.stack]
+        stack_vs = list(frame.stack)
+        stack = [self.expr(v) for v in stack_vs]
         names = tuple(frame.locals)
-        local_exprs = [self.expr(frame.locals[n]) for n in names]
+        local_vs = [frame.locals[n] for n in names]
         cell_names = tuple(n for n, c in frame.cells.items() if n in frame.code.co_cellvars and c.contents is not None)
-        local_exprs += [self.expr(frame.cells[n].contents) for n in cell_names]
+        local_vs += [frame.cells[n].contents for n in cell_names]
+        local_exprs = [self.expr(v) for v in local_vs]
         names = names + cell_names
         self.side_effects()
         insts, index = instructions(frame.code)
-        in_loop = any(isinstance(v, IterV) for v in frame.stack)
+        in_loop = _in_loop(frame.code, inst.offset)
         covering = _enclosing_blocks(frame.code, inst.offset)
         grad_withs = [frame.stack[e.depth - 1] for e, is_with in covering if is_with and 0 < e.depth <= len(frame.stack)
                       and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
-        in_try = len(grad_withs) != len(covering)  # only grad-mode `with` blocks are handled across a break
-        restore = f"___torch._C._set_grad_enabled({grad_withs[0].prev})" if grad_withs else None
-        args_of = lambda st: ", ".join(st + local_exprs)  # noqa: E731
+        in_try = len(grad_withs) != len(covering)  # a block whose handler is not only a grad-mode restore
+        restore = f"___torch._C._set_grad_enabled({grad_withs[0].prev})" if grad_withs and not in_try else None
 
-        def go(offset: int, st: list[str], compiled: bool = True) -> str:
+        def go(offset: int, st: list[str], vs: list, compiled: bool = True) -> str:
+            keep = [i for i, e in enumerate(st) if e != "___NULL"]
             nst = tuple(i for i, e in enumerate(st) if e == "___NULL")
-            compiled = compiled and not in_loop
-            rc = self.fc.resume_compiler(offset, len(st), names, nst, compiled)
-            name = self.consts.ref(rc)
-            st_args = [e for e in st if e != "___NULL"]
-            if compiled:
-                return f"return {name}(({args_of(st_args)}{',' if st_args or local_exprs else ''}), {{}})"
-            return f"return {name}({args_of(st_args)})"
+            args = ", ".join([st[i] for i in keep] + local_exprs)
+            arg_vs = [vs[i] for i in keep] + local_vs
+            iters = tuple((i, len(v.remaining())) for i, v in enumerate(arg_vs) if isinstance(v, IterV))
+            plain = self.consts.ref(self.fc.resume_compiler(offset, len(st), names, nst, False))
+            if not compiled or not all(_unrolled(v) for v in arg_vs if isinstance(v, IterV)):
+                return f"return {plain}({args})"
+            rc = self.fc.resume_compiler(offset, len(st), names, nst, True, iters)
+            if not isinstance(rc, FrameCompiler):
+                return f"return {plain}({args})"
+            packed = f"({args}{',' if args else ''})"
+            if in_loop:
+                return f"return ___loop_resume({self.consts.ref(rc)}, {plain}, {packed})"
+            return f"return {self.consts.ref(rc)}({packed}, {{}})"
+
+        def at_instruction(st: list[str]) -> str:
+            """Resume uncompiled at the instruction itself (3.11: at the PRECALL/KW_NAMES that set up a CALL)."""
+            i = index[inst.offset]
+            while i > 0 and insts[i - 1].opname in ("PRECALL", "KW_NAMES") and op == "CALL":
+                i -= 1
+            return go(insts[i].offset, st, stack_vs, compiled=False)
+
+        def run(line: str, operand: int) -> None:
+            """The instruction's work in Python; in a try block, its exception re-raised by the function's code
+            (stack slot `operand` holds what raises it)."""
+            if not in_try:
+                self.guarded_call(line, restore)
+                return
+            self.lines += ["___exc = None", "try:", "    " + line, "except BaseException as ___e:", "    ___exc = ___e",
+                           "if ___exc is not None:"]
+            st = list(stack)
+            st[operand] = "___raiser(___exc)"
+            self.lines.append("    " + at_instruction(st))
 
         op = inst.opname
-        if in_try or op not in ("CALL", "CALL_FUNCTION_EX", "LOAD_ATTR", "LOAD_METHOD", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
-                                "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
-                                "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE"):
+        if op not in ("CALL", "CALL_FUNCTION_EX", "LOAD_ATTR", "LOAD_METHOD", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
+                      "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
+                      "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE"):
             # Run the rest of the function as Python from this instruction (its handlers included).
-            at = inst.offset
-            i = index[at]
-            while i > 0 and insts[i - 1].opname in ("PRECALL", "KW_NAMES") and op == "CALL":
-                i -= 1  # 3.11: resume at PRECALL/KW_NAMES, which set up the CALL
-            self.lines.append(go(insts[i].offset, stack, compiled=False))
+            self.lines.append(at_instruction(stack))
             return
         nxt = insts[index[inst.offset] + 1].offset
         hint = f", {self.consts.ref(self.hint)}" if self.hint is not None else ""
@@ -631,21 +718,22 @@ class EntryCodegen:
             base = len(stack) - n - 2
             a, b, args = stack[base], stack[base + 1], stack[base + 2:]
             if a == "___NULL":
-                fn, pos = b, args
+                fn, pos, callee = b, args, base + 1
             else:
-                fn, pos = a, [b] + args
+                fn, pos, callee = a, [b] + args, base
             npos = len(pos) - len(kw)
             call = (f"___r = ___call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
                     f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg{hint})")
-            self.guarded_call(call, restore)
-            self.lines.append(go(nxt, stack[:base] + ["___r"]))
+            run(call, callee)
+            self.lines.append(go(nxt, stack[:base] + ["___r"], stack_vs[:base] + [None]))
         elif op in ("LOAD_ATTR", "LOAD_METHOD"):
             # an attribute whose getter ember cannot capture (a property that logs, say): read in Python, the
             # rest compiled. A method load (3.11 LOAD_METHOD, 3.12 LOAD_ATTR with the low bit) leaves
             # NULL and the bound attribute, which the CALL after it calls alike
             method = op == "LOAD_METHOD" or (sys.version_info >= (3, 12) and inst.arg & 1)
-            self.guarded_call(f"___r = getattr({stack[-1]}, {inst.argval!r})", restore)
-            self.lines.append(go(nxt, stack[:-1] + (["___NULL", "___r"] if method else ["___r"])))
+            run(f"___r = getattr({stack[-1]}, {inst.argval!r})", len(stack) - 1)
+            self.lines.append(go(nxt, stack[:-1] + (["___NULL", "___r"] if method else ["___r"]),
+                                 stack_vs[:-1] + ([None, None] if method else [None])))
         elif op == "CALL_FUNCTION_EX":
             has_kw = inst.arg & 1
             kwargs = stack[-1] if has_kw else "{}"
@@ -654,18 +742,17 @@ class EntryCodegen:
             base = len(stack) - 2 - has_kw
             if base > 0 and stack[base - 1] == "___NULL":
                 base -= 1
-            self.guarded_call(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg{hint})", restore)
-            self.lines.append(go(nxt, stack[:base] + ["___r"]))
+            run(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg{hint})", len(stack) - 2 - has_kw)
+            self.lines.append(go(nxt, stack[:base] + ["___r"], stack_vs[:base] + [None]))
         else:
             when = op.endswith("TRUE")
             cond = stack[-1]
-            rest = stack[:-1]
-            if restore:
-                self.guarded_call(f"___c = bool({cond})", restore)
+            if restore or in_try:
+                run(f"___c = bool({cond})", len(stack) - 1)
                 cond = "___c"
             self.lines.append(f"if bool({cond}) is {when}:")
-            self.lines.append("    " + go(inst.argval, rest))
-            self.lines.append(go(nxt, rest))
+            self.lines.append("    " + go(inst.argval, stack[:-1], stack_vs[:-1]))
+            self.lines.append(go(nxt, stack[:-1], stack_vs[:-1]))
 
     def guarded_call(self, line: str, restore: str | None) -> None:
         """The break's instruction; inside `with torch.no_grad()` an exception leaves the grad mode restored."""
@@ -760,21 +847,22 @@ def _make_function(code, f_globals, defaults, kwdefaults, closure):
     return fn
 
 
-_USER_SKIP = ("torch", "ember", "numpy", "scipy", "functools", "builtins", "logging", "typing")
+# Frames never compiled on their own at a break: torch's internals (as torch.compile skips them), ember itself, and
+# libraries whose code ember does not capture anyway. torch.nn's module code is compiled (`_COMPILED_TORCH`): a
+# break inside one child of an nn.Sequential or a model's ModuleList loop then costs a split of the container's
+# frame, not its whole subtree run as Python. Model libraries (torchvision, transformers, timm) are user code.
+_LIBRARY_SKIP = ("torch", "ember", "numpy", "scipy", "functools", "builtins", "logging", "typing")
+_COMPILED_TORCH = ("torch.nn.modules.",)
 
 
 def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = None):
     """Run the instruction a graph break stopped at; user functions called there are compiled in turn (`hint`:
     where the break that stopped the caller sits in this call, see StopHint)."""
     target, prefix = f, ()
-    if isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
+    if isinstance(f, torch.nn.Module):
+        target, prefix = _module_forward(f)
+    elif isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
         target, prefix = f.__func__, (f.__self__,)
-    elif isinstance(f, torch.nn.Module) and not (f._forward_hooks or f._forward_pre_hooks or f._backward_hooks) \
-            and "forward" not in f.__dict__ and isinstance(type(f).forward, types.FunctionType) \
-            and not _is_library(type(f).forward):
-        from torch.nn.modules import module as m
-        if not (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks):
-            target, prefix = type(f).forward, (f,)
     if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
             and not _is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
         fc = FrameCompiler.for_function(target, cfg)
@@ -789,9 +877,77 @@ def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = No
     return f(*args, **kwargs)
 
 
+def _module_forward(m: torch.nn.Module) -> tuple[Any, tuple]:
+    """What calling module m runs, as (function, leading arguments), where that is only its forward: no hooks
+    (they run through Module.__call__, in Python). Otherwise (m, ())."""
+    from torch.nn.modules import module as torch_module
+    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or torch_module._global_forward_hooks \
+            or torch_module._global_forward_pre_hooks or torch_module._global_backward_hooks:
+        return m, ()
+    fwd = m.__dict__.get("forward")
+    if fwd is None:
+        fwd = type(m).forward
+        return (fwd, (m,)) if isinstance(fwd, types.FunctionType) else (m, ())
+    if isinstance(fwd, types.MethodType) and isinstance(fwd.__func__, types.FunctionType):
+        return fwd.__func__, (fwd.__self__,)   # a forward set on the instance (a patched or wrapped module)
+    return (fwd, ()) if isinstance(fwd, types.FunctionType) else (m, ())
+
+
 def _is_library(fn: types.FunctionType) -> bool:
     mod = getattr(fn, "__module__", None) or ""
-    return mod.split(".")[0] in _USER_SKIP
+    return mod.split(".")[0] in _LIBRARY_SKIP and not mod.startswith(_COMPILED_TORCH)
+
+
+def _in_loop(code, offset: int) -> bool:
+    """Whether a backward jump spans the offset: the instruction may run again in the same call."""
+    insts, _index = instructions(code)
+    return any(i.opcode in dis.hasjrel and i.argval is not None and i.argval <= offset < i.offset for i in insts)
+
+
+def _unrolled(it: IterV) -> bool:
+    """Whether a loop over these items is compiled on from a break inside it, one resume function per number of
+    items left: a loop over a model's modules (nn.Sequential, ModuleList, enumerate(...) of them), where each
+    iteration runs other code. A loop over numbers or data would compile one function per iteration (ember
+    specializes on Python numbers), so its rest runs as Python."""
+    def has_module(v) -> bool:
+        return isinstance(v, ObjV) and isinstance(v.value, torch.nn.Module) or \
+            isinstance(v, TupleV) and any(has_module(x) for x in v.items)
+    return all(has_module(v) for v in it.remaining())
+
+
+class _Raiser:
+    """Stands for the operand of an instruction that raised in a try block: calling it, reading an attribute of it
+    or its truth value raises that exception again, inside the resumed function's handlers."""
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        object.__setattr__(self, "exc", exc)
+
+    def __getattribute__(self, name):
+        raise object.__getattribute__(self, "exc")
+
+    def __call__(self, *args, **kwargs):
+        raise object.__getattribute__(self, "exc")
+
+    def __bool__(self):
+        raise object.__getattribute__(self, "exc")
+
+
+# compiled resumes a loop may nest (each iteration's break calls the next one's resume from inside its own): past
+# it, the rest of the loop runs as Python, so a long loop breaking on every iteration cannot exhaust the stack
+_MAX_LOOP_DEPTH = 32
+_loop_state = threading.local()
+
+
+def _loop_resume(compiled: "FrameCompiler", plain: Callable, args: tuple):
+    depth = getattr(_loop_state, "depth", 0)
+    if depth >= _MAX_LOOP_DEPTH:
+        return plain(*args)
+    _loop_state.depth = depth + 1
+    try:
+        return compiled(args, {})
+    finally:
+        _loop_state.depth = depth
 
 
 def _enclosing_blocks(code, offset: int) -> list:

@@ -93,7 +93,8 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
         self.insts, self.index = instructions(code)
         self.ip = self.index[start_offset]
         self.kw_names: tuple = ()
-        self.stop_at = stop_at or {}
+        self.stop_at = stop_at or {}   # offset -> (reason, earlier visits to let pass): where the capture stops
+        self.visits: dict[int, int] = {}   # offset -> times reached (a loop's break is at one iteration, not all)
         self.globals_source = globals_source if globals_source is not None else cap.consts.ref(f_globals)
         self.yields: list[V] | None = [] if code.co_flags & CO_GENERATOR else None
         self.exc_info: list[V] = []
@@ -108,8 +109,12 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
             while True:
                 inst = self.insts[self.ip]
                 self.current = inst
+                seen = self.visits.get(inst.offset, 0)
                 if self.parent is None and inst.offset in self.stop_at:
-                    raise StopCapture(self, inst, self.stop_at[inst.offset])
+                    reason, skip = self.stop_at[inst.offset]
+                    if seen >= skip:
+                        raise StopCapture(self, inst, reason)
+                self.visits[inst.offset] = seen + 1
                 self.ip += 1
                 handler = OPCODES.get(inst.opname)
                 if handler is None:
@@ -168,7 +173,8 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
             # where the break sits in each inlined frame, outermost first: the callee compiled at the root's
             # break instruction starts with its stop there (convert.StopHint) instead of rediscovering it
             inner = getattr(u, "inlined_at", ())
-            u.inlined_at = None if inner is None or child.current is None else [(code, child.current.offset), *inner]
+            u.inlined_at = None if inner is None or child.current is None else \
+                [(code, child.current.offset, child.visits[child.current.offset] - 1), *inner]
             raise
         if child.yields is not None:
             return IterV(child.yields)
