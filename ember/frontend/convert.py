@@ -100,10 +100,14 @@ class FrameCompiler:
     """The compiled form of one function: a binder for its arguments and a list of guarded entries."""
 
     _by_function: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+    _by_code: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()   # shared compilers
     _all: "weakref.WeakSet[FrameCompiler]" = weakref.WeakSet()
 
-    def __init__(self, fn: types.FunctionType, cfg, name: str | None = None):
+    def __init__(self, fn: types.FunctionType, cfg, name: str | None = None, shared: bool = False):
         self.fn = fn
+        # shared by the functions of one code object (functions an entry makes anew on every call): each call passes
+        # its function's closure first (`___clo`), which the capture reads and guards like an argument
+        self.shared = shared
         self.code = fn.__code__
         self.cfg = cfg
         self.name = name or fn.__qualname__
@@ -118,13 +122,14 @@ class FrameCompiler:
         # loop's remaining items, private to the call): name -> how many items it holds
         self.private_iters: dict[str, int] = {}
         self.argnames = _arg_names(self.code)
-        self.bind = _make_binder(fn, self.argnames)
+        self.bind = _make_binder(fn, self.argnames, shared)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
-        self.n_positional = self.code.co_argcount if len(self.argnames) == self.code.co_argcount else -1
+        self.n_positional = self.code.co_argcount + shared if len(self.argnames) == self.code.co_argcount else -1
         # the entry's parameters: the argument names, or stand-ins where a name is no identifier (pytest's
         # `@py_assert1` locals reach resume functions)
         self.params = [n if n.isidentifier() and not keyword.iskeyword(n) else f"___arg{i}"
                        for i, n in enumerate(self.argnames)]
+        self.entry_params = ["___clo", *self.params] if shared else self.params
         FrameCompiler._all.add(self)
 
     @classmethod
@@ -141,11 +146,29 @@ class FrameCompiler:
 
     @classmethod
     def for_function(cls, f: types.FunctionType, cfg) -> "FrameCompiler":
+        if f in _MADE_FUNCTIONS:
+            return cls.shared_for(f, cfg)
         per_fn = cls._by_function.setdefault(f, {})
         fc = per_fn.get(id(cfg))
         if fc is None or fc.cfg is not cfg:  # an id can be reused once a Config is gone
             fc = per_fn[id(cfg)] = cls(f, cfg)
         return fc
+
+    @classmethod
+    def shared_for(cls, f: types.FunctionType, cfg) -> "FrameCompiler":
+        """The compiler of every function of f's code, globals and defaults: a function a compiled frame defines
+        (a closure, a lambda, a comprehension) is a new object on every call, and compiling each anew would
+        recompile on every call (torch.compile keys its cache by code object likewise)."""
+        per_code = cls._by_code.setdefault(f.__code__, {})
+        key = (id(f.__globals__), _defaults_key(f), id(cfg))
+        fc = per_code.get(key)
+        if fc is None or fc.cfg is not cfg or fc.fn.__globals__ is not f.__globals__:
+            fc = per_code[key] = cls(f, cfg, shared=True)
+        return fc
+
+    def call_args(self, f: types.FunctionType, args: tuple) -> tuple:
+        """The arguments of a call of f through this compiler (f's closure first where it is shared)."""
+        return (f.__closure__, *args) if self.shared else args
 
     # -- the hot path ------------------------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict):
@@ -155,8 +178,14 @@ class FrameCompiler:
             if r is not MISS:
                 return r
         if self.disabled:
-            return self.fn(*args, **kwargs)
+            return self.run_python(args, kwargs)
         return self.compile_and_run(args, kwargs, frame_args)
+
+    def run_python(self, args: tuple, kwargs: dict):
+        if not self.shared:
+            return self.fn(*args, **kwargs)
+        fn = self.fn
+        return _make_function(self.code, fn.__globals__, fn.__defaults__, fn.__kwdefaults__, args[0])(*args[1:], **kwargs)
 
     # -- misses ------------------------------------------------------------------------------------------
     def compile_and_run(self, args, kwargs, frame_args):
@@ -171,7 +200,7 @@ class FrameCompiler:
                     warnings.warn(f"ember: {self.name} ({_code_where(self.code)}) was recompiled "
                                   f"{config.RECOMPILE_LIMIT} times; the guard that kept failing: {reason}. "
                                   f"It runs uncompiled from now on.", stacklevel=4)
-                return self.fn(*args, **kwargs)
+                return self.run_python(args, kwargs)
         entry = self.capture_without_gc(frame_args) if config.COMPILE_WITHOUT_GC else self.capture(frame_args)
         # newest first (as torch.compile's cache): the latest capture fits the state calls are in now. An
         # optimizer's first step breaks (its state is created) and makes an entry that every later step would
@@ -180,7 +209,7 @@ class FrameCompiler:
         r = entry.fn(*frame_args)
         if r is MISS:  # the capture itself changed what the guards read: run as Python this time
             log_guards.debug("fresh entry of %s missed its own guards; running uncompiled", self.name)
-            return self.fn(*args, **kwargs)
+            return self.run_python(args, kwargs)
         return r
 
     def failed_guard(self, frame_args) -> str:
@@ -226,14 +255,15 @@ class FrameCompiler:
             for g in break_guards:
                 cap.guards.add(g, 1)
             local_vars = {}
-            for name, param, value in zip(self.argnames, self.params, frame_args):
+            for name, param, value in zip(self.argnames, self.params, frame_args[1:] if self.shared else frame_args):
                 n = self.private_iters.get(name)
                 local_vars[name] = _wrap_private_iter(cap, value, param, n) if n is not None else \
-                    _wrap_method(cap, value, param) if self.origin is not None else cap.wrap(value, param)
+                    _wrap_argument(cap, value, param)
             cells = {}
-            clo = self.fn.__closure__ or ()
+            clo = (frame_args[0] if self.shared else self.fn.__closure__) or ()
+            clo_source = "___clo" if self.shared else consts.ref(clo)
             for i, fv in enumerate(self.code.co_freevars):
-                cells[fv] = cap.wrap(clo[i], f"{consts.ref(clo)}[{i}]")
+                cells[fv] = cap.wrap(clo[i], f"{clo_source}[{i}]")
             frame = Frame(cap, self.code, self.fn.__globals__, local_vars, cells, stop_at=stop_at)
             try:
                 result = frame.run()
@@ -269,8 +299,7 @@ class FrameCompiler:
         log_breaks.debug("%s runs uncompiled: %s", self.name, reason)
         _emit("fallback", name=self.name, reason=reason)
         gen = EntryCodegen(self, cap)
-        gen.lines.append(f"return ___fn({', '.join(self.argnames_call())})")
-        gen.namespace["___fn"] = self.fn
+        gen.lines.append(f"return {gen.function_expr(self)}({', '.join(self.argnames_call())})")
         return gen.finish(f"uncompiled ({reason})")
 
     def argnames_call(self) -> list[str]:
@@ -327,7 +356,7 @@ class FrameCompiler:
             rc = make_resume_code(self.code, offset, stack_depth, list(names), tuple(nulls))
             fn = types.FunctionType(rc.code, self.fn.__globals__, rc.code.co_name, None, self.fn.__closure__)
             if compiled:
-                fc = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})")
+                fc = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})", shared=self.shared)
                 fc.origin = (self, rc.original_offsets)
                 fc.private_iters = {rc.argnames[i]: n for i, n in iters}
                 self.resumes[key] = fc
@@ -362,13 +391,33 @@ def _wrap_private_iter(cap: Capture, value, source: str, n: int) -> V:
 _TUPLE_ITER = type(iter(()))
 
 
-def _wrap_method(cap: Capture, value, source: str) -> V:
-    """A bound method a resume function receives (a `with` block's __exit__, which its caller's entry rebuilt):
-    its function and its object, not the method object, which is new on every call."""
-    if type(value) is not types.MethodType or not isinstance(value.__func__, types.FunctionType):
+def _wrap_argument(cap: Capture, value, source: str) -> V:
+    """An argument; a bound method (a `with` block's __exit__ a resume function receives) and a function an entry
+    made (a closure the frame defined) are new objects on every call: they are known by their parts (function and
+    object; code, globals, defaults and cells), each guarded, not by identity."""
+    if id(value) in cap.by_id or source in cap.by_source:
         return cap.wrap(value, source)
-    cap.guards.add(f"type({source}) is ___MethodType and {source}.__func__ is {cap.consts.ref(value.__func__)}", 0)
-    return BoundV(cap.wrap(value.__self__, f"{source}.__self__"), value.__func__, source)
+    if type(value) is types.MethodType and isinstance(value.__func__, types.FunctionType):
+        cap.guards.add(f"type({source}) is ___MethodType and {source}.__func__ is {cap.consts.ref(value.__func__)}",
+                       0)
+        v = BoundV(cap.wrap(value.__self__, f"{source}.__self__"), value.__func__, source)
+    elif type(value) is types.FunctionType and value in _MADE_FUNCTIONS:
+        c = cap.consts.ref
+        kwd = value.__kwdefaults__ or {}
+        cap.guards.add(f"type({source}) is {c(types.FunctionType)} and {source}.__code__ is {c(value.__code__)} and "
+                       f"{source}.__globals__ is {c(value.__globals__)} and len({source}.__defaults__ or ()) == "
+                       f"{len(value.__defaults__ or ())} and tuple({source}.__kwdefaults__ or ()) == {tuple(kwd)!r}", 0)
+        v = ClosureV(value.__code__, value.__globals__, value.__name__,
+                     tuple(cap.wrap(d, f"{source}.__defaults__[{i}]") for i, d in enumerate(value.__defaults__ or ())),
+                     {k: cap.wrap(d, f"{source}.__kwdefaults__[{k!r}]") for k, d in kwd.items()},
+                     tuple(cap.wrap(x, f"{source}.__closure__[{i}]") for i, x in enumerate(value.__closure__ or ())),
+                     value.__qualname__, source)
+    else:
+        return cap.wrap(value, source)
+    cap.by_id[id(value)] = v
+    cap.by_source[source] = v
+    cap.keepalive.append(value)
+    return v
 
 
 class EntryCodegen:
@@ -391,6 +440,14 @@ class EntryCodegen:
         self.freed: set[int] = set()       # id(TensorV) of outputs an in-graph backward went through
         self.hint: StopHint | None = None   # for the call at the break (FrameCompiler.capture)
         self.ntmp = 0
+
+    def function_expr(self, f) -> str:
+        """A function to call in the entry: a shared compiler's, or a plain resume function of one, made with
+        this call's closure."""
+        code, f = (f.code, f.fn) if isinstance(f, FrameCompiler) else (f.__code__, f)
+        if not self.fc.shared:
+            return self.consts.ref(f)
+        return f"___make_function({self.consts.ref(code)}, {self.consts.ref(f.__globals__)}, (), {{}}, ___clo)"
 
     def tmp(self) -> str:
         self.ntmp += 1
@@ -577,6 +634,8 @@ class EntryCodegen:
                 self.lines.append(f"{t}.cell_contents = {self.expr(v.contents)}")
             return t
         if isinstance(v, ClosureV):
+            if v.source is not None:   # the function the call received (its parts can change only through it)
+                return v.source
             defaults = "(" + "".join(self.expr(x) + ", " for x in v.defaults) + ")"
             kwd = "{" + ", ".join(f"{k!r}: {self.expr(x)}" for k, x in v.kwdefaults.items()) + "}"
             closure = "(" + "".join(self.expr(x) + ", " for x in v.closure) + ")"
@@ -673,12 +732,14 @@ class EntryCodegen:
             args = ", ".join([st[i] for i in keep] + local_exprs)
             arg_vs = [vs[i] for i in keep] + local_vs
             iters = tuple((i, len(v.remaining())) for i, v in enumerate(arg_vs) if isinstance(v, IterV))
-            plain = self.consts.ref(self.fc.resume_compiler(offset, len(st), names, nst, False))
+            plain = self.function_expr(self.fc.resume_compiler(offset, len(st), names, nst, False))
             if not compiled or not all(_unrolled(v) for v in arg_vs if isinstance(v, IterV)):
                 return f"return {plain}({args})"
             rc = self.fc.resume_compiler(offset, len(st), names, nst, True, iters)
             if not isinstance(rc, FrameCompiler):
                 return f"return {plain}({args})"
+            if rc.shared:
+                args = f"___clo, {args}" if args else "___clo"
             packed = f"({args}{',' if args else ''})"
             if in_loop:
                 return f"return ___loop_resume({self.consts.ref(rc)}, {plain}, {packed})"
@@ -770,7 +831,7 @@ class EntryCodegen:
         if checker is not None:   # (its dict_get: dict.get without Tensor.__hash__ calls)
             self.namespace.update({name: getattr(checker, f) for name, f in CHECKER_FUNCTIONS.items()})
         self.namespace.update(self.consts.objs)
-        params = ", ".join(fc.params)
+        params = ", ".join(fc.entry_params)
         lines = list(self.lines)
         first = lines[:1] if lines and lines[0].startswith("___o = ___graph(") else []
         cond, first = share_paths(condition, first)
@@ -794,7 +855,7 @@ class EntryCodegen:
         ns_for_check = dict(ns)
 
         def check(g: str, frame_args) -> bool:
-            return eval(g, ns_for_check, dict(zip(fc.params, frame_args)))
+            return eval(g, ns_for_check, dict(zip(fc.entry_params, frame_args)))
 
         entry = Entry(ns["___entry"], guards, check, description)
         _emit("entry", name=fc.name, guards=guards)
@@ -844,7 +905,21 @@ def _make_function(code, f_globals, defaults, kwdefaults, closure):
     fn = types.FunctionType(code, f_globals, code.co_name, defaults or None, closure or None)
     fn.__kwdefaults__ = kwdefaults or None
     fn.__qualname__ = code.co_qualname
+    _MADE_FUNCTIONS.add(fn)
     return fn
+
+
+# functions the entries made (a compiled frame's closures, lambdas and comprehensions, new on every call): a break
+# calling one compiles it through the compiler its code shares (FrameCompiler.shared_for)
+_MADE_FUNCTIONS: "weakref.WeakSet[types.FunctionType]" = weakref.WeakSet()
+
+
+def _defaults_key(f: types.FunctionType) -> tuple:
+    """f's defaults, by value where they are plain constants, else by identity (the binder keeps them alive)."""
+    def key(v):
+        return (type(v), v) if type(v) in (int, float, str, bool, bytes, type(None)) else ("id", id(v))
+    return (tuple(key(v) for v in f.__defaults__ or ()),
+            tuple((k, key(v)) for k, v in sorted((f.__kwdefaults__ or {}).items())))
 
 
 # Frames never compiled on their own at a break: torch's internals (as torch.compile skips them), ember itself, and
@@ -866,12 +941,13 @@ def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = No
     if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
             and not _is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
         fc = FrameCompiler.for_function(target, cfg)
+        call_args = fc.call_args(target, (*prefix, *args))
         if hint is None or hint.used or hint.frames[0][0] is not target.__code__:
-            return fc((*prefix, *args), kwargs)
+            return fc(call_args, kwargs)
         hint.used = True
         fc.pending_hint = hint
         try:
-            return fc((*prefix, *args), kwargs)
+            return fc(call_args, kwargs)
         finally:
             fc.pending_hint = None
     return f(*args, **kwargs)
@@ -976,8 +1052,9 @@ def _arg_names(code) -> list[str]:
     return list(code.co_varnames[:n])
 
 
-def _make_binder(fn: types.FunctionType, argnames: list[str]) -> Callable:
-    """A function with fn's signature that returns its arguments as a tuple, in co_varnames order."""
+def _make_binder(fn: types.FunctionType, argnames: list[str], shared: bool = False) -> Callable:
+    """A function with fn's signature that returns its arguments as a tuple, in co_varnames order (a shared
+    compiler's: the closure first, then those)."""
     if not all(n.isidentifier() for n in argnames):  # e.g. pytest's `@py_assert1` locals in resume functions
         return lambda *args: args
     sig = inspect.signature(fn, follow_wrapped=False)
@@ -1004,6 +1081,9 @@ def _make_binder(fn: types.FunctionType, argnames: list[str]) -> Callable:
             parts.append("**" + p.name)
         else:
             parts.append(p.name + default)
+    if shared:
+        parts.insert(0, "___clo")
+        argnames = ["___clo", *argnames]
     body = "(" + "".join(n + ", " for n in argnames) + ")"
     src = f"def ___bind({', '.join(parts)}):\n    return {body}\n"
     exec(compile(src, f"<ember binder of {fn.__qualname__}>", "exec"), ns)
@@ -1067,6 +1147,7 @@ def reset_caches() -> None:
         fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
         fc.warned = False
     FrameCompiler._by_function = weakref.WeakKeyDictionary()
+    FrameCompiler._by_code = weakref.WeakKeyDictionary()
     # decoded bytecode and resume code too: a capture after reset() pays what a fresh process pays
     # (bench/frontend.py's cold capture times rely on it)
     from ember.frontend import bytecode_gen, interpreter
