@@ -983,12 +983,16 @@ def _in_loop(code, offset: int) -> bool:
 def _unrolled(it: IterV) -> bool:
     """Whether a loop over these items is compiled on from a break inside it, one resume function per number of
     items left: a loop over a model's modules (nn.Sequential, ModuleList, enumerate(...) of them), where each
-    iteration runs other code. A loop over numbers or data would compile one function per iteration (ember
-    specializes on Python numbers), so its rest runs as Python."""
+    iteration runs other code, or a loop with at most _SHORT_LOOP iterations left. A longer loop over numbers or
+    data would compile a function per iteration (ember specializes on Python numbers): its rest runs as Python."""
     def has_module(v) -> bool:
         return isinstance(v, ObjV) and isinstance(v.value, torch.nn.Module) or \
             isinstance(v, TupleV) and any(has_module(x) for x in v.items)
-    return all(has_module(v) for v in it.remaining())
+    rest = it.remaining()
+    return len(rest) <= _SHORT_LOOP or all(has_module(v) for v in rest)
+
+
+_SHORT_LOOP = 3
 
 
 class _Raiser:
