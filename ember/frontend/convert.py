@@ -263,7 +263,7 @@ class FrameCompiler:
             clo = (frame_args[0] if self.shared else self.fn.__closure__) or ()
             clo_source = "___clo" if self.shared else consts.ref(clo)
             for i, fv in enumerate(self.code.co_freevars):
-                cells[fv] = cap.wrap(clo[i], f"{clo_source}[{i}]")
+                cells[fv] = _wrap_cell(cap, clo[i], f"{clo_source}[{i}]")
             frame = Frame(cap, self.code, self.fn.__globals__, local_vars, cells, stop_at=stop_at)
             try:
                 result = frame.run()
@@ -391,6 +391,21 @@ def _wrap_private_iter(cap: Capture, value, source: str, n: int) -> V:
 _TUPLE_ITER = type(iter(()))
 
 
+def _wrap_cell(cap: Capture, cell, source: str) -> V:
+    """A closure cell, its contents wrapped as an argument (a function the frame defined, held by another one)."""
+    if id(cell) in cap.by_id or source in cap.by_source or type(cell) is not types.CellType:
+        return cap.wrap(cell, source)
+    try:
+        contents = cell.cell_contents
+    except ValueError:
+        return cap.wrap(cell, source)
+    v = CellV(None, source)
+    v.contents = _wrap_argument(cap, contents, f"{source}.cell_contents")
+    cap._track(cell, v)
+    cap.by_source[source] = v
+    return v
+
+
 def _wrap_argument(cap: Capture, value, source: str) -> V:
     """An argument; a bound method (a `with` block's __exit__ a resume function receives) and a function an entry
     made (a closure the frame defined) are new objects on every call: they are known by their parts (function and
@@ -410,7 +425,7 @@ def _wrap_argument(cap: Capture, value, source: str) -> V:
         v = ClosureV(value.__code__, value.__globals__, value.__name__,
                      tuple(cap.wrap(d, f"{source}.__defaults__[{i}]") for i, d in enumerate(value.__defaults__ or ())),
                      {k: cap.wrap(d, f"{source}.__kwdefaults__[{k!r}]") for k, d in kwd.items()},
-                     tuple(cap.wrap(x, f"{source}.__closure__[{i}]") for i, x in enumerate(value.__closure__ or ())),
+                     tuple(_wrap_cell(cap, x, f"{source}.__closure__[{i}]") for i, x in enumerate(value.__closure__ or ())),
                      value.__qualname__, source)
     else:
         return cap.wrap(value, source)
