@@ -19,7 +19,6 @@ instruction of the root frame, so the state there is exact.
 from __future__ import annotations
 
 import dataclasses
-import dis
 import functools
 import inspect
 import keyword
@@ -28,7 +27,6 @@ import operator
 import re
 import reprlib
 import sys
-import threading
 import types
 import warnings
 import weakref
@@ -41,6 +39,10 @@ from ember import config
 from ember.autograd.backward import grads_of, with_freed_history
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import CHECKER_FUNCTIONS, DICT_GET, share_paths
+from ember.frontend.break_frames import (
+    MADE_FUNCTIONS, MAX_LOOP_RESUMES, Raiser, defaults_key, enclosing_blocks, in_loop, is_library, loop_resume,
+    make_function, module_forward, tuple_iter_rest, unrolled, wrap_argument, wrap_cell, wrap_private_iter,
+)
 from ember.frontend.capture import Capture, ConstTable
 from ember.frontend.interpreter import Frame, instructions, where
 from ember.frontend.modes import autocast_state, restore_autocast
@@ -146,7 +148,7 @@ class FrameCompiler:
 
     @classmethod
     def for_function(cls, f: types.FunctionType, cfg) -> "FrameCompiler":
-        if f in _MADE_FUNCTIONS:
+        if f in MADE_FUNCTIONS:
             return cls.shared_for(f, cfg)
         per_fn = cls._by_function.setdefault(f, {})
         fc = per_fn.get(id(cfg))
@@ -160,7 +162,7 @@ class FrameCompiler:
         (a closure, a lambda, a comprehension) is a new object on every call, and compiling each anew would
         recompile on every call (torch.compile keys its cache by code object likewise)."""
         per_code = cls._by_code.setdefault(f.__code__, {})
-        key = (id(f.__globals__), _defaults_key(f), id(cfg))
+        key = (id(f.__globals__), defaults_key(f), id(cfg))
         fc = per_code.get(key)
         if fc is None or fc.cfg is not cfg or fc.fn.__globals__ is not f.__globals__:
             fc = per_code[key] = cls(f, cfg, shared=True)
@@ -185,7 +187,7 @@ class FrameCompiler:
         if not self.shared:
             return self.fn(*args, **kwargs)
         fn = self.fn
-        return _make_function(self.code, fn.__globals__, fn.__defaults__, fn.__kwdefaults__, args[0])(*args[1:], **kwargs)
+        return make_function(self.code, fn.__globals__, fn.__defaults__, fn.__kwdefaults__, args[0])(*args[1:], **kwargs)
 
     # -- misses ------------------------------------------------------------------------------------------
     def compile_and_run(self, args, kwargs, frame_args):
@@ -257,13 +259,13 @@ class FrameCompiler:
             local_vars = {}
             for name, param, value in zip(self.argnames, self.params, frame_args[1:] if self.shared else frame_args):
                 n = self.private_iters.get(name)
-                local_vars[name] = _wrap_private_iter(cap, value, param, n) if n is not None else \
-                    _wrap_argument(cap, value, param)
+                local_vars[name] = wrap_private_iter(cap, value, param, n) if n is not None else \
+                    wrap_argument(cap, value, param)
             cells = {}
             clo = (frame_args[0] if self.shared else self.fn.__closure__) or ()
             clo_source = "___clo" if self.shared else consts.ref(clo)
             for i, fv in enumerate(self.code.co_freevars):
-                cells[fv] = _wrap_cell(cap, clo[i], f"{clo_source}[{i}]")
+                cells[fv] = wrap_cell(cap, clo[i], f"{clo_source}[{i}]")
             frame = Frame(cap, self.code, self.fn.__globals__, local_vars, cells, stop_at=stop_at)
             try:
                 result = frame.run()
@@ -348,7 +350,7 @@ class FrameCompiler:
         if self.origin is not None:
             fc, offsets = self.origin
             return fc.resume_compiler(offsets[offset], stack_depth, names, nulls, compiled, iters)
-        if compiled and iters and sum(k[0] == offset for k in self.resumes) >= _MAX_LOOP_RESUMES:
+        if compiled and iters and sum(k[0] == offset for k in self.resumes) >= MAX_LOOP_RESUMES:
             compiled = False   # a long Python loop breaking on every iteration: its rest runs as Python
         key = (offset, stack_depth, names, nulls, compiled, iters if compiled else ())
         if key not in self.resumes:
@@ -365,76 +367,6 @@ class FrameCompiler:
         return self.resumes[key]
 
 
-# compiled resume functions per instruction of a loop (one per iteration count left); beyond, Python runs the rest
-_MAX_LOOP_RESUMES = 32
-
-
-def _tuple_iter_rest(it) -> tuple:
-    """The items a tuple iterator has left, without advancing it."""
-    r = it.__reduce__()
-    return r[1][0][r[2]:] if len(r) > 2 else ()
-
-
-def _wrap_private_iter(cap: Capture, value, source: str, n: int) -> V:
-    """A loop's iterator made by the caller's entry for this call (`iter((...))`): its items, as an IterV the
-    capture iterates (nothing else holds it, so the real one need not advance)."""
-    if type(value) is not _TUPLE_ITER or len(_tuple_iter_rest(value)) != n:
-        return cap.wrap(value, source)
-    cap.guards.add(f"type({source}) is {cap.consts.ref(_TUPLE_ITER)} and len(___iter_rest({source})) == {n}", 1)
-    v = IterV([cap.wrap(x, f"___iter_rest({source})[{i}]") for i, x in enumerate(_tuple_iter_rest(value))],
-              source=source)
-    cap.by_id[id(value)] = v
-    cap.keepalive.append(value)
-    return v
-
-
-_TUPLE_ITER = type(iter(()))
-
-
-def _wrap_cell(cap: Capture, cell, source: str) -> V:
-    """A closure cell, its contents wrapped as an argument (a function the frame defined, held by another one)."""
-    if id(cell) in cap.by_id or source in cap.by_source or type(cell) is not types.CellType:
-        return cap.wrap(cell, source)
-    try:
-        contents = cell.cell_contents
-    except ValueError:
-        return cap.wrap(cell, source)
-    v = CellV(None, source)
-    v.contents = _wrap_argument(cap, contents, f"{source}.cell_contents")
-    cap._track(cell, v)
-    cap.by_source[source] = v
-    return v
-
-
-def _wrap_argument(cap: Capture, value, source: str) -> V:
-    """An argument; a bound method (a `with` block's __exit__ a resume function receives) and a function an entry
-    made (a closure the frame defined) are new objects on every call: they are known by their parts (function and
-    object; code, globals, defaults and cells), each guarded, not by identity."""
-    if id(value) in cap.by_id or source in cap.by_source:
-        return cap.wrap(value, source)
-    if type(value) is types.MethodType and isinstance(value.__func__, types.FunctionType):
-        cap.guards.add(f"type({source}) is ___MethodType and {source}.__func__ is {cap.consts.ref(value.__func__)}",
-                       0)
-        v = BoundV(cap.wrap(value.__self__, f"{source}.__self__"), value.__func__, source)
-    elif type(value) is types.FunctionType and value in _MADE_FUNCTIONS:
-        c = cap.consts.ref
-        kwd = value.__kwdefaults__ or {}
-        cap.guards.add(f"type({source}) is {c(types.FunctionType)} and {source}.__code__ is {c(value.__code__)} and "
-                       f"{source}.__globals__ is {c(value.__globals__)} and len({source}.__defaults__ or ()) == "
-                       f"{len(value.__defaults__ or ())} and tuple({source}.__kwdefaults__ or ()) == {tuple(kwd)!r}", 0)
-        v = ClosureV(value.__code__, value.__globals__, value.__name__,
-                     tuple(cap.wrap(d, f"{source}.__defaults__[{i}]") for i, d in enumerate(value.__defaults__ or ())),
-                     {k: cap.wrap(d, f"{source}.__kwdefaults__[{k!r}]") for k, d in kwd.items()},
-                     tuple(_wrap_cell(cap, x, f"{source}.__closure__[{i}]") for i, x in enumerate(value.__closure__ or ())),
-                     value.__qualname__, source)
-    else:
-        return cap.wrap(value, source)
-    cap.by_id[id(value)] = v
-    cap.by_source[source] = v
-    cap.keepalive.append(value)
-    return v
-
-
 class EntryCodegen:
     """Writes one entry function's Python source."""
 
@@ -447,9 +379,9 @@ class EntryCodegen:
                                           "___NULL": NULL, "___new_object": _new_object,
                                           "___make_cell": _make_cell, "___grad_exit": _GradExit,
                                           "___call_compiled": _call_compiled, "___cfg": fc.cfg,
-                                          "___MethodType": types.MethodType, "___make_function": _make_function,
-                                          "___iter_rest": _tuple_iter_rest, "___raiser": _Raiser,
-                                          "___loop_resume": _loop_resume}
+                                          "___MethodType": types.MethodType, "___make_function": make_function,
+                                          "___iter_rest": tuple_iter_rest, "___raiser": Raiser,
+                                          "___loop_resume": loop_resume}
         self.memo: dict[int, str] = {}
         self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
         self.freed: set[int] = set()       # id(TensorV) of outputs an in-graph backward went through
@@ -720,9 +652,9 @@ class EntryCodegen:
         """The break's instruction run in Python, then the rest of the function as a compiled resume function.
 
         Inside a try or with block, an exception from the instruction resumes the function uncompiled at that
-        instruction with the failing operand replaced by a `_Raiser` of the exception: Python raises it again
+        instruction with the failing operand replaced by a `Raiser` of the exception: Python raises it again
         there and the function's own handlers run. Inside a loop, each iteration's break resumes the same
-        instruction (FrameCompiler.resume_compiler), nested at most _MAX_LOOP_DEPTH calls deep at run time."""
+        instruction (FrameCompiler.resume_compiler), nested at most MAX_LOOP_DEPTH calls deep at run time."""
         frame, inst = stop.frame, stop.inst
         stack_vs = list(frame.stack)
         stack = [self.expr(v) for v in stack_vs]
@@ -734,8 +666,8 @@ class EntryCodegen:
         names = names + cell_names
         self.side_effects()
         insts, index = instructions(frame.code)
-        in_loop = _in_loop(frame.code, inst.offset)
-        covering = _enclosing_blocks(frame.code, inst.offset)
+        looping = in_loop(frame.code, inst.offset)
+        covering = enclosing_blocks(frame.code, inst.offset)
         grad_withs = [frame.stack[e.depth - 1] for e, is_with in covering if is_with and 0 < e.depth <= len(frame.stack)
                       and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
         in_try = len(grad_withs) != len(covering)  # a block whose handler is not only a grad-mode restore
@@ -748,7 +680,7 @@ class EntryCodegen:
             arg_vs = [vs[i] for i in keep] + local_vs
             iters = tuple((i, len(v.remaining())) for i, v in enumerate(arg_vs) if isinstance(v, IterV))
             plain = self.function_expr(self.fc.resume_compiler(offset, len(st), names, nst, False))
-            if not compiled or not all(_unrolled(v) for v in arg_vs if isinstance(v, IterV)):
+            if not compiled or not all(unrolled(v) for v in arg_vs if isinstance(v, IterV)):
                 return f"return {plain}({args})"
             rc = self.fc.resume_compiler(offset, len(st), names, nst, True, iters)
             if not isinstance(rc, FrameCompiler):
@@ -756,7 +688,7 @@ class EntryCodegen:
             if rc.shared:
                 args = f"___clo, {args}" if args else "___clo"
             packed = f"({args}{',' if args else ''})"
-            if in_loop:
+            if looping:
                 return f"return ___loop_resume({self.consts.ref(rc)}, {plain}, {packed})"
             return f"return {self.consts.ref(rc)}({packed}, {{}})"
 
@@ -916,45 +848,16 @@ def _make_cell():
     return types.CellType()
 
 
-def _make_function(code, f_globals, defaults, kwdefaults, closure):
-    fn = types.FunctionType(code, f_globals, code.co_name, defaults or None, closure or None)
-    fn.__kwdefaults__ = kwdefaults or None
-    fn.__qualname__ = code.co_qualname
-    _MADE_FUNCTIONS.add(fn)
-    return fn
-
-
-# functions the entries made (a compiled frame's closures, lambdas and comprehensions, new on every call): a break
-# calling one compiles it through the compiler its code shares (FrameCompiler.shared_for)
-_MADE_FUNCTIONS: "weakref.WeakSet[types.FunctionType]" = weakref.WeakSet()
-
-
-def _defaults_key(f: types.FunctionType) -> tuple:
-    """f's defaults, by value where they are plain constants, else by identity (the binder keeps them alive)."""
-    def key(v):
-        return (type(v), v) if type(v) in (int, float, str, bool, bytes, type(None)) else ("id", id(v))
-    return (tuple(key(v) for v in f.__defaults__ or ()),
-            tuple((k, key(v)) for k, v in sorted((f.__kwdefaults__ or {}).items())))
-
-
-# Frames never compiled on their own at a break: torch's internals (as torch.compile skips them), ember itself, and
-# libraries whose code ember does not capture anyway. torch.nn's module code is compiled (`_COMPILED_TORCH`): a
-# break inside one child of an nn.Sequential or a model's ModuleList loop then costs a split of the container's
-# frame, not its whole subtree run as Python. Model libraries (torchvision, transformers, timm) are user code.
-_LIBRARY_SKIP = ("torch", "ember", "numpy", "scipy", "functools", "builtins", "logging", "typing")
-_COMPILED_TORCH = ("torch.nn.modules.",)
-
-
 def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = None):
     """Run the instruction a graph break stopped at; user functions called there are compiled in turn (`hint`:
     where the break that stopped the caller sits in this call, see StopHint)."""
     target, prefix = f, ()
     if isinstance(f, torch.nn.Module):
-        target, prefix = _module_forward(f)
+        target, prefix = module_forward(f)
     elif isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
         target, prefix = f.__func__, (f.__self__,)
     if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
-            and not _is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
+            and not is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
         fc = FrameCompiler.for_function(target, cfg)
         call_args = fc.call_args(target, (*prefix, *args))
         if hint is None or hint.used or hint.frames[0][0] is not target.__code__:
@@ -966,104 +869,6 @@ def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = No
         finally:
             fc.pending_hint = None
     return f(*args, **kwargs)
-
-
-def _module_forward(m: torch.nn.Module) -> tuple[Any, tuple]:
-    """What calling module m runs, as (function, leading arguments), where that is only its forward: no hooks
-    (they run through Module.__call__, in Python). Otherwise (m, ())."""
-    from torch.nn.modules import module as torch_module
-    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or torch_module._global_forward_hooks \
-            or torch_module._global_forward_pre_hooks or torch_module._global_backward_hooks:
-        return m, ()
-    fwd = m.__dict__.get("forward")
-    if fwd is None:
-        fwd = type(m).forward
-        return (fwd, (m,)) if isinstance(fwd, types.FunctionType) else (m, ())
-    if isinstance(fwd, types.MethodType) and isinstance(fwd.__func__, types.FunctionType):
-        return fwd.__func__, (fwd.__self__,)   # a forward set on the instance (a patched or wrapped module)
-    return (fwd, ()) if isinstance(fwd, types.FunctionType) else (m, ())
-
-
-def _is_library(fn: types.FunctionType) -> bool:
-    mod = getattr(fn, "__module__", None) or ""
-    return mod.split(".")[0] in _LIBRARY_SKIP and not mod.startswith(_COMPILED_TORCH)
-
-
-def _in_loop(code, offset: int) -> bool:
-    """Whether a backward jump spans the offset: the instruction may run again in the same call."""
-    insts, _index = instructions(code)
-    return any(i.opcode in dis.hasjrel and i.argval is not None and i.argval <= offset < i.offset for i in insts)
-
-
-def _unrolled(it: IterV) -> bool:
-    """Whether a loop over these items is compiled on from a break inside it, one resume function per number of
-    items left: a loop over a model's modules (nn.Sequential, ModuleList, enumerate(...) of them), where each
-    iteration runs other code, or a loop with at most _SHORT_LOOP iterations left. A longer loop over numbers or
-    data would compile a function per iteration (ember specializes on Python numbers): its rest runs as Python."""
-    def has_module(v) -> bool:
-        return isinstance(v, ObjV) and isinstance(v.value, torch.nn.Module) or \
-            isinstance(v, TupleV) and any(has_module(x) for x in v.items)
-    rest = it.remaining()
-    return len(rest) <= _SHORT_LOOP or all(has_module(v) for v in rest)
-
-
-_SHORT_LOOP = 3
-
-
-class _Raiser:
-    """Stands for the operand of an instruction that raised in a try block: calling it, reading an attribute of it
-    or its truth value raises that exception again, inside the resumed function's handlers."""
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException):
-        object.__setattr__(self, "exc", exc)
-
-    def __getattribute__(self, name):
-        raise object.__getattribute__(self, "exc")
-
-    def __call__(self, *args, **kwargs):
-        raise object.__getattribute__(self, "exc")
-
-    def __bool__(self):
-        raise object.__getattribute__(self, "exc")
-
-
-# compiled resumes a loop may nest (each iteration's break calls the next one's resume from inside its own): past
-# it, the rest of the loop runs as Python, so a long loop breaking on every iteration cannot exhaust the stack
-_MAX_LOOP_DEPTH = 32
-_loop_state = threading.local()
-
-
-def _loop_resume(compiled: "FrameCompiler", plain: Callable, args: tuple):
-    depth = getattr(_loop_state, "depth", 0)
-    if depth >= _MAX_LOOP_DEPTH:
-        return plain(*args)
-    _loop_state.depth = depth + 1
-    try:
-        return compiled(args, {})
-    finally:
-        _loop_state.depth = depth
-
-
-def _enclosing_blocks(code, offset: int) -> list:
-    """The try/with blocks around an offset, outermost first, as (exception-table entry, is a with block).
-
-    CPython's table maps each range to its innermost handler only, so an outer block's range is the hull of
-    all the pieces that name its handler."""
-    insts, index = instructions(code)
-    hulls: dict[int, list] = {}
-    for e in dis._parse_exception_table(code):
-        h = hulls.setdefault(e.target, [e.start, e.end, e])
-        h[0], h[1] = min(h[0], e.start), max(h[1], e.end)
-    out = []
-    for target, (start, end, e) in hulls.items():
-        if start <= offset < end:
-            i = index.get(target)
-            ops = [insts[j].opname for j in range(i, min(i + 2, len(insts)))] if i is not None else []
-            if ops[:1] != ["PUSH_EXC_INFO"]:
-                continue  # cleanup of a handler, not a block of user code
-            out.append((e, ops[1:2] == ["WITH_EXCEPT_START"]))
-    return sorted(out, key=lambda item: item[0].depth)
 
 
 def _arg_names(code) -> list[str]:
