@@ -148,8 +148,6 @@ class FrameCompiler:
 
     @classmethod
     def for_function(cls, f: types.FunctionType, cfg) -> "FrameCompiler":
-        if f in MADE_FUNCTIONS:
-            return cls.shared_for(f, cfg)
         per_fn = cls._by_function.setdefault(f, {})
         fc = per_fn.get(id(cfg))
         if fc is None or fc.cfg is not cfg:  # an id can be reused once a Config is gone
@@ -858,7 +856,8 @@ def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = No
         target, prefix = f.__func__, (f.__self__,)
     if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
             and not is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
-        fc = FrameCompiler.for_function(target, cfg)
+        fc = FrameCompiler.shared_for(target, cfg) if target in MADE_FUNCTIONS else \
+            FrameCompiler.for_function(target, cfg)
         call_args = fc.call_args(target, (*prefix, *args))
         if hint is None or hint.used or hint.frames[0][0] is not target.__code__:
             return fc(call_args, kwargs)

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from tests.frontend.harness import BASELINE, check, check_module, rand
+from tests.frontend.harness import BASELINE, Recorder, assert_same, check, check_module, compile, rand
 
 
 @dataclasses.dataclass
@@ -189,6 +189,22 @@ def lambda_depth2(x, log):
     noisy = lambda t: (print("lambda", t.shape), t * 2)[1]  # noqa: E731
     through = lambda t: noisy(t.sin()).cos()  # noqa: E731
     return through(x.exp()) - 1
+
+
+def make_scaler(x):
+    k = x.shape[0]
+
+    def scale(t):
+        print("scale", k)
+        return t * k
+    return scale, x + 1
+
+
+def test_function_made_by_an_entry_compiled_on_its_own():
+    """A closure a compiled frame returns (made by its entry) compiled by the user: a plain compiled function."""
+    scale, _ = compile(make_scaler, Recorder())(rand(3))
+    x = rand(3)
+    assert_same(scale(x), compile(scale, Recorder())(x))
 
 
 # ------------------------------------------------------------------ generators
