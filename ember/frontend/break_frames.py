@@ -5,7 +5,8 @@ A break's entry (ember.frontend.convert) runs the instruction ember could not ca
 function as a resume function. The values it hands over are new objects on every call where the capture made
 them: functions the frame defined (`make_function`), bound methods, a loop's iterator (`iter((...))` of the items
 left). The resume function's capture knows them by their parts (`wrap_argument`, `wrap_private_iter`), so one entry
-serves every call, as the original objects would.
+serves every call, as the original objects would. A generator called at a break runs from yield to yield through
+`drive`, its entries returning steps.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 
 from ember.frontend.capture import Capture
 from ember.frontend.interpreter import instructions
+from ember.frontend.python_objects import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR
 from ember.frontend.values import BoundV, CellV, ClosureV, IterV, ObjV, TupleV, V
 
 
@@ -91,7 +93,8 @@ def wrap_argument(cap: Capture, value, source: str) -> V:
         v = ClosureV(value.__code__, value.__globals__, value.__name__,
                      tuple(cap.wrap(d, f"{source}.__defaults__[{i}]") for i, d in enumerate(value.__defaults__ or ())),
                      {k: cap.wrap(d, f"{source}.__kwdefaults__[{k!r}]") for k, d in kwd.items()},
-                     tuple(wrap_cell(cap, x, f"{source}.__closure__[{i}]") for i, x in enumerate(value.__closure__ or ())),
+                     tuple(wrap_cell(cap, x, f"{source}.__closure__[{i}]")
+                           for i, x in enumerate(value.__closure__ or ())),
                      value.__qualname__, source)
     else:
         return cap.wrap(value, source)
@@ -186,6 +189,66 @@ class Raiser:
 # it, the rest of the loop runs as Python, so a long loop breaking on every iteration cannot exhaust the stack
 MAX_LOOP_DEPTH = 32
 _loop_state = threading.local()
+
+
+# What a generator's entry returns (FrameCompiler.steps): (STEP_RETURN, value), (STEP_YIELD, value, continue with
+# the value sent in -> a STEP_CALL), (STEP_CALL, resume compiler, its arguments), (STEP_PYTHON, generator).
+STEP_RETURN, STEP_YIELD, STEP_CALL, STEP_PYTHON = "return", "yield", "call", "python"
+
+
+def call_compiled(f, args: tuple, kwargs: dict, cfg, hint=None):
+    """Run the instruction a graph break stopped at; user functions called there are compiled in turn (`hint`:
+    where the break that stopped the caller sits in this call, see convert.StopHint)."""
+    from ember.frontend.convert import FrameCompiler   # (convert imports this module)
+    target, prefix = f, ()
+    if isinstance(f, torch.nn.Module):
+        target, prefix = module_forward(f)
+    elif isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
+        target, prefix = f.__func__, (f.__self__,)
+    if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
+            and not is_library(target) and not target.__code__.co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR):
+        steps = bool(target.__code__.co_flags & CO_GENERATOR)
+        fc = FrameCompiler.shared_for(target, cfg, steps) if target in MADE_FUNCTIONS else \
+            FrameCompiler.for_function(target, cfg, steps)
+        call_args = fc.call_args(target, (*prefix, *args))
+        if steps:   # a generator: its arguments bound now (a TypeError is raised by the call), its body run lazily
+            gen = drive(fc, call_args, kwargs, fc.bind(*call_args, **kwargs))
+            gen.__name__, gen.__qualname__ = target.__name__, target.__qualname__
+            return gen
+        if hint is None or hint.used or hint.frames[0][0] is not target.__code__:
+            return fc(call_args, kwargs)
+        hint.used = True
+        fc.pending_hint = hint
+        try:
+            return fc(call_args, kwargs)
+        finally:
+            fc.pending_hint = None
+    return f(*args, **kwargs)
+
+
+def drive(fc: Callable, args: tuple, kwargs: dict, frame_args: tuple):
+    """The generator a compiled generator function returns: runs its entries from yield to yield. A value thrown in
+    at a yield propagates out, as from the generator's own frame: only generators whose yields sit in no try or
+    with block are compiled (compilable_generator)."""
+    step = fc.run_bound(frame_args, args, kwargs)
+    while True:
+        kind = step[0]
+        if kind is STEP_YIELD:
+            step = step[2]((yield step[1]))
+        elif kind is STEP_CALL:
+            step = step[1](step[2], {})
+        elif kind is STEP_RETURN:
+            return step[1]
+        else:
+            return (yield from step[1])
+
+
+def compilable_generator(code: types.CodeType) -> bool:
+    """A generator whose yields are in no try/with block and that delegates to no other (`yield from`)."""
+    insts, _index = instructions(code)
+    if any(i.opname in ("SEND", "GET_YIELD_FROM_ITER") for i in insts):
+        return False
+    return not any(i.opname == "YIELD_VALUE" and enclosing_blocks(code, i.offset) for i in insts)
 
 
 def loop_resume(compiled: Callable, plain: Callable, args: tuple):

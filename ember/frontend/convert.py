@@ -40,8 +40,9 @@ from ember.autograd.backward import grads_of, with_freed_history
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import CHECKER_FUNCTIONS, DICT_GET, share_paths
 from ember.frontend.break_frames import (
-    MADE_FUNCTIONS, MAX_LOOP_RESUMES, Raiser, defaults_key, enclosing_blocks, in_loop, is_library, loop_resume,
-    make_function, module_forward, tuple_iter_rest, unrolled, wrap_argument, wrap_cell, wrap_private_iter,
+    MAX_LOOP_RESUMES, STEP_CALL, STEP_PYTHON, STEP_RETURN, STEP_YIELD, Raiser, call_compiled,
+    compilable_generator, defaults_key, enclosing_blocks, in_loop, loop_resume, make_function, tuple_iter_rest,
+    unrolled, wrap_argument, wrap_cell, wrap_private_iter,
 )
 from ember.frontend.capture import Capture, ConstTable
 from ember.frontend.interpreter import Frame, instructions, where
@@ -82,7 +83,7 @@ class StopHint:
     """Where a graph break sits inside the functions a root frame's break instruction calls.
 
     A break found in an inlined call stops the root frame just before that call; the entry then runs the call
-    through `_call_compiled`, which compiles the callee, whose capture would interpret the callee again only to
+    through `call_compiled`, which compiles the callee, whose capture would interpret the callee again only to
     meet the same break and restart (GPT-2's loss, behind three wrapper functions: four interpretations of the
     whole model before the one that makes the graph). The hint carries the break's instruction in each inlined
     frame (`frames`, outermost first), its reason and guards, so the callee's capture stops there at once, as
@@ -105,8 +106,11 @@ class FrameCompiler:
     _by_code: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()   # shared compilers
     _all: "weakref.WeakSet[FrameCompiler]" = weakref.WeakSet()
 
-    def __init__(self, fn: types.FunctionType, cfg, name: str | None = None, shared: bool = False):
+    def __init__(self, fn: types.FunctionType, cfg, name: str | None = None, shared: bool = False,
+                 steps: bool = False):
         self.fn = fn
+        # a generator's, called by break_frames.drive: each entry returns the next step (STEP_*), not a value
+        self.steps = steps
         # shared by the functions of one code object (functions an entry makes anew on every call): each call passes
         # its function's closure first (`___clo`), which the capture reads and guards like an argument
         self.shared = shared
@@ -114,10 +118,10 @@ class FrameCompiler:
         self.cfg = cfg
         self.name = name or fn.__qualname__
         self.entries: list[Entry] = []
-        self.disabled = bool(self.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
+        self.disabled = bool(self.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) and not steps
         self.warned = False
         self.resumes: dict[tuple, FrameCompiler] = {}
-        self.pending_hint: StopHint | None = None   # set by _call_compiled for the call it makes
+        self.pending_hint: StopHint | None = None   # set by call_compiled for the call it makes
         # a resume function's: the compiler of the code it continues and its offsets there (see resume_compiler)
         self.origin: tuple[FrameCompiler, Any] | None = None
         # a resume function's parameters that receive an iterator its caller's entry made (`iter((...))` of a
@@ -147,23 +151,23 @@ class FrameCompiler:
         return cls(tramp, cfg, name=getattr(f, "__qualname__", type(f).__name__))
 
     @classmethod
-    def for_function(cls, f: types.FunctionType, cfg) -> "FrameCompiler":
+    def for_function(cls, f: types.FunctionType, cfg, steps: bool = False) -> "FrameCompiler":
         per_fn = cls._by_function.setdefault(f, {})
-        fc = per_fn.get(id(cfg))
+        fc = per_fn.get((id(cfg), steps))
         if fc is None or fc.cfg is not cfg:  # an id can be reused once a Config is gone
-            fc = per_fn[id(cfg)] = cls(f, cfg)
+            fc = per_fn[(id(cfg), steps)] = cls(f, cfg, steps=steps)
         return fc
 
     @classmethod
-    def shared_for(cls, f: types.FunctionType, cfg) -> "FrameCompiler":
+    def shared_for(cls, f: types.FunctionType, cfg, steps: bool = False) -> "FrameCompiler":
         """The compiler of every function of f's code, globals and defaults: a function a compiled frame defines
         (a closure, a lambda, a comprehension) is a new object on every call, and compiling each anew would
         recompile on every call (torch.compile keys its cache by code object likewise)."""
         per_code = cls._by_code.setdefault(f.__code__, {})
-        key = (id(f.__globals__), defaults_key(f), id(cfg))
+        key = (id(f.__globals__), defaults_key(f), id(cfg), steps)
         fc = per_code.get(key)
         if fc is None or fc.cfg is not cfg or fc.fn.__globals__ is not f.__globals__:
-            fc = per_code[key] = cls(f, cfg, shared=True)
+            fc = per_code[key] = cls(f, cfg, shared=True, steps=steps)
         return fc
 
     def call_args(self, f: types.FunctionType, args: tuple) -> tuple:
@@ -181,11 +185,21 @@ class FrameCompiler:
             return self.run_python(args, kwargs)
         return self.compile_and_run(args, kwargs, frame_args)
 
+    def run_bound(self, frame_args: tuple, args: tuple, kwargs: dict):
+        """__call__ on arguments already bound (a generator's, bound when it was called)."""
+        for e in self.entries:
+            r = e.fn(*frame_args)
+            if r is not MISS:
+                return r
+        if self.disabled:
+            return self.run_python(args, kwargs)
+        return self.compile_and_run(args, kwargs, frame_args)
+
     def run_python(self, args: tuple, kwargs: dict):
-        if not self.shared:
-            return self.fn(*args, **kwargs)
         fn = self.fn
-        return make_function(self.code, fn.__globals__, fn.__defaults__, fn.__kwdefaults__, args[0])(*args[1:], **kwargs)
+        if self.shared:
+            fn, args = make_function(self.code, fn.__globals__, fn.__defaults__, fn.__kwdefaults__, args[0]), args[1:]
+        return (STEP_PYTHON, fn(*args, **kwargs)) if self.steps else fn(*args, **kwargs)
 
     # -- misses ------------------------------------------------------------------------------------------
     def compile_and_run(self, args, kwargs, frame_args):
@@ -245,6 +259,11 @@ class FrameCompiler:
                 hints[offset] = StopHint(hint.frames[1:], hint.reason, hint.where, hint.holds_while)
             log_breaks.debug("graph break in %s at %s: %s", self.name, where_, hint.reason)
             _emit("break", name=self.name, reason=hint.reason, where=where_)
+        if self.steps:   # a generator's capture ends at its next yield (EntryCodegen.yield_step)
+            if not compilable_generator(self.code):
+                return self.fallback_entry(Capture(consts), "a yield inside a try or with block, or yield from")
+            insts, _index = instructions(self.code)
+            stop_at.update({i.offset: ("yield", 0) for i in insts if i.opname == "YIELD_VALUE"})
         # loss.backward() joins the graph for ember's own backends (ember.autograd.backward); a custom backend
         # gets the graph break torch.compile makes there
         backward_in_graph = self.cfg.backend_name in BACKWARD_IN_GRAPH_BACKENDS
@@ -299,7 +318,8 @@ class FrameCompiler:
         log_breaks.debug("%s runs uncompiled: %s", self.name, reason)
         _emit("fallback", name=self.name, reason=reason)
         gen = EntryCodegen(self, cap)
-        gen.lines.append(f"return {gen.function_expr(self)}({', '.join(self.argnames_call())})")
+        call = f"{gen.function_expr(self)}({', '.join(self.argnames_call())})"
+        gen.lines.append(f"return (___STEP_PYTHON, {call})" if self.steps else f"return {call}")
         return gen.finish(f"uncompiled ({reason})")
 
     def argnames_call(self) -> list[str]:
@@ -332,7 +352,7 @@ class FrameCompiler:
             if stop is None:
                 out = gen.expr(result)
                 gen.side_effects()
-                gen.lines.append(f"return {out}")
+                gen.lines.append(f"return (___STEP_RETURN, {out})" if self.steps else f"return {out}")
             else:
                 gen.resume(stop)
         except Unsupported as u:
@@ -356,7 +376,8 @@ class FrameCompiler:
             rc = make_resume_code(self.code, offset, stack_depth, list(names), tuple(nulls))
             fn = types.FunctionType(rc.code, self.fn.__globals__, rc.code.co_name, None, self.fn.__closure__)
             if compiled:
-                fc = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})", shared=self.shared)
+                fc = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})", shared=self.shared,
+                                   steps=self.steps)
                 fc.origin = (self, rc.original_offsets)
                 fc.private_iters = {rc.argnames[i]: n for i, n in iters}
                 self.resumes[key] = fc
@@ -376,10 +397,12 @@ class EntryCodegen:
                                           "___torch": torch,
                                           "___NULL": NULL, "___new_object": _new_object,
                                           "___make_cell": _make_cell, "___grad_exit": _GradExit,
-                                          "___call_compiled": _call_compiled, "___cfg": fc.cfg,
+                                          "__call_compiled": call_compiled, "___cfg": fc.cfg,
                                           "___MethodType": types.MethodType, "___make_function": make_function,
                                           "___iter_rest": tuple_iter_rest, "___raiser": Raiser,
-                                          "___loop_resume": loop_resume}
+                                          "___loop_resume": loop_resume, "___STEP_RETURN": STEP_RETURN,
+                                          "___STEP_YIELD": STEP_YIELD, "___STEP_CALL": STEP_CALL,
+                                          "___STEP_PYTHON": STEP_PYTHON}
         self.memo: dict[int, str] = {}
         self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
         self.freed: set[int] = set()       # id(TensorV) of outputs an in-graph backward went through
@@ -678,14 +701,18 @@ class EntryCodegen:
             arg_vs = [vs[i] for i in keep] + local_vs
             iters = tuple((i, len(v.remaining())) for i, v in enumerate(arg_vs) if isinstance(v, IterV))
             plain = self.function_expr(self.fc.resume_compiler(offset, len(st), names, nst, False))
+            steps = self.fc.steps
+            uncompiled = f"return (___STEP_PYTHON, {plain}({args}))" if steps else f"return {plain}({args})"
             if not compiled or not all(unrolled(v) for v in arg_vs if isinstance(v, IterV)):
-                return f"return {plain}({args})"
+                return uncompiled
             rc = self.fc.resume_compiler(offset, len(st), names, nst, True, iters)
             if not isinstance(rc, FrameCompiler):
-                return f"return {plain}({args})"
+                return uncompiled
             if rc.shared:
                 args = f"___clo, {args}" if args else "___clo"
             packed = f"({args}{',' if args else ''})"
+            if steps:   # (break_frames.drive calls it: no nesting, in a loop or not)
+                return f"return (___STEP_CALL, {self.consts.ref(rc)}, {packed})"
             if looping:
                 return f"return ___loop_resume({self.consts.ref(rc)}, {plain}, {packed})"
             return f"return {self.consts.ref(rc)}({packed}, {{}})"
@@ -710,6 +737,21 @@ class EntryCodegen:
             self.lines.append("    " + at_instruction(st))
 
         op = inst.opname
+        if op == "YIELD_VALUE" and self.fc.steps:
+            # a generator's capture ends at its next yield: the value, and how to go on with the value sent in
+            # (the resume function's arguments are read now, as the generator's frame would hold them)
+            frozen = []
+            for e in [*stack[:-1], *local_exprs]:
+                t = e if e == "___NULL" else self.tmp()
+                if t != e:
+                    self.lines.append(f"{t} = {e}")
+                frozen.append(t)
+            local_exprs[:] = frozen[len(stack) - 1:]
+            self.lines.append(f"___yielded = {stack[-1]}")
+            ret = go(insts[index[inst.offset] + 1].offset, frozen[:len(stack) - 1] + ["___sent"],
+                     stack_vs[:-1] + [None])
+            self.lines.append(f"return (___STEP_YIELD, ___yielded, lambda ___sent: {ret[len('return '):]})")
+            return
         if op not in ("CALL", "CALL_FUNCTION_EX", "LOAD_ATTR", "LOAD_METHOD", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
                       "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
                       "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE"):
@@ -728,7 +770,7 @@ class EntryCodegen:
             else:
                 fn, pos, callee = a, [b] + args, base
             npos = len(pos) - len(kw)
-            call = (f"___r = ___call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
+            call = (f"___r = __call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
                     f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg{hint})")
             run(call, callee)
             self.lines.append(go(nxt, stack[:base] + ["___r"], stack_vs[:base] + [None]))
@@ -748,7 +790,7 @@ class EntryCodegen:
             base = len(stack) - 2 - has_kw
             if base > 0 and stack[base - 1] == "___NULL":
                 base -= 1
-            run(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg{hint})", len(stack) - 2 - has_kw)
+            run(f"___r = __call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg{hint})", len(stack) - 2 - has_kw)
             self.lines.append(go(nxt, stack[:base] + ["___r"], stack_vs[:base] + [None]))
         else:
             when = op.endswith("TRUE")
@@ -844,30 +886,6 @@ def _new_object(cls):
 
 def _make_cell():
     return types.CellType()
-
-
-def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = None):
-    """Run the instruction a graph break stopped at; user functions called there are compiled in turn (`hint`:
-    where the break that stopped the caller sits in this call, see StopHint)."""
-    target, prefix = f, ()
-    if isinstance(f, torch.nn.Module):
-        target, prefix = module_forward(f)
-    elif isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
-        target, prefix = f.__func__, (f.__self__,)
-    if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
-            and not is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
-        fc = FrameCompiler.shared_for(target, cfg) if target in MADE_FUNCTIONS else \
-            FrameCompiler.for_function(target, cfg)
-        call_args = fc.call_args(target, (*prefix, *args))
-        if hint is None or hint.used or hint.frames[0][0] is not target.__code__:
-            return fc(call_args, kwargs)
-        hint.used = True
-        fc.pending_hint = hint
-        try:
-            return fc(call_args, kwargs)
-        finally:
-            fc.pending_hint = None
-    return f(*args, **kwargs)
 
 
 def _arg_names(code) -> list[str]:
@@ -967,7 +985,7 @@ def reset_caches() -> None:
     for fc in list(FrameCompiler._all):
         fc.entries.clear()
         fc.resumes.clear()
-        fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
+        fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) and not fc.steps
         fc.warned = False
     FrameCompiler._by_function = weakref.WeakKeyDictionary()
     FrameCompiler._by_code = weakref.WeakKeyDictionary()

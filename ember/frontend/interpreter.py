@@ -158,6 +158,10 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
     def inline(self, code, f_globals, defaults, kwdefaults, closure, args, kwargs, name) -> V:
         if self.depth >= config.MAX_INLINE_DEPTH:
             raise Unsupported(f"call depth over {config.MAX_INLINE_DEPTH} (recursion) in {name}", self.where())
+        if code.co_flags & CO_GENERATOR and _receives_sent_values(code):
+            # inlined, a generator runs to its end at the call, every yield answered None: one whose yields
+            # take values (`x = yield ...`, for send()) must run as a generator of its own
+            raise Unsupported(f"generator {name} receives values sent to it", self.where())
         local_vars = bind_arguments(code, defaults, kwdefaults, args, kwargs, name, self.where())
         cells = {}
         for i, fv in enumerate(code.co_freevars):
@@ -179,6 +183,14 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
         if child.yields is not None:
             return IterV(child.yields)
         return result
+
+
+def _receives_sent_values(code: types.CodeType) -> bool:
+    """Whether a yield's result is used (a YIELD_VALUE's RESUME followed by anything but POP_TOP)."""
+    insts, _index = instructions(code)
+    return any(a.opname == "YIELD_VALUE" and b.opname == "RESUME" and
+               c.opname not in ("POP_TOP", "JUMP_BACKWARD_NO_INTERRUPT")   # (the latter: a `yield from` loop)
+               for a, b, c in zip(insts, insts[1:], insts[2:]))
 
 
 def bind_arguments(code: types.CodeType, defaults: tuple, kwdefaults: dict, args: list[V], kwargs: dict[str, V],

@@ -25,16 +25,12 @@ def _fresh_caches():
 # failure with its reason (strict: a fix makes the test pass and this entry must go). Listed in the issue notes.
 _FLOAT_SPECIALIZED = ("a Python float from .item()/.tolist() reaches the resume function as a guarded "
                       "constant (no unspecialized floats yet), so each new value recompiles")
-_GENERATOR_BREAK = ("a break inside a generator runs the generator as Python (0 graphs, as torch.compile): a generator's "
-                    "frame cannot be resumed by a call, and compiling its pieces needs entries that are generators")
 KNOWN_GAPS = {
     "test_breaks.py::test_data_dependent_both_directions[start-item]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[start-tolist]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[middle-item]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[callee-item]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[callee-tolist]": _FLOAT_SPECIALIZED,
-    "test_breaks_flow.py::test_generator_program[g_consume_printing_generator]": _GENERATOR_BREAK,
-    "test_breaks_flow.py::test_generator_program[g_list_of_generator_with_break]": _GENERATOR_BREAK,
     "test_python.py::test_python_program[p_deque_counter]": "collections.deque is not modeled: it breaks the graph",
 }
 NOT_STRICT: set[str] = set()
