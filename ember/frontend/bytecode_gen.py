@@ -59,7 +59,11 @@ Zero-argument ``super()`` finds the instance in local slot 0 (3.11 and 3.12's un
 LOAD_SUPER_ATTR), i.e. the resume code's first parameter: functions that use it must pass their first
 argument as a live local, and when a stack parameter comes first the prologue copies it there.
 
-Known limits: generators/coroutines are refused (their frames cannot be rebuilt by a call); in cleanup
+A generator's resume code is a generator function too: its prologue follows the generator's own
+(RETURN_GENERATOR, POP_TOP, RESUME), so calling it makes a generator that rebuilds the state and continues
+on its first next(); resuming after a YIELD_VALUE passes the value sent in as the top stack slot.
+
+Known limits: coroutines are refused (their frames cannot be rebuilt by a call); in cleanup
 handlers that keep ``lasti`` on the stack, a later RERAISE sets the resume frame's f_lasti to the
 *original* offset, so the traceback line of that frame may be wrong; resuming inside an ``except`` body
 needs the caller to run the resume function while that exception is being handled (sys.exc_info()).
@@ -79,7 +83,7 @@ PY312 = sys.version_info >= (3, 12)
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 _NO_FALLTHROUGH = frozenset({"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD",
                              "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"})
-_UNRESUMABLE = (CompilerFlags.GENERATOR | CompilerFlags.COROUTINE | CompilerFlags.ASYNC_GENERATOR
+_UNRESUMABLE = (CompilerFlags.COROUTINE | CompilerFlags.ASYNC_GENERATOR
                 | CompilerFlags.ITERABLE_COROUTINE)
 
 
@@ -92,11 +96,16 @@ class ResumeCode:
     null_positions: tuple[int, ...]  # stack slots (0 = bottom) holding NULL; they take no argument
     live_locals: tuple[str, ...]
     passed_cells: tuple[str, ...]  # live cell variables passed as types.CellType, not as their value
+    # each offset of the resume code's body (an EXTENDED_ARG prefix's too) -> the original instruction's offset:
+    # a break in a resume function resumes the original code there, so a loop's resumes are one function
+    original_offsets: Mapping[int, int]
 
 
 def _stack_effect(ins: dis.Instruction, jump: bool) -> int:
     if ins.opname == "PRECALL":  # 3.11: dis charges the arguments to PRECALL, but CALL pops them
         return 0
+    if ins.opname == "RETURN_GENERATOR":  # the generator's first resumption finds None pushed (its POP_TOP pops it)
+        return 1
     if ins.opname == "CALL" and not PY312:
         return -ins.arg - 1
     return dis.stack_effect(ins.opcode, ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None, jump=jump)
@@ -116,7 +125,7 @@ def resume_offsets(code: types.CodeType) -> Mapping[int, int]:
     offsets are left out.  Raises AssertionError if two paths disagree on a depth (this analysis would be
     wrong).  Cached per code object; the result is read-only."""
     if code.co_flags & _UNRESUMABLE:
-        raise ValueError(f"{_where(code)}: generators and coroutines cannot be resumed by a call")
+        raise ValueError(f"{_where(code)}: coroutines cannot be resumed by a call")
     instrs = list(dis.get_instructions(code))
     index = {ins.offset: k for k, ins in enumerate(instrs)}
     handlers = dis.Bytecode(code).exception_entries
@@ -273,4 +282,28 @@ def _make_resume_code(code: types.CodeType, _filename: str, _qualname: str, offs
     # them would miss try blocks entered through the prologue's jump rather than from their start.
     stacksize = max(code.co_stacksize, stack_depth, 3 + len(cells))
     resumed = new.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
-    return ResumeCode(resumed, offset, argnames, stack_depth, nulls, live_locals, cells)
+    return ResumeCode(resumed, offset, argnames, stack_depth, nulls, live_locals, cells,
+                      _original_offsets(code, resumed))
+
+
+def _original_offsets(code: types.CodeType, resumed: types.CodeType) -> Mapping[int, int]:
+    """The resume code's body is the original's body, instruction for instruction (EXTENDED_ARG prefixes may
+    differ, LOAD_FAST may have become LOAD_FAST_CHECK): the two lists end alike, so align them from the end."""
+    def named(c: types.CodeType) -> list[tuple[list[int], str]]:
+        out, prefix = [], []
+        for ins in dis.get_instructions(c):
+            if ins.opname == "EXTENDED_ARG":
+                prefix.append(ins.offset)
+            else:
+                out.append(([*prefix, ins.offset], ins.opname))
+                prefix = []
+        return out
+    orig, new = named(code), named(resumed)
+    body = len(orig) - next(k for k, (_o, name) in enumerate(orig) if name == "RESUME") - 1
+    out = {}
+    for (o_offsets, o_name), (n_offsets, n_name) in zip(orig[len(orig) - body:], new[len(new) - body:]):
+        assert o_name == n_name or {o_name, n_name} in ({"LOAD_FAST", "LOAD_FAST_CHECK"},
+                                                        {"LOAD_CLOSURE", "LOAD_FAST"}), (o_name, n_name)
+        for n in n_offsets:
+            out[n] = o_offsets[-1]
+    return types.MappingProxyType(out)

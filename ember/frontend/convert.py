@@ -19,7 +19,6 @@ instruction of the root frame, so the state there is exact.
 from __future__ import annotations
 
 import dataclasses
-import dis
 import functools
 import inspect
 import keyword
@@ -40,6 +39,11 @@ from ember import config
 from ember.autograd.backward import grads_of, with_freed_history
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import CHECKER_FUNCTIONS, DICT_GET, share_paths
+from ember.frontend.break_frames import (
+    MAX_LOOP_RESUMES, STEP_CALL, STEP_PYTHON, STEP_RETURN, STEP_YIELD, Raiser, call_compiled,
+    compilable_generator, defaults_key, enclosing_blocks, in_loop, loop_resume, make_function, tuple_iter_rest,
+    unrolled, wrap_argument, wrap_cell, wrap_private_iter,
+)
 from ember.frontend.capture import Capture, ConstTable
 from ember.frontend.interpreter import Frame, instructions, where
 from ember.frontend.modes import autocast_state, restore_autocast
@@ -79,13 +83,13 @@ class StopHint:
     """Where a graph break sits inside the functions a root frame's break instruction calls.
 
     A break found in an inlined call stops the root frame just before that call; the entry then runs the call
-    through `_call_compiled`, which compiles the callee, whose capture would interpret the callee again only to
+    through `call_compiled`, which compiles the callee, whose capture would interpret the callee again only to
     meet the same break and restart (GPT-2's loss, behind three wrapper functions: four interpretations of the
     whole model before the one that makes the graph). The hint carries the break's instruction in each inlined
     frame (`frames`, outermost first), its reason and guards, so the callee's capture stops there at once, as
     its own rediscovery would have (a stop is valid at any instruction, so a stale hint costs at most a break
     that was not needed). Used once: by the first capture of `frames[0]`'s code that the entry's call starts."""
-    frames: list            # (code, offset) per inlined frame, outermost first
+    frames: list            # (code, offset, earlier visits to the offset) per inlined frame, outermost first
     reason: str
     where: str              # the Unsupported's own location ("" when it gave none)
     holds_while: tuple      # guards under which the break stands (Unsupported.holds_while)
@@ -99,26 +103,39 @@ class FrameCompiler:
     """The compiled form of one function: a binder for its arguments and a list of guarded entries."""
 
     _by_function: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+    _by_code: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()   # shared compilers
     _all: "weakref.WeakSet[FrameCompiler]" = weakref.WeakSet()
 
-    def __init__(self, fn: types.FunctionType, cfg, name: str | None = None):
+    def __init__(self, fn: types.FunctionType, cfg, name: str | None = None, shared: bool = False,
+                 steps: bool = False):
         self.fn = fn
+        # a generator's, called by break_frames.drive: each entry returns the next step (STEP_*), not a value
+        self.steps = steps
+        # shared by the functions of one code object (functions an entry makes anew on every call): each call passes
+        # its function's closure first (`___clo`), which the capture reads and guards like an argument
+        self.shared = shared
         self.code = fn.__code__
         self.cfg = cfg
         self.name = name or fn.__qualname__
         self.entries: list[Entry] = []
-        self.disabled = bool(self.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
+        self.disabled = bool(self.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) and not steps
         self.warned = False
         self.resumes: dict[tuple, FrameCompiler] = {}
-        self.pending_hint: StopHint | None = None   # set by _call_compiled for the call it makes
+        self.pending_hint: StopHint | None = None   # set by call_compiled for the call it makes
+        # a resume function's: the compiler of the code it continues and its offsets there (see resume_compiler)
+        self.origin: tuple[FrameCompiler, Any] | None = None
+        # a resume function's parameters that receive an iterator its caller's entry made (`iter((...))` of a
+        # loop's remaining items, private to the call): name -> how many items it holds
+        self.private_iters: dict[str, int] = {}
         self.argnames = _arg_names(self.code)
-        self.bind = _make_binder(fn, self.argnames)
+        self.bind = _make_binder(fn, self.argnames, shared)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
-        self.n_positional = self.code.co_argcount if len(self.argnames) == self.code.co_argcount else -1
+        self.n_positional = self.code.co_argcount + shared if len(self.argnames) == self.code.co_argcount else -1
         # the entry's parameters: the argument names, or stand-ins where a name is no identifier (pytest's
         # `@py_assert1` locals reach resume functions)
         self.params = [n if n.isidentifier() and not keyword.iskeyword(n) else f"___arg{i}"
                        for i, n in enumerate(self.argnames)]
+        self.entry_params = ["___clo", *self.params] if shared else self.params
         FrameCompiler._all.add(self)
 
     @classmethod
@@ -134,12 +151,28 @@ class FrameCompiler:
         return cls(tramp, cfg, name=getattr(f, "__qualname__", type(f).__name__))
 
     @classmethod
-    def for_function(cls, f: types.FunctionType, cfg) -> "FrameCompiler":
+    def for_function(cls, f: types.FunctionType, cfg, steps: bool = False) -> "FrameCompiler":
         per_fn = cls._by_function.setdefault(f, {})
-        fc = per_fn.get(id(cfg))
+        fc = per_fn.get((id(cfg), steps))
         if fc is None or fc.cfg is not cfg:  # an id can be reused once a Config is gone
-            fc = per_fn[id(cfg)] = cls(f, cfg)
+            fc = per_fn[(id(cfg), steps)] = cls(f, cfg, steps=steps)
         return fc
+
+    @classmethod
+    def shared_for(cls, f: types.FunctionType, cfg, steps: bool = False) -> "FrameCompiler":
+        """The compiler of every function of f's code, globals and defaults: a function a compiled frame defines
+        (a closure, a lambda, a comprehension) is a new object on every call, and compiling each anew would
+        recompile on every call (torch.compile keys its cache by code object likewise)."""
+        per_code = cls._by_code.setdefault(f.__code__, {})
+        key = (id(f.__globals__), defaults_key(f), id(cfg), steps)
+        fc = per_code.get(key)
+        if fc is None or fc.cfg is not cfg or fc.fn.__globals__ is not f.__globals__:
+            fc = per_code[key] = cls(f, cfg, shared=True, steps=steps)
+        return fc
+
+    def call_args(self, f: types.FunctionType, args: tuple) -> tuple:
+        """The arguments of a call of f through this compiler (f's closure first where it is shared)."""
+        return (f.__closure__, *args) if self.shared else args
 
     # -- the hot path ------------------------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict):
@@ -149,8 +182,24 @@ class FrameCompiler:
             if r is not MISS:
                 return r
         if self.disabled:
-            return self.fn(*args, **kwargs)
+            return self.run_python(args, kwargs)
         return self.compile_and_run(args, kwargs, frame_args)
+
+    def run_bound(self, frame_args: tuple, args: tuple, kwargs: dict):
+        """__call__ on arguments already bound (a generator's, bound when it was called)."""
+        for e in self.entries:
+            r = e.fn(*frame_args)
+            if r is not MISS:
+                return r
+        if self.disabled:
+            return self.run_python(args, kwargs)
+        return self.compile_and_run(args, kwargs, frame_args)
+
+    def run_python(self, args: tuple, kwargs: dict):
+        fn = self.fn
+        if self.shared:
+            fn, args = make_function(self.code, fn.__globals__, fn.__defaults__, fn.__kwdefaults__, args[0]), args[1:]
+        return (STEP_PYTHON, fn(*args, **kwargs)) if self.steps else fn(*args, **kwargs)
 
     # -- misses ------------------------------------------------------------------------------------------
     def compile_and_run(self, args, kwargs, frame_args):
@@ -165,7 +214,7 @@ class FrameCompiler:
                     warnings.warn(f"ember: {self.name} ({_code_where(self.code)}) was recompiled "
                                   f"{config.RECOMPILE_LIMIT} times; the guard that kept failing: {reason}. "
                                   f"It runs uncompiled from now on.", stacklevel=4)
-                return self.fn(*args, **kwargs)
+                return self.run_python(args, kwargs)
         entry = self.capture_without_gc(frame_args) if config.COMPILE_WITHOUT_GC else self.capture(frame_args)
         # newest first (as torch.compile's cache): the latest capture fits the state calls are in now. An
         # optimizer's first step breaks (its state is created) and makes an entry that every later step would
@@ -174,7 +223,7 @@ class FrameCompiler:
         r = entry.fn(*frame_args)
         if r is MISS:  # the capture itself changed what the guards read: run as Python this time
             log_guards.debug("fresh entry of %s missed its own guards; running uncompiled", self.name)
-            return self.fn(*args, **kwargs)
+            return self.run_python(args, kwargs)
         return r
 
     def failed_guard(self, frame_args) -> str:
@@ -194,7 +243,7 @@ class FrameCompiler:
             return self.capture(frame_args)
 
     def capture(self, frame_args: tuple) -> Entry:
-        stop_at: dict[int, str] = {}
+        stop_at: dict[int, tuple[str, int]] = {}   # offset -> (reason, the visit to stop at: 0 = first)
         break_guards: list[str] = []
         hints: dict[int, StopHint] = {}   # per stop offset: where the break sits in the calls made there
         prev_grad = torch.is_grad_enabled()
@@ -202,14 +251,19 @@ class FrameCompiler:
         consts = ConstTable()  # shared by the attempts: break_guards name its constants
         hint, self.pending_hint = self.pending_hint, None
         if hint is not None and hint.frames[0][0] is self.code and not self.cfg.fullgraph:
-            offset = hint.frames[0][1]
+            _code, offset, skip = hint.frames[0]
             where_ = hint.where or where(self.code, offset)
-            stop_at[offset] = f"{hint.reason} ({where_})"
+            stop_at[offset] = (f"{hint.reason} ({where_})", skip)
             break_guards += hint.holds_while
             if len(hint.frames) > 1:
                 hints[offset] = StopHint(hint.frames[1:], hint.reason, hint.where, hint.holds_while)
             log_breaks.debug("graph break in %s at %s: %s", self.name, where_, hint.reason)
             _emit("break", name=self.name, reason=hint.reason, where=where_)
+        if self.steps:   # a generator's capture ends at its next yield (EntryCodegen.yield_step)
+            if not compilable_generator(self.code):
+                return self.fallback_entry(Capture(consts), "a yield inside a try or with block, or yield from")
+            insts, _index = instructions(self.code)
+            stop_at.update({i.offset: ("yield", 0) for i in insts if i.opname == "YIELD_VALUE"})
         # loss.backward() joins the graph for ember's own backends (ember.autograd.backward); a custom backend
         # gets the graph break torch.compile makes there
         backward_in_graph = self.cfg.backend_name in BACKWARD_IN_GRAPH_BACKENDS
@@ -220,12 +274,15 @@ class FrameCompiler:
             for g in break_guards:
                 cap.guards.add(g, 1)
             local_vars = {}
-            for name, param, value in zip(self.argnames, self.params, frame_args):
-                local_vars[name] = cap.wrap(value, param)
+            for name, param, value in zip(self.argnames, self.params, frame_args[1:] if self.shared else frame_args):
+                n = self.private_iters.get(name)
+                local_vars[name] = wrap_private_iter(cap, value, param, n) if n is not None else \
+                    wrap_argument(cap, value, param)
             cells = {}
-            clo = self.fn.__closure__ or ()
+            clo = (frame_args[0] if self.shared else self.fn.__closure__) or ()
+            clo_source = "___clo" if self.shared else consts.ref(clo)
             for i, fv in enumerate(self.code.co_freevars):
-                cells[fv] = cap.wrap(clo[i], f"{consts.ref(clo)}[{i}]")
+                cells[fv] = wrap_cell(cap, clo[i], f"{clo_source}[{i}]")
             frame = Frame(cap, self.code, self.fn.__globals__, local_vars, cells, stop_at=stop_at)
             try:
                 result = frame.run()
@@ -239,12 +296,12 @@ class FrameCompiler:
                 backward_in_graph = False
             except Unsupported as u:
                 inst = frame.current
-                if inst is None or inst.offset in stop_at:
+                if inst is None or inst.offset in stop_at and stop_at[inst.offset][1] < frame.visits[inst.offset]:
                     return self.fallback_entry(cap, u.reason)
                 where_ = u.where or where(self.code, inst.offset)
                 if self.cfg.fullgraph:
                     raise GraphBreakError(_break_message(u.reason, where_)) from None
-                stop_at[inst.offset] = f"{u.reason} ({where_})"
+                stop_at[inst.offset] = (f"{u.reason} ({where_})", frame.visits[inst.offset] - 1)
                 break_guards += u.holds_while
                 if getattr(u, "inlined_at", None):
                     hints[inst.offset] = StopHint(u.inlined_at, u.reason, u.where, tuple(u.holds_while))
@@ -261,8 +318,8 @@ class FrameCompiler:
         log_breaks.debug("%s runs uncompiled: %s", self.name, reason)
         _emit("fallback", name=self.name, reason=reason)
         gen = EntryCodegen(self, cap)
-        gen.lines.append(f"return ___fn({', '.join(self.argnames_call())})")
-        gen.namespace["___fn"] = self.fn
+        call = f"{gen.function_expr(self)}({', '.join(self.argnames_call())})"
+        gen.lines.append(f"return (___STEP_PYTHON, {call})" if self.steps else f"return {call}")
         return gen.finish(f"uncompiled ({reason})")
 
     def argnames_call(self) -> list[str]:
@@ -295,21 +352,35 @@ class FrameCompiler:
             if stop is None:
                 out = gen.expr(result)
                 gen.side_effects()
-                gen.lines.append(f"return {out}")
+                gen.lines.append(f"return (___STEP_RETURN, {out})" if self.steps else f"return {out}")
             else:
                 gen.resume(stop)
         except Unsupported as u:
             return self.fallback_entry(cap, u.reason)
         return gen.finish("graph" if stop is None else f"graph, then break at {stop.reason}")
 
-    def resume_compiler(self, offset: int, stack_depth: int, names: tuple, nulls: tuple, compiled: bool):
-        key = (offset, stack_depth, names, nulls, compiled)
+    def resume_compiler(self, offset: int, stack_depth: int, names: tuple, nulls: tuple, compiled: bool,
+                        iters: tuple = ()):
+        """The function that continues this code at `offset` (compiled, or plain Python). A resume function's own
+        breaks continue the original code (`origin`): a break inside a loop resumes at the same instruction on
+        every iteration, one compiler per number of items left in the loop's iterators (`iters`: (argument
+        position, items) of each iterator the entry rebuilds), so iterations do not recompile one another's entry."""
+        if self.origin is not None:
+            fc, offsets = self.origin
+            return fc.resume_compiler(offsets[offset], stack_depth, names, nulls, compiled, iters)
+        if compiled and iters and sum(k[0] == offset for k in self.resumes) >= MAX_LOOP_RESUMES:
+            compiled = False   # a long Python loop breaking on every iteration: its rest runs as Python
+        key = (offset, stack_depth, names, nulls, compiled, iters if compiled else ())
         if key not in self.resumes:
             from ember.frontend.bytecode_gen import make_resume_code
             rc = make_resume_code(self.code, offset, stack_depth, list(names), tuple(nulls))
             fn = types.FunctionType(rc.code, self.fn.__globals__, rc.code.co_name, None, self.fn.__closure__)
             if compiled:
-                self.resumes[key] = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})")
+                fc = FrameCompiler(fn, self.cfg, name=f"{self.name} (resumed at {offset})", shared=self.shared,
+                                   steps=self.steps)
+                fc.origin = (self, rc.original_offsets)
+                fc.private_iters = {rc.argnames[i]: n for i, n in iters}
+                self.resumes[key] = fc
             else:
                 self.resumes[key] = fn
         return self.resumes[key]
@@ -326,13 +397,25 @@ class EntryCodegen:
                                           "___torch": torch,
                                           "___NULL": NULL, "___new_object": _new_object,
                                           "___make_cell": _make_cell, "___grad_exit": _GradExit,
-                                          "___call_compiled": _call_compiled, "___cfg": fc.cfg,
-                                          "___MethodType": types.MethodType, "___make_function": _make_function}
+                                          "__call_compiled": call_compiled, "___cfg": fc.cfg,
+                                          "___MethodType": types.MethodType, "___make_function": make_function,
+                                          "___iter_rest": tuple_iter_rest, "___raiser": Raiser,
+                                          "___loop_resume": loop_resume, "___STEP_RETURN": STEP_RETURN,
+                                          "___STEP_YIELD": STEP_YIELD, "___STEP_CALL": STEP_CALL,
+                                          "___STEP_PYTHON": STEP_PYTHON}
         self.memo: dict[int, str] = {}
         self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
         self.freed: set[int] = set()       # id(TensorV) of outputs an in-graph backward went through
         self.hint: StopHint | None = None   # for the call at the break (FrameCompiler.capture)
         self.ntmp = 0
+
+    def function_expr(self, f) -> str:
+        """A function to call in the entry: a shared compiler's, or a plain resume function of one, made with
+        this call's closure."""
+        code, f = (f.code, f.fn) if isinstance(f, FrameCompiler) else (f.__code__, f)
+        if not self.fc.shared:
+            return self.consts.ref(f)
+        return f"___make_function({self.consts.ref(code)}, {self.consts.ref(f.__globals__)}, (), {{}}, ___clo)"
 
     def tmp(self) -> str:
         self.ntmp += 1
@@ -519,6 +602,8 @@ class EntryCodegen:
                 self.lines.append(f"{t}.cell_contents = {self.expr(v.contents)}")
             return t
         if isinstance(v, ClosureV):
+            if v.source is not None:   # the function the call received (its parts can change only through it)
+                return v.source
             defaults = "(" + "".join(self.expr(x) + ", " for x in v.defaults) + ")"
             kwd = "{" + ", ".join(f"{k!r}: {self.expr(x)}" for k, x in v.kwdefaults.items()) + "}"
             closure = "(" + "".join(self.expr(x) + ", " for x in v.closure) + ")"
@@ -585,43 +670,93 @@ class EntryCodegen:
 
     # -- graph breaks -----------------------------------------------------------------------------------
     def resume(self, stop: StopCapture) -> None:
+        """The break's instruction run in Python, then the rest of the function as a compiled resume function.
+
+        Inside a try or with block, an exception from the instruction resumes the function uncompiled at that
+        instruction with the failing operand replaced by a `Raiser` of the exception: Python raises it again
+        there and the function's own handlers run. Inside a loop, each iteration's break resumes the same
+        instruction (FrameCompiler.resume_compiler), nested at most MAX_LOOP_DEPTH calls deep at run time."""
         frame, inst = stop.frame, stop.inst
-        stack = [self.expr(v) for v in frame.stack]
+        stack_vs = list(frame.stack)
+        stack = [self.expr(v) for v in stack_vs]
         names = tuple(frame.locals)
-        local_exprs = [self.expr(frame.locals[n]) for n in names]
+        local_vs = [frame.locals[n] for n in names]
         cell_names = tuple(n for n, c in frame.cells.items() if n in frame.code.co_cellvars and c.contents is not None)
-        local_exprs += [self.expr(frame.cells[n].contents) for n in cell_names]
+        local_vs += [frame.cells[n].contents for n in cell_names]
+        local_exprs = [self.expr(v) for v in local_vs]
         names = names + cell_names
         self.side_effects()
         insts, index = instructions(frame.code)
-        in_loop = any(isinstance(v, IterV) for v in frame.stack)
-        covering = _enclosing_blocks(frame.code, inst.offset)
+        looping = in_loop(frame.code, inst.offset)
+        covering = enclosing_blocks(frame.code, inst.offset)
         grad_withs = [frame.stack[e.depth - 1] for e, is_with in covering if is_with and 0 < e.depth <= len(frame.stack)
                       and isinstance(frame.stack[e.depth - 1], GradModeExitV)]
-        in_try = len(grad_withs) != len(covering)  # only grad-mode `with` blocks are handled across a break
-        restore = f"___torch._C._set_grad_enabled({grad_withs[0].prev})" if grad_withs else None
-        args_of = lambda st: ", ".join(st + local_exprs)  # noqa: E731
+        in_try = len(grad_withs) != len(covering)  # a block whose handler is not only a grad-mode restore
+        restore = f"___torch._C._set_grad_enabled({grad_withs[0].prev})" if grad_withs and not in_try else None
 
-        def go(offset: int, st: list[str], compiled: bool = True) -> str:
+        def go(offset: int, st: list[str], vs: list, compiled: bool = True) -> str:
+            keep = [i for i, e in enumerate(st) if e != "___NULL"]
             nst = tuple(i for i, e in enumerate(st) if e == "___NULL")
-            compiled = compiled and not in_loop
-            rc = self.fc.resume_compiler(offset, len(st), names, nst, compiled)
-            name = self.consts.ref(rc)
-            st_args = [e for e in st if e != "___NULL"]
-            if compiled:
-                return f"return {name}(({args_of(st_args)}{',' if st_args or local_exprs else ''}), {{}})"
-            return f"return {name}({args_of(st_args)})"
+            args = ", ".join([st[i] for i in keep] + local_exprs)
+            arg_vs = [vs[i] for i in keep] + local_vs
+            iters = tuple((i, len(v.remaining())) for i, v in enumerate(arg_vs) if isinstance(v, IterV))
+            plain = self.function_expr(self.fc.resume_compiler(offset, len(st), names, nst, False))
+            steps = self.fc.steps
+            uncompiled = f"return (___STEP_PYTHON, {plain}({args}))" if steps else f"return {plain}({args})"
+            if not compiled or not all(unrolled(v) for v in arg_vs if isinstance(v, IterV)):
+                return uncompiled
+            rc = self.fc.resume_compiler(offset, len(st), names, nst, True, iters)
+            if not isinstance(rc, FrameCompiler):
+                return uncompiled
+            if rc.shared:
+                args = f"___clo, {args}" if args else "___clo"
+            packed = f"({args}{',' if args else ''})"
+            if steps:   # (break_frames.drive calls it: no nesting, in a loop or not)
+                return f"return (___STEP_CALL, {self.consts.ref(rc)}, {packed})"
+            if looping:
+                return f"return ___loop_resume({self.consts.ref(rc)}, {plain}, {packed})"
+            return f"return {self.consts.ref(rc)}({packed}, {{}})"
+
+        def at_instruction(st: list[str]) -> str:
+            """Resume uncompiled at the instruction itself (3.11: at the PRECALL/KW_NAMES that set up a CALL)."""
+            i = index[inst.offset]
+            while i > 0 and insts[i - 1].opname in ("PRECALL", "KW_NAMES") and op == "CALL":
+                i -= 1
+            return go(insts[i].offset, st, stack_vs, compiled=False)
+
+        def run(line: str, operand: int) -> None:
+            """The instruction's work in Python; in a try block, its exception re-raised by the function's code
+            (stack slot `operand` holds what raises it)."""
+            if not in_try:
+                self.guarded_call(line, restore)
+                return
+            self.lines += ["___exc = None", "try:", "    " + line, "except BaseException as ___e:", "    ___exc = ___e",
+                           "if ___exc is not None:"]
+            st = list(stack)
+            st[operand] = "___raiser(___exc)"
+            self.lines.append("    " + at_instruction(st))
 
         op = inst.opname
-        if in_try or op not in ("CALL", "CALL_FUNCTION_EX", "LOAD_ATTR", "LOAD_METHOD", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
-                                "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
-                                "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE"):
+        if op == "YIELD_VALUE" and self.fc.steps:
+            # a generator's capture ends at its next yield: the value, and how to go on with the value sent in
+            # (the resume function's arguments are read now, as the generator's frame would hold them)
+            frozen = []
+            for e in [*stack[:-1], *local_exprs]:
+                t = e if e == "___NULL" else self.tmp()
+                if t != e:
+                    self.lines.append(f"{t} = {e}")
+                frozen.append(t)
+            local_exprs[:] = frozen[len(stack) - 1:]
+            self.lines.append(f"___yielded = {stack[-1]}")
+            ret = go(insts[index[inst.offset] + 1].offset, frozen[:len(stack) - 1] + ["___sent"],
+                     stack_vs[:-1] + [None])
+            self.lines.append(f"return (___STEP_YIELD, ___yielded, lambda ___sent: {ret[len('return '):]})")
+            return
+        if op not in ("CALL", "CALL_FUNCTION_EX", "LOAD_ATTR", "LOAD_METHOD", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE",
+                      "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
+                      "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE"):
             # Run the rest of the function as Python from this instruction (its handlers included).
-            at = inst.offset
-            i = index[at]
-            while i > 0 and insts[i - 1].opname in ("PRECALL", "KW_NAMES") and op == "CALL":
-                i -= 1  # 3.11: resume at PRECALL/KW_NAMES, which set up the CALL
-            self.lines.append(go(insts[i].offset, stack, compiled=False))
+            self.lines.append(at_instruction(stack))
             return
         nxt = insts[index[inst.offset] + 1].offset
         hint = f", {self.consts.ref(self.hint)}" if self.hint is not None else ""
@@ -631,21 +766,22 @@ class EntryCodegen:
             base = len(stack) - n - 2
             a, b, args = stack[base], stack[base + 1], stack[base + 2:]
             if a == "___NULL":
-                fn, pos = b, args
+                fn, pos, callee = b, args, base + 1
             else:
-                fn, pos = a, [b] + args
+                fn, pos, callee = a, [b] + args, base
             npos = len(pos) - len(kw)
-            call = (f"___r = ___call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
+            call = (f"___r = __call_compiled({fn}, ({''.join(e + ', ' for e in pos[:npos])}), "
                     f"{{{', '.join(f'{k!r}: {e}' for k, e in zip(kw, pos[npos:]))}}}, ___cfg{hint})")
-            self.guarded_call(call, restore)
-            self.lines.append(go(nxt, stack[:base] + ["___r"]))
+            run(call, callee)
+            self.lines.append(go(nxt, stack[:base] + ["___r"], stack_vs[:base] + [None]))
         elif op in ("LOAD_ATTR", "LOAD_METHOD"):
             # an attribute whose getter ember cannot capture (a property that logs, say): read in Python, the
             # rest compiled. A method load (3.11 LOAD_METHOD, 3.12 LOAD_ATTR with the low bit) leaves
             # NULL and the bound attribute, which the CALL after it calls alike
             method = op == "LOAD_METHOD" or (sys.version_info >= (3, 12) and inst.arg & 1)
-            self.guarded_call(f"___r = getattr({stack[-1]}, {inst.argval!r})", restore)
-            self.lines.append(go(nxt, stack[:-1] + (["___NULL", "___r"] if method else ["___r"])))
+            run(f"___r = getattr({stack[-1]}, {inst.argval!r})", len(stack) - 1)
+            self.lines.append(go(nxt, stack[:-1] + (["___NULL", "___r"] if method else ["___r"]),
+                                 stack_vs[:-1] + ([None, None] if method else [None])))
         elif op == "CALL_FUNCTION_EX":
             has_kw = inst.arg & 1
             kwargs = stack[-1] if has_kw else "{}"
@@ -654,18 +790,17 @@ class EntryCodegen:
             base = len(stack) - 2 - has_kw
             if base > 0 and stack[base - 1] == "___NULL":
                 base -= 1
-            self.guarded_call(f"___r = ___call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg{hint})", restore)
-            self.lines.append(go(nxt, stack[:base] + ["___r"]))
+            run(f"___r = __call_compiled({fn}, tuple({args}), dict({kwargs}), ___cfg{hint})", len(stack) - 2 - has_kw)
+            self.lines.append(go(nxt, stack[:base] + ["___r"], stack_vs[:base] + [None]))
         else:
             when = op.endswith("TRUE")
             cond = stack[-1]
-            rest = stack[:-1]
-            if restore:
-                self.guarded_call(f"___c = bool({cond})", restore)
+            if restore or in_try:
+                run(f"___c = bool({cond})", len(stack) - 1)
                 cond = "___c"
             self.lines.append(f"if bool({cond}) is {when}:")
-            self.lines.append("    " + go(inst.argval, rest))
-            self.lines.append(go(nxt, rest))
+            self.lines.append("    " + go(inst.argval, stack[:-1], stack_vs[:-1]))
+            self.lines.append(go(nxt, stack[:-1], stack_vs[:-1]))
 
     def guarded_call(self, line: str, restore: str | None) -> None:
         """The break's instruction; inside `with torch.no_grad()` an exception leaves the grad mode restored."""
@@ -683,7 +818,7 @@ class EntryCodegen:
         if checker is not None:   # (its dict_get: dict.get without Tensor.__hash__ calls)
             self.namespace.update({name: getattr(checker, f) for name, f in CHECKER_FUNCTIONS.items()})
         self.namespace.update(self.consts.objs)
-        params = ", ".join(fc.params)
+        params = ", ".join(fc.entry_params)
         lines = list(self.lines)
         first = lines[:1] if lines and lines[0].startswith("___o = ___graph(") else []
         cond, first = share_paths(condition, first)
@@ -707,7 +842,7 @@ class EntryCodegen:
         ns_for_check = dict(ns)
 
         def check(g: str, frame_args) -> bool:
-            return eval(g, ns_for_check, dict(zip(fc.params, frame_args)))
+            return eval(g, ns_for_check, dict(zip(fc.entry_params, frame_args)))
 
         entry = Entry(ns["___entry"], guards, check, description)
         _emit("entry", name=fc.name, guards=guards)
@@ -753,75 +888,14 @@ def _make_cell():
     return types.CellType()
 
 
-def _make_function(code, f_globals, defaults, kwdefaults, closure):
-    fn = types.FunctionType(code, f_globals, code.co_name, defaults or None, closure or None)
-    fn.__kwdefaults__ = kwdefaults or None
-    fn.__qualname__ = code.co_qualname
-    return fn
-
-
-_USER_SKIP = ("torch", "ember", "numpy", "scipy", "functools", "builtins", "logging", "typing")
-
-
-def _call_compiled(f, args: tuple, kwargs: dict, cfg, hint: StopHint | None = None):
-    """Run the instruction a graph break stopped at; user functions called there are compiled in turn (`hint`:
-    where the break that stopped the caller sits in this call, see StopHint)."""
-    target, prefix = f, ()
-    if isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
-        target, prefix = f.__func__, (f.__self__,)
-    elif isinstance(f, torch.nn.Module) and not (f._forward_hooks or f._forward_pre_hooks or f._backward_hooks) \
-            and "forward" not in f.__dict__ and isinstance(type(f).forward, types.FunctionType) \
-            and not _is_library(type(f).forward):
-        from torch.nn.modules import module as m
-        if not (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks):
-            target, prefix = type(f).forward, (f,)
-    if isinstance(target, types.FunctionType) and not getattr(target, "__ember_disable__", False) \
-            and not _is_library(target) and not target.__code__.co_flags & (CO_GENERATOR | CO_COROUTINE):
-        fc = FrameCompiler.for_function(target, cfg)
-        if hint is None or hint.used or hint.frames[0][0] is not target.__code__:
-            return fc((*prefix, *args), kwargs)
-        hint.used = True
-        fc.pending_hint = hint
-        try:
-            return fc((*prefix, *args), kwargs)
-        finally:
-            fc.pending_hint = None
-    return f(*args, **kwargs)
-
-
-def _is_library(fn: types.FunctionType) -> bool:
-    mod = getattr(fn, "__module__", None) or ""
-    return mod.split(".")[0] in _USER_SKIP
-
-
-def _enclosing_blocks(code, offset: int) -> list:
-    """The try/with blocks around an offset, outermost first, as (exception-table entry, is a with block).
-
-    CPython's table maps each range to its innermost handler only, so an outer block's range is the hull of
-    all the pieces that name its handler."""
-    insts, index = instructions(code)
-    hulls: dict[int, list] = {}
-    for e in dis._parse_exception_table(code):
-        h = hulls.setdefault(e.target, [e.start, e.end, e])
-        h[0], h[1] = min(h[0], e.start), max(h[1], e.end)
-    out = []
-    for target, (start, end, e) in hulls.items():
-        if start <= offset < end:
-            i = index.get(target)
-            ops = [insts[j].opname for j in range(i, min(i + 2, len(insts)))] if i is not None else []
-            if ops[:1] != ["PUSH_EXC_INFO"]:
-                continue  # cleanup of a handler, not a block of user code
-            out.append((e, ops[1:2] == ["WITH_EXCEPT_START"]))
-    return sorted(out, key=lambda item: item[0].depth)
-
-
 def _arg_names(code) -> list[str]:
     n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
     return list(code.co_varnames[:n])
 
 
-def _make_binder(fn: types.FunctionType, argnames: list[str]) -> Callable:
-    """A function with fn's signature that returns its arguments as a tuple, in co_varnames order."""
+def _make_binder(fn: types.FunctionType, argnames: list[str], shared: bool = False) -> Callable:
+    """A function with fn's signature that returns its arguments as a tuple, in co_varnames order (a shared
+    compiler's: the closure first, then those)."""
     if not all(n.isidentifier() for n in argnames):  # e.g. pytest's `@py_assert1` locals in resume functions
         return lambda *args: args
     sig = inspect.signature(fn, follow_wrapped=False)
@@ -848,6 +922,9 @@ def _make_binder(fn: types.FunctionType, argnames: list[str]) -> Callable:
             parts.append("**" + p.name)
         else:
             parts.append(p.name + default)
+    if shared:
+        parts.insert(0, "___clo")
+        argnames = ["___clo", *argnames]
     body = "(" + "".join(n + ", " for n in argnames) + ")"
     src = f"def ___bind({', '.join(parts)}):\n    return {body}\n"
     exec(compile(src, f"<ember binder of {fn.__qualname__}>", "exec"), ns)
@@ -908,9 +985,10 @@ def reset_caches() -> None:
     for fc in list(FrameCompiler._all):
         fc.entries.clear()
         fc.resumes.clear()
-        fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
+        fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) and not fc.steps
         fc.warned = False
     FrameCompiler._by_function = weakref.WeakKeyDictionary()
+    FrameCompiler._by_code = weakref.WeakKeyDictionary()
     # decoded bytecode and resume code too: a capture after reset() pays what a fresh process pays
     # (bench/frontend.py's cold capture times rely on it)
     from ember.frontend import bytecode_gen, interpreter

@@ -93,7 +93,8 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
         self.insts, self.index = instructions(code)
         self.ip = self.index[start_offset]
         self.kw_names: tuple = ()
-        self.stop_at = stop_at or {}
+        self.stop_at = stop_at or {}   # offset -> (reason, earlier visits to let pass): where the capture stops
+        self.visits: dict[int, int] = {}   # offset -> times reached (a loop's break is at one iteration, not all)
         self.globals_source = globals_source if globals_source is not None else cap.consts.ref(f_globals)
         self.yields: list[V] | None = [] if code.co_flags & CO_GENERATOR else None
         self.exc_info: list[V] = []
@@ -108,8 +109,12 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
             while True:
                 inst = self.insts[self.ip]
                 self.current = inst
+                seen = self.visits.get(inst.offset, 0)
                 if self.parent is None and inst.offset in self.stop_at:
-                    raise StopCapture(self, inst, self.stop_at[inst.offset])
+                    reason, skip = self.stop_at[inst.offset]
+                    if seen >= skip:
+                        raise StopCapture(self, inst, reason)
+                self.visits[inst.offset] = seen + 1
                 self.ip += 1
                 handler = OPCODES.get(inst.opname)
                 if handler is None:
@@ -153,6 +158,10 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
     def inline(self, code, f_globals, defaults, kwdefaults, closure, args, kwargs, name) -> V:
         if self.depth >= config.MAX_INLINE_DEPTH:
             raise Unsupported(f"call depth over {config.MAX_INLINE_DEPTH} (recursion) in {name}", self.where())
+        if code.co_flags & CO_GENERATOR and _receives_sent_values(code):
+            # inlined, a generator runs to its end at the call, every yield answered None: one whose yields
+            # take values (`x = yield ...`, for send()) must run as a generator of its own
+            raise Unsupported(f"generator {name} receives values sent to it", self.where())
         local_vars = bind_arguments(code, defaults, kwdefaults, args, kwargs, name, self.where())
         cells = {}
         for i, fv in enumerate(code.co_freevars):
@@ -168,11 +177,20 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
             # where the break sits in each inlined frame, outermost first: the callee compiled at the root's
             # break instruction starts with its stop there (convert.StopHint) instead of rediscovering it
             inner = getattr(u, "inlined_at", ())
-            u.inlined_at = None if inner is None or child.current is None else [(code, child.current.offset), *inner]
+            u.inlined_at = None if inner is None or child.current is None else \
+                [(code, child.current.offset, child.visits[child.current.offset] - 1), *inner]
             raise
         if child.yields is not None:
             return IterV(child.yields)
         return result
+
+
+def _receives_sent_values(code: types.CodeType) -> bool:
+    """Whether a yield's result is used (a YIELD_VALUE's RESUME followed by anything but POP_TOP)."""
+    insts, _index = instructions(code)
+    return any(a.opname == "YIELD_VALUE" and b.opname == "RESUME" and
+               c.opname not in ("POP_TOP", "JUMP_BACKWARD_NO_INTERRUPT")   # (the latter: a `yield from` loop)
+               for a, b, c in zip(insts, insts[1:], insts[2:]))
 
 
 def bind_arguments(code: types.CodeType, defaults: tuple, kwdefaults: dict, args: list[V], kwargs: dict[str, V],

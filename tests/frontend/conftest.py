@@ -25,27 +25,15 @@ def _fresh_caches():
 # failure with its reason (strict: a fix makes the test pass and this entry must go). Listed in the issue notes.
 _FLOAT_SPECIALIZED = ("a Python float from .item()/.tolist() reaches the resume function as a guarded "
                       "constant (no unspecialized floats yet), so each new value recompiles")
-_INNER_FUNCTION = ("a function defined inside the compiled frame is a new object on every call; when it breaks, "
-                   "its own compiled frame is keyed by that object, so every call compiles it again")
-_UNCOMPILED_REST = "a break inside a try block or a generator runs the rest of the frame as Python (0 graphs)"
 KNOWN_GAPS = {
     "test_breaks.py::test_data_dependent_both_directions[start-item]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[start-tolist]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[middle-item]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[callee-item]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[callee-tolist]": _FLOAT_SPECIALIZED,
-    "test_breaks_flow.py::test_try_program[t_return_in_finally_order]": _UNCOMPILED_REST,
-    "test_breaks_flow.py::test_try_program[t_exception_in_callee_after_break]": _UNCOMPILED_REST,
-    "test_breaks_flow.py::test_generator_program[g_consume_printing_generator]": _UNCOMPILED_REST,
-    "test_breaks_flow.py::test_generator_program[g_list_of_generator_with_break]": _UNCOMPILED_REST,
-    "test_breaks_flow.py::test_generator_program[g_zip_generators]": _INNER_FUNCTION,
-    "test_breaks_flow.py::test_side_effect_order_across_breaks[se_global_and_closure_across_break-<lambda>]":
-        _INNER_FUNCTION,
-    "test_breaks_flow.py::test_side_effect_order_across_breaks[se_print_order_with_nested_prints-<lambda>]":
-        _INNER_FUNCTION,
     "test_python.py::test_python_program[p_deque_counter]": "collections.deque is not modeled: it breaks the graph",
 }
-NOT_STRICT = {"test_breaks_flow.py::test_generator_program[g_zip_generators]"}  # passes on Python 3.12
+NOT_STRICT: set[str] = set()
 
 
 def pytest_collection_modifyitems(config, items):

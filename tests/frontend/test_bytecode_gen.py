@@ -10,8 +10,11 @@ Under 3.12 without torch (tests/frontend/conftest.py imports it), from the repos
 """
 from __future__ import annotations
 
+import contextlib
 import dis
 import importlib.util
+import inspect
+import io
 import pathlib
 import sys
 import traceback
@@ -683,11 +686,37 @@ def test_validation_and_cache():
     with pytest.raises(ValueError, match="cannot resume at offset"):
         bg.stack_depth_at(code, 0)  # the prologue
 
-    def gen():
-        yield 1
+    async def coro():
+        return 1
 
-    with pytest.raises(ValueError, match="generators"):
-        bg.resume_offsets(gen.__code__)
+    with pytest.raises(ValueError, match="coroutines"):
+        bg.resume_offsets(coro.__code__)
+
+
+def test_generator_resumes_after_a_yield():
+    """A generator's resume code is a generator: called, it continues after the yield with the value sent in."""
+    def gen(x, n):
+        for i in range(n):
+            got = yield x * i
+            print("got", got)
+        return "done"
+
+    code = gen.__code__
+    after = next(i.offset for i in dis.get_instructions(code) if i.opname == "YIELD_VALUE")
+    after = next(i.offset for i in dis.get_instructions(code) if i.offset > after)
+    depth = bg.stack_depth_at(code, after)
+    assert depth == 2   # the loop's iterator, the value sent in
+    rc = bg.make_resume_code(code, after, depth, ["x", "n", "i"])
+    resumed = types.FunctionType(rc.code, gen.__globals__)(iter([5, 6]), "sent", 10, 7, 4)
+    assert inspect.isgenerator(resumed)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert list(resumed) == [50, 60]
+        with pytest.raises(StopIteration) as stop:
+            g = types.FunctionType(rc.code, gen.__globals__)(iter(()), "last", 10, 7, 4)
+            next(g)
+    assert stop.value.value == "done"
+    assert out.getvalue() == "got sent\ngot None\ngot None\ngot last\n"
 
 
 def test_stdlib_functions_analyse_and_assemble():
