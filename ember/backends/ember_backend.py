@@ -13,10 +13,13 @@ options (ember.compile(options=...)):
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Callable
 
 import torch
+
+from ember.tools.logs import get_logger
 
 # device type -> the module whose compile_aten(gm, example_inputs, options) compiles an ATen graph for it, imported
 # when a graph first needs it (a CPU program never loads the Triton printer)
@@ -30,6 +33,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
     Each ATen graph (forward, backward) goes to the backend of its device (DEVICE_BACKENDS: the C++ code
     generator, or the Triton one when it works on CUDA tensors); mode="reduce-overhead" / "max-autotune" replay
     the CUDA ones as CUDA graphs."""
+    if any(isinstance(n.meta.get("val"), torch.SymInt) for n in gm.graph.nodes if n.op == "placeholder"):
+        _log_symbolic_once()   # until autograd and codegen take symbolic graphs: correct at every size
+        return gm.forward
     from ember.autograd import aot_module
     options = dict(options or {})
     if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
@@ -47,6 +53,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
         fw, bw = aot_compilers(inner)
         return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
     return aot_module(gm, example_inputs, fw_compiler=inner, bw_compiler=inner)
+
+
+@functools.lru_cache(None)
+def _log_symbolic_once() -> None:
+    get_logger("dynamic").debug("a symbolic graph runs uncompiled: the ember backend does not compile symbolic "
+                                "graphs yet")
 
 
 def _on_cuda(gm: torch.fx.GraphModule, example_inputs: list) -> bool:

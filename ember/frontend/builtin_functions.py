@@ -57,7 +57,7 @@ def _static_type(fr: Frame, v: V) -> type:
     if isinstance(v, NewObjV):
         return v.cls
     if isinstance(v, ConstV):
-        return type(v.value)
+        return v.python_type()
     if isinstance(v, (ClosureV,)):
         return types.FunctionType
     if isinstance(v, BoundV):
@@ -182,7 +182,11 @@ def _minmax(pick):
             return items[best]
         if not items and "default" in kwargs:
             return kwargs["default"]
-        return ConstV(pick(fr.const_value(x) for x in items))
+        values = [fr.const_value(x) for x in items]
+        if any(isinstance(x, torch.SymInt) for x in values) and all(isinstance(x, (int, torch.SymInt)) for x in values):
+            # max(n, 4) of a symbolic size stays symbolic (torch.sym_max), not a guard on which is larger
+            return ConstV(functools.reduce(torch.sym_max if pick is max else torch.sym_min, values))
+        return ConstV(pick(values))
     return handler
 
 

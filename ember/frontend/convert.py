@@ -41,6 +41,8 @@ from ember.autograd.backward import grads_of, with_freed_history
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import CHECKER_FUNCTIONS, DICT_GET, share_paths
 from ember.frontend.capture import Capture, ConstTable
+from ember.frontend.dynamic_dims import DimPolicy
+from ember.frontend.symbolic import log_dynamic
 from ember.frontend.interpreter import Frame, instructions, where
 from ember.frontend.modes import autocast_state, restore_autocast
 from ember.frontend.python_objects import is_namedtuple_cls
@@ -111,6 +113,7 @@ class FrameCompiler:
         self.warned = False
         self.resumes: dict[tuple, FrameCompiler] = {}
         self.pending_hint: StopHint | None = None   # set by _call_compiled for the call it makes
+        self.frame_state: dict[str, tuple] = {}   # sizes its captures saw, by source (dynamic_dims.DimPolicy)
         self.argnames = _arg_names(self.code)
         self.bind = _make_binder(fn, self.argnames)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
@@ -213,8 +216,9 @@ class FrameCompiler:
         # loss.backward() joins the graph for ember's own backends (ember.autograd.backward); a custom backend
         # gets the graph break torch.compile makes there
         backward_in_graph = self.cfg.backend_name in BACKWARD_IN_GRAPH_BACKENDS
+        symbolic = True   # (False after a symbolic capture failed inside ember: captured again static)
         for _attempt in range(64):
-            cap = Capture(consts)
+            cap = Capture(consts, DimPolicy(self.cfg.dynamic, self.frame_state) if symbolic else None)
             cap.backward_in_graph = backward_in_graph
             cap.transient = tuple(break_guards)
             for g in break_guards:
@@ -250,6 +254,13 @@ class FrameCompiler:
                     hints[inst.offset] = StopHint(u.inlined_at, u.reason, u.where, tuple(u.holds_while))
                 log_breaks.debug("graph break in %s at %s: %s", self.name, where_, u.reason)
                 _emit("break", name=self.name, reason=u.reason, where=where_)
+            except Exception as e:
+                if cap.symbols is None or not cap.symbols.any or isinstance(e, GraphBreakError):
+                    raise
+                # symbolic sizes met something ember does not handle yet: never wrong, capture again static
+                log_dynamic.debug("%s (%s): symbolic capture failed (%s: %s); captured again with static sizes",
+                                  self.name, _code_where(self.code), type(e).__name__, str(e)[:300])
+                symbolic = False
             finally:
                 torch._C._set_grad_enabled(prev_grad)
                 if autocast_state() != prev_autocast:   # a capture stopped inside an autocast block
@@ -408,9 +419,11 @@ class EntryCodegen:
         cap.graph.output(tuple(out_nodes))
         _eliminate_dead_code(cap.graph)
         for inp in list(cap.inputs):  # inputs the graph ended up not using (still guarded) are not passed
-            if not inp.node.users:
+            if not inp.node.users and not isinstance(inp.real, int):
                 cap.graph.erase_node(inp.node)
                 cap.inputs.remove(inp)
+        if cap.symbols is not None:   # a symbol's int input stays while a tensor input's size has it
+            cap.symbols.drop_unused()
         real_ops = [n for n in cap.graph.nodes if n.op in ("call_function", "call_method", "call_module")
                     and n.target is not torch._C._set_grad_enabled]
         root = torch.nn.Module()
@@ -469,6 +482,8 @@ class EntryCodegen:
             return f"___o[{self.outputs[id(v)]}].item()"
         if isinstance(v, ConstV):
             x = v.value
+            if isinstance(x, torch.SymInt):   # an int computed from sizes: the same expression over this call's
+                return f"({self.cap.symbols.python(x)})"
             if x is None or type(x) in (bool, int, str, bytes) or (type(x) is float and x == x and
                                                                    x not in (float("inf"), float("-inf"))):
                 return repr(x)
@@ -677,6 +692,9 @@ class EntryCodegen:
     # -- the function -----------------------------------------------------------------------------------
     def finish(self, description: str) -> Entry:
         fc = self.fc
+        if self.cap.symbols is not None:   # (after the tensor guards that make reading the sizes safe)
+            for g in self.cap.symbols.guards():
+                self.cap.guards.add(g, 3)
         guards = self.cap.guards.exprs()
         condition = self.cap.guards.condition()
         checker = self.cap.guards.checker

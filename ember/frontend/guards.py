@@ -5,7 +5,8 @@ then constants and lengths, then tensor metadata), because guard evaluation is m
 overhead. Once the C++ checker (ember.runtime.native_guards) is loaded, plain tensors' metadata, constants
 and empty hook dicts are checked by one call of it each (`condition()`); each guard's Python text stays in
 `exprs()`, which a failed call's reason is looked up in.
-Shapes are checked exactly here (static shapes); symbolic sizes will replace `tensor()` checks.
+Static shapes are checked exactly; a tensor with symbolic dims gets `symbolic_tensor()` and its symbols the
+ShapeEnv's guards (ember.frontend.symbolic).
 """
 from __future__ import annotations
 
@@ -113,6 +114,23 @@ class Guards:
         self.add(expr, 2)
         if type(t) in native_guards.BATCH_TYPES:
             self.batched[expr] = (source, t, _metadata(t))
+
+    def symbolic_tensor(self, source: str, t: torch.Tensor, sizes: list, strides: list) -> None:
+        """A tensor with symbolic dims: as tensor(), but the sizes checked dim by dim, a symbolic dim not at all
+        here (its range and relations are the symbols' guards, ember.frontend.symbolic), and each stride against
+        its expression over the sizes (`x.stride() == (x.shape[1], 1)`). Written as Python over `source` (the
+        C++ checker compares sizes exactly), whose paths share_paths walks once per call."""
+        if source in self._tensors:
+            return
+        self._tensors.add(source)
+        c = self.consts.ref
+        device = f"{source}.is_cpu" if t.device.type == "cpu" else f"{source}.device == {c(t.device)}"
+        dims = "".join(f" and {source}.shape[{d}] == {n}" for d, n in enumerate(sizes) if isinstance(n, int))
+        stride = "(" + "".join(f"{s}, " for s in strides) + ")"
+        expr = (f"type({source}) is {c(type(t))} and {source}.dtype is {c(t.dtype)} and {source}.requires_grad is "
+                f"{t.requires_grad} and {source}.dim() == {t.dim()}{dims} and {source}.stride() == {stride} "
+                f"and {device}")
+        self.add(expr, 2)
 
     def exprs(self) -> list[str]:
         """Each guard on its own, cheapest first: what a failed call's reason is looked up in."""

@@ -11,7 +11,9 @@ import torch
 
 from ember.errors import Unsupported
 from ember.frontend.policy import CONST_TYPES
+from ember.frontend.capture import sym_value
 from ember.frontend.python_objects import DICT_VIEWS, holds_tensor, is_key
+from ember.frontend.symbolic import SYM_TYPES
 from ember.frontend.values import (
     BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, IterV, ListV, NewObjV, ObjV, SetV, SuperV, TensorV, TupleV,
     V,
@@ -203,6 +205,8 @@ class PythonSemantics:
             r = fn(*vals, **kw)
         except Exception as e:
             raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__} at capture time", self.where())
+        if isinstance(r, SYM_TYPES):   # an int computed from symbolic sizes stays symbolic (ember.frontend.symbolic)
+            return ConstV(sym_value(r))
         return self.const_v(r) if isinstance(r, (tuple, *CONST_TYPES)) else self.from_python(r)
 
     def from_python(self, r) -> V:
@@ -212,6 +216,8 @@ class PythonSemantics:
             return ListV([self.from_python(x) for x in r])
         if isinstance(r, CONST_TYPES):
             return ConstV(r)
+        if isinstance(r, SYM_TYPES):
+            return ConstV(sym_value(r))
         if isinstance(r, dict) and all(is_key(k) for k in r):
             return DictV({k: self.from_python(x) for k, x in r.items()})
         if isinstance(r, (set, frozenset)):

@@ -1,13 +1,14 @@
 """Logging under the `ember` logger, switched on per topic by EMBER_LOGS (like TORCH_LOGS).
 
-EMBER_LOGS=graph,guards,recompiles,graph_breaks,output_code,fallbacks  (or "all")
+EMBER_LOGS=graph,guards,recompiles,graph_breaks,output_code,fallbacks,dynamic  (or "all")
 """
 from __future__ import annotations
 
 import logging
 import os
 
-TOPICS = ("graph", "guards", "recompiles", "graph_breaks", "output_code", "fallbacks", "autograd", "bytecode", "autotune")
+TOPICS = ("graph", "guards", "recompiles", "graph_breaks", "output_code", "fallbacks", "autograd", "bytecode", "autotune",
+          "dynamic")
 _root = logging.getLogger("ember")
 
 
