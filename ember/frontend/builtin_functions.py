@@ -17,6 +17,7 @@ import torch
 from ember.errors import Unsupported
 from ember.frontend.python_objects import MISSING, holds_tensor, lookup_static
 from ember.frontend.signals import PyError
+from ember.frontend.symbolic import specialize
 from ember.frontend.values import (
     BoundV, ClosureV, ConstV, DictV, IterV, ListV, NewObjV, ObjV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
 )
@@ -182,11 +183,11 @@ def _minmax(pick):
             return items[best]
         if not items and "default" in kwargs:
             return kwargs["default"]
-        values = [fr.const_value(x) for x in items]
+        values = [fr.const_value(x, symbolic=True) for x in items]
         if any(isinstance(x, torch.SymInt) for x in values) and all(isinstance(x, (int, torch.SymInt)) for x in values):
             # max(n, 4) of a symbolic size stays symbolic (torch.sym_max), not a guard on which is larger
             return ConstV(functools.reduce(torch.sym_max if pick is max else torch.sym_min, values))
-        return ConstV(pick(values))
+        return ConstV(pick(specialize(values)))
     return handler
 
 

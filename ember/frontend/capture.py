@@ -115,6 +115,10 @@ class Capture:
             self.by_id[id(value)] = v
             self.keepalive.append(value)
             return v
+        if type(value) is int and source is not None and self.dims is not None and \
+                self.dims.int_is_symbolic(source, value) and self.symbols is not None:
+            g.add(f"type({source}) is int", 1)
+            return ConstV(self.symbols.int_input(value, source), source)
         if isinstance(value, bool) or value is None or type(value) in (int, float, str, bytes, complex):
             if source is not None:
                 g.const(source, value)

@@ -60,7 +60,7 @@ class DimPolicy:
     its earlier captures saw, by source (None where a dim was already found to change): shared by every capture
     of one FrameCompiler and updated here."""
 
-    def __init__(self, dynamic: bool | None, frame_state: dict[str, tuple]):
+    def __init__(self, dynamic: bool | None, frame_state: dict):
         self.dynamic = dynamic
         self.frame_state = frame_state
         self.changed: dict[str, list[tuple[int, int | None, int]]] = {}   # source -> (dim, old, new) (for the log)
@@ -68,6 +68,18 @@ class DimPolicy:
     def may_be_symbolic(self) -> bool:
         """Whether this capture may have a symbolic dim (a ShapeEnv is made only then)."""
         return self.dynamic is True or _ANY_MARKED or (self.dynamic is None and bool(self.frame_state))
+
+    def int_is_symbolic(self, source: str, value: int) -> bool:
+        """Whether the Python int at `source` is a symbol in this capture: it changed since an earlier capture
+        (automatic dynamic, as torch.compile does for ints: the sizes a resume function receives after a graph
+        break, a length passed along with a tensor) and is not 0 or 1."""
+        if self.dynamic is False:
+            return False
+        key = ("int", source)
+        seen = self.frame_state.get(key, value)
+        changed = seen is None or seen != value
+        self.frame_state[key] = None if changed else value
+        return changed and value not in (0, 1)
 
     def dims(self, t: torch.Tensor, source: str) -> dict[int, tuple[int | None, int | None]]:
         """dim -> (min, max) for the dims of `t` (read at `source`) that are symbolic in this capture."""

@@ -128,6 +128,16 @@ class Symbols:
         self.placeholders[sym] = node
         self.cap.inputs.append(GraphInput(text, value, node))
 
+    def int_input(self, value: int, source: str) -> torch.SymInt:
+        """A Python int argument that changes from call to call, as a symbol of its own."""
+        se = self.shape_env
+        sym = se.create_symbol(value, SizeSource(source), dynamic_dim=DimDynamic.DYNAMIC)
+        symint = se.create_symintnode(sym, hint=value, source=SizeSource(source))
+        self.sources.setdefault(sym, []).append(source)
+        self._placeholder(sym, symint, source, value)
+        log_dynamic.debug("%s is symbolic: %s (an int that changed between calls)", source, sym)
+        return symint
+
     def drop_unused(self) -> None:
         """Remove the int inputs of symbols that neither a node nor a remaining tensor input's size uses."""
         cap = self.cap
@@ -250,6 +260,49 @@ class Symbols:
             return self.print(e)
         except Unsupported:
             return str(e)
+
+
+# Python functions that compute on symbolic sizes symbolically (a comparison gives a SymBool, decided at once as a
+# guard on the relation). Everything else needs the int: the size is specialized (Frame.const_value).
+SYMBOLIC_FUNCS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.pow,
+                  operator.neg, operator.pos, operator.abs, operator.truediv, operator.eq, operator.ne, operator.lt,
+                  operator.le, operator.gt, operator.ge, operator.getitem, operator.iadd, operator.isub,
+                  operator.imul, operator.ifloordiv, operator.imod, abs, torch.sym_max, torch.sym_min}
+
+
+def has_sym(x) -> bool:
+    if isinstance(x, SYM_TYPES):
+        return True
+    if type(x) is slice:
+        return any(isinstance(p, SYM_TYPES) for p in (x.start, x.stop, x.step))
+    if type(x) in (tuple, list, torch.Size):
+        return any(has_sym(p) for p in x)
+    return False
+
+
+def specialize(x):
+    """x with each symbolic value replaced by its value at capture, guarded equal (SymInt.__int__: the ShapeEnv
+    records `s0 == 8`; Frame.run logs where)."""
+    if isinstance(x, torch.SymInt):
+        return int(x)
+    if isinstance(x, torch.SymBool):
+        return bool(x)
+    if isinstance(x, torch.SymFloat):
+        return float(x)
+    if type(x) is slice:
+        return slice(specialize(x.start), specialize(x.stop), specialize(x.step))
+    if type(x) in (tuple, list, torch.Size) and has_sym(x):
+        return type(x)(specialize(p) for p in x)
+    return x
+
+
+def numeric(x) -> bool:
+    """A value SymInt arithmetic may meet: numbers and symbolic numbers, and tuples of them (torch.Size)."""
+    if isinstance(x, (int, float, *SYM_TYPES)):
+        return True
+    if type(x) in (tuple, torch.Size):
+        return all(numeric(p) for p in x)
+    return type(x) is slice
 
 
 def symbols_of(s) -> Symbols | None:
