@@ -269,6 +269,9 @@ def _scalar_conv(typ):
     def handler(fr, args, kwargs):
         if args and isinstance(args[0], TensorV):
             raise Unsupported(f"{typ.__name__}() of a tensor needs its value", fr.where())
+        if typ is int and len(args) == 1 and not kwargs and isinstance(args[0], ConstV) and \
+                isinstance(args[0].value, torch.SymInt):
+            return args[0]   # int() of a symbolic size is itself (no value needed yet, as torch.compile)
         return fr.concrete(typ, args, kwargs)
     return handler
 

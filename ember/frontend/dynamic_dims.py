@@ -108,4 +108,6 @@ class DimPolicy:
         static = t.__dict__.get("_ember_static_dims")
         for d in static or ():
             out.pop(d, None)
-        return {d: b for d, b in out.items() if shape[d] >= 2}
+        # (a size outside the range its mark gives is static in this capture: a call outside the range recompiles)
+        return {d: (lo, hi) for d, (lo, hi) in out.items()
+                if shape[d] >= 2 and (lo is None or shape[d] >= lo) and (hi is None or shape[d] <= hi)}

@@ -91,9 +91,8 @@ class Symbols:
                 if (lo is not None and n < lo) or (hi is not None and n > hi):
                     raise ValueError(f"ember.mark_dynamic: {text} is {n}, outside the range min={lo}, max={hi} "
                                      f"it was marked with")
-                from torch.fx.experimental.symbolic_shapes import _constrain_symbol_range
-                _constrain_symbol_range(se, sym, compiler_min=max(2, lo or 2),
-                                        compiler_max=hi if hi is not None else int(2 ** 62))
+                se.constrain_symbol_range(sym, compiler_min=max(2, lo or 2),
+                                          compiler_max=hi if hi is not None else int(2 ** 62))
             first = sym not in self.sources
             self.sources.setdefault(sym, []).append(text)
             symint = se.create_symintnode(sym, hint=int(n), source=SizeSource(text))

@@ -119,6 +119,27 @@ def disable(fn):
     return ember.disable(fn)
 
 
+def mark_dynamic(t, dim, **bounds):
+    if BASELINE:
+        import torch._dynamo
+        return torch._dynamo.mark_dynamic(t, dim, **bounds)
+    return ember.mark_dynamic(t, dim, **bounds)
+
+
+def mark_static(t, dim):
+    if BASELINE:
+        import torch._dynamo
+        return torch._dynamo.mark_static(t, dim)
+    return ember.mark_static(t, dim)
+
+
+def maybe_mark_dynamic(t, dim):
+    if BASELINE:
+        import torch._dynamo
+        return torch._dynamo.maybe_mark_dynamic(t, dim)
+    return ember.maybe_mark_dynamic(t, dim)
+
+
 def graph_break_error() -> type | tuple[type, ...]:
     """The exception fullgraph=True raises at a break (torch: Unsupported, or UserError for data-dependent guards)."""
     if BASELINE:
