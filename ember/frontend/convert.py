@@ -185,7 +185,7 @@ class FrameCompiler:
         for g in entry.guards:
             try:
                 if not entry.check(g, frame_args):
-                    return _failed_check(entry, g, frame_args)
+                    return _with_sizes(entry, _failed_check(entry, g, frame_args), frame_args)
             except Exception as e:
                 return f"{g} (raised {type(e).__name__})"
         return "(none)"
@@ -732,6 +732,21 @@ class EntryCodegen:
         entry.source = text
         entry.graph_inputs = [i.source for i in self.cap.inputs]
         return entry
+
+
+_SIZE_READ = re.compile(r"[\w.\[\]'()]+?\.shape(?:\[\d+\])?")
+
+
+def _with_sizes(entry: Entry, reason: str, frame_args) -> str:
+    """A failed guard on sizes with the sizes this call has (`x.shape[0] <= 4 (now x.shape[0] = 9)`)."""
+    now = []
+    for read in dict.fromkeys(_SIZE_READ.findall(reason)):
+        try:
+            value = entry.check(read, frame_args)
+        except Exception:
+            continue
+        now.append(f"{read} = {tuple(value) if isinstance(value, torch.Size) else value}")
+    return f"{reason} (now {', '.join(now)})" if now else reason
 
 
 _TYPE_CHECK = re.compile(r"type\((\((___g\d+) := (.*)\)|.*)\) is ___K\d+")

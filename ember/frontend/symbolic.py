@@ -108,7 +108,7 @@ class Symbols:
         stride_texts: list = list(strides)
         expected, expected_sym = 1, 1
         for d in sorted(range(t.dim()), key=lambda i: (t.stride(i), t.size(i))):
-            if t.stride(d) == expected and t.size(d) > 1:
+            if t.stride(d) == expected:
                 strides[d] = expected_sym
                 stride_texts[d] = self.print(_expr(expected_sym))
             expected = t.stride(d) * t.size(d)
