@@ -2,8 +2,8 @@
 recompiles and gives the new correct result, an old input finds its old entry again.
 
 Counts use dynamic=False (static shapes, specialized Python scalars) so they are exact under both ember and
-torch.compile; with dynamic=None torch.compile turns a changing size or int into a symbol after one
-recompile, which ember does later (issue 2: symbolic sizes come later), so those tests assert a range."""
+torch.compile; with dynamic=None both turn a changing size or int into a symbol after one recompile
+(automatic dynamic: tests/frontend/test_dynamic.py)."""
 import random
 import types
 import warnings
@@ -44,7 +44,7 @@ def test_shape_change_default_dynamic_is_correct():
     for n in (2, 3, 4, 5, 3):
         x = rand(n, n + 1)
         assert_same(f(x), cf(x))
-    assert 2 <= rec.graphs <= 4, rec  # torch: static, then one dynamic graph; static-only compilers: one per shape
+    assert rec.graphs == 2, rec  # static, then one symbolic graph for every later size
 
 
 def test_ndim_change_recompiles():
