@@ -50,6 +50,9 @@ class Guards:
         self.falsy_batched: dict[str, str] = {}   # `not S` guards (a module's hook dicts are empty): S
         self.tuples: dict[str, tuple[str, tuple]] = {}   # `type(S) is tuple and len(S) == n` guards: (S, value)
         self.dicts: dict[str, tuple[str, tuple]] = {}    # `type(S) is dict and tuple(S) == keys` guards: (S, keys)
+        # tensors with symbolic dims (symbolic_tensor): their symbolic size and stride dims, and the Python check
+        # of their symbolic strides (or None)
+        self.wild: dict[str, tuple[list, list, str | None]] = {}
 
     def add(self, expr: str, cost: int = 1) -> None:
         if expr not in self._seen:
@@ -131,6 +134,12 @@ class Guards:
                 f"{t.requires_grad} and {source}.dim() == {t.dim()}{dims} and {source}.stride() == {stride} "
                 f"and {device}")
         self.add(expr, 2)
+        if type(t) in native_guards.BATCH_TYPES:
+            # the C++ check with the symbolic sizes and strides as ANY; the symbolic strides then in Python
+            wild_sizes = [d for d, n in enumerate(sizes) if not isinstance(n, int)]
+            wild_strides = [d for d, n in enumerate(strides) if not isinstance(n, int)]
+            self.batched[expr] = (source, t, _metadata(t))
+            self.wild[expr] = (wild_sizes, wild_strides, f"{source}.stride() == {stride}" if wild_strides else None)
 
     def exprs(self) -> list[str]:
         """Each guard on its own, cheapest first: what a failed call's reason is looked up in."""
@@ -152,6 +161,8 @@ class Guards:
         specs = {}
         for e, (source, t, meta) in self.batched.items():
             spec = checker.spec(t) if _metadata(t) == meta else None   # (as guarded: the capture changed nothing)
+            if spec is not None and e in self.wild:
+                spec = native_guards.with_any(spec, *self.wild[e][:2])
             if spec is not None:
                 specs[e] = (source, type(t), spec)
         out: list[str] = []
@@ -190,6 +201,7 @@ class Guards:
                 tensors.append(specs[e])
             else:
                 out.append(e)
+        out += [self.wild[e][2] for e in specs if e in self.wild and self.wild[e][2]]   # (after the C++ check)
         c = self.consts.ref
         if tensors:
             sources = "".join(f"{s}, " for s, _, _ in tensors)

@@ -154,6 +154,28 @@ def test_parameters_stay_static_under_dynamic_true():
             [n.meta["val"].shape for n in params]
 
 
+@pytest.mark.parametrize("guards", ["c++", "python"])
+def test_symbolic_tensor_guards_check_strides_dtype_and_grad(guards, monkeypatch):
+    """A tensor with symbolic dims keeps its other checks: strides (against their expressions), dtype,
+    requires_grad; in the C++ checker (its sizes as ANY) and in Python."""
+    if BASELINE:
+        pytest.skip("ember's guard implementations")
+    from tests.frontend.test_guards_fast import use_guards
+    use_guards(guards, monkeypatch)
+
+    def f(x):
+        return x.reshape(-1)[: x.shape[1]] * 2
+
+    reset()
+    rec = Recorder()
+    cf = compile(f, rec, dynamic=True)
+    calls = [rand(4, 6), rand(5, 7), rand(6, 4).t(), rand(7, 5).t(), rand(4, 6, dtype=torch.float64),
+             rand(5, 6, requires_grad=True), rand(4, 6, 2)[:, :, 0], rand(8, 9)]
+    for x in calls:
+        assert_same(f(x), cf(x), f"shape {tuple(x.shape)} stride {x.stride()}")
+    assert rec.graphs == 5, rec   # contiguous; transposed; float64; requires_grad; a stride-2 slice
+
+
 # ------------------------------------------------------------------ 0/1 specialization
 
 def test_sizes_zero_and_one_are_specialized():

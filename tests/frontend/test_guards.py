@@ -409,8 +409,9 @@ def make_sized_inputs(rng: random.Random, p: dict):
     return x, y, p["scale"], p["offset"], p["flag"], p["mode"], items
 
 
+@pytest.mark.parametrize("guards", ["c++", "python"])
 @pytest.mark.parametrize("dynamic", [None, True])
-def test_guard_fuzz_changing_sizes_no_stale_results(dynamic, monkeypatch):
+def test_guard_fuzz_changing_sizes_no_stale_results(dynamic, guards, monkeypatch):
     """The guard fuzz with every size changing on every call (the symbols' ranges, relations and
     specializations are what the guards check now): 1,000 calls, each against eager, none stale. Sizes 0 and 1
     and both sides of `x.shape[0] > 3` occur; after a round's first calls the symbolic entries serve most of
@@ -420,6 +421,10 @@ def test_guard_fuzz_changing_sizes_no_stale_results(dynamic, monkeypatch):
     if not BASELINE:   # every call through an entry: no round reaches the limit and runs uncompiled
         from ember import config
         monkeypatch.setattr(config, "RECOMPILE_LIMIT", 1000)
+        from tests.frontend.test_guards_fast import use_guards
+        use_guards(guards, monkeypatch)   # symbolic tensors' sizes as ANY in the C++ check, or all in Python
+    elif guards == "python":
+        pytest.skip("ember's guard implementations")
     rec = Recorder()
     cf = compile(fuzzed, rec, dynamic=dynamic)
     stale, calls, compiles = [], 0, 0
@@ -543,7 +548,7 @@ def test_shared_paths_look_up_a_tensor_keyed_item_once():
 @pytest.mark.parametrize("change, reason", [
     (lambda x: x.double(), "x.dtype is ___K1 (___K1 = torch.float32)"),
     (lambda x: torch.randn(6)[::2], "x.stride() == (1,)"),
-    (lambda x: torch.randn(4), "x.shape == (3,)"),
+    (lambda x: torch.randn(4), "x.shape == (3,) (now x.shape = (4,))"),   # (and the size the call has)
     (lambda x: x.clone().requires_grad_(), "x.requires_grad is False"),
 ], ids=["dtype", "stride", "shape", "requires_grad"])
 def test_recompile_reason_names_the_tensor_property(change, reason):
