@@ -190,6 +190,23 @@ class FrameCompiler:
                 return f"{g} (raised {type(e).__name__})"
         return "(none)"
 
+    def sizes_changed(self, frame_args) -> bool:
+        """Whether a tensor or int that earlier captures saw has another size now (automatic dynamic will then
+        make it symbolic, so the capture needs a ShapeEnv; a recompile for any other reason does not)."""
+        if self.cfg.dynamic is not None or not self.entries:
+            return False
+        entry = self.entries[0]
+        for key, seen in list(self.frame_state.items()):
+            source = key[1] if type(key) is tuple else key
+            try:
+                now = entry.check(source, frame_args)
+            except Exception:   # (a source of an older entry's constants, or no longer there)
+                continue
+            if isinstance(now, torch.Tensor) and type(seen) is tuple and tuple(now.shape) != seen or \
+                    type(now) is int and type(seen) is int and now != seen:
+                return True
+        return False
+
     def capture_without_gc(self, frame_args: tuple) -> Entry:
         """capture (and the backend's compile inside it) with Python's cyclic garbage collector paused
         (ember.tools.collector says why)."""
@@ -217,8 +234,9 @@ class FrameCompiler:
         # gets the graph break torch.compile makes there
         backward_in_graph = self.cfg.backend_name in BACKWARD_IN_GRAPH_BACKENDS
         symbolic = True   # (False after a symbolic capture failed inside ember: captured again static)
+        changed = self.sizes_changed(frame_args)
         for _attempt in range(64):
-            cap = Capture(consts, DimPolicy(self.cfg.dynamic, self.frame_state) if symbolic else None)
+            cap = Capture(consts, DimPolicy(self.cfg.dynamic, self.frame_state, changed) if symbolic else None)
             cap.backward_in_graph = backward_in_graph
             cap.transient = tuple(break_guards)
             for g in break_guards:

@@ -60,14 +60,16 @@ class DimPolicy:
     its earlier captures saw, by source (None where a dim was already found to change): shared by every capture
     of one FrameCompiler and updated here."""
 
-    def __init__(self, dynamic: bool | None, frame_state: dict):
+    def __init__(self, dynamic: bool | None, frame_state: dict, sizes_changed: bool = False):
         self.dynamic = dynamic
         self.frame_state = frame_state
+        self.sizes_changed = sizes_changed   # (FrameCompiler.sizes_changed: this call's sizes differ from before)
         self.changed: dict[str, list[tuple[int, int | None, int]]] = {}   # source -> (dim, old, new) (for the log)
 
     def may_be_symbolic(self) -> bool:
         """Whether this capture may have a symbolic dim (a ShapeEnv is made only then)."""
-        return self.dynamic is True or _ANY_MARKED or (self.dynamic is None and bool(self.frame_state))
+        return self.dynamic is True or _ANY_MARKED or (self.dynamic is None and (self.sizes_changed or any(
+            v is None or type(v) is tuple and None in v for v in self.frame_state.values())))
 
     def int_is_symbolic(self, source: str, value: int) -> bool:
         """Whether the Python int at `source` is a symbol in this capture: it changed since an earlier capture
@@ -83,6 +85,9 @@ class DimPolicy:
 
     def dims(self, t: torch.Tensor, source: str) -> dict[int, tuple[int | None, int | None]]:
         """dim -> (min, max) for the dims of `t` (read at `source`) that are symbolic in this capture."""
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout is not torch.strided or \
+                _is_module_state(t, source):
+            return {}
         shape = tuple(t.shape)
         seen = self.frame_state.get(source)
         if self.dynamic is not False:
@@ -90,9 +95,6 @@ class DimPolicy:
             merged = shape if seen is None or len(seen) != len(shape) else \
                 tuple(None if s is None or s != n else s for s, n in zip(seen, shape))
             self.frame_state[source] = merged
-        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout is not torch.strided or \
-                _is_module_state(t, source):
-            return {}
         out: dict[int, tuple[int | None, int | None]] = {}
         if self.dynamic is True:
             out = {d: (None, None) for d in range(len(shape))}

@@ -58,7 +58,9 @@ class Symbols:
 
     def __init__(self, cap):
         self.cap = cap
-        self.shape_env = ShapeEnv()
+        # (static by default: a tensor faked by FakeTensorMode.from_tensor, which ember did not make symbolic, keeps
+        # its sizes; the symbolic dims are created here, Symbols.fake)
+        self.shape_env = ShapeEnv(assume_static_by_default=True)
         self.shape_env._ember_symbols = self        # (a SymInt finds its capture through its ShapeEnv)
         self.sources: dict[sympy.Symbol, list[str]] = {}
         self.placeholders: dict[sympy.Symbol, torch.fx.Node] = {}
@@ -229,9 +231,12 @@ class Symbols:
                     out.append(f"{srcs[0]} <= {int(vr.upper)}")
         for g in se.guards:
             e = se.simplify(g.expr)
-            if e is sympy.true:
+            if e is sympy.true or free_unbacked_symbols(e):   # (a data-dependent size broke the graph before it)
                 continue
             out.append(self.print(e))
+        # the entry is made from these: a guard added later (a backend deciding on a size) would not be checked,
+        # so the ShapeEnv takes no more (torch warns of one ignored)
+        se.freeze()
         return list(dict.fromkeys(out))
 
     def note_guards(self, where: str) -> None:
