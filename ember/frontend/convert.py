@@ -959,6 +959,7 @@ def reset_caches() -> None:
     for fc in list(FrameCompiler._all):
         fc.entries.clear()
         fc.resumes.clear()
+        fc.frame_state.clear()
         fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
         fc.warned = False
     FrameCompiler._by_function = weakref.WeakKeyDictionary()
