@@ -346,3 +346,17 @@ def test_ember_backend_runs_a_symbolic_graph_correctly():
         x = rand(n, 3)
         assert_same(pointwise(x), cf(x))
     assert len(cf._frame.entries) == 1
+
+
+@ember_only
+def test_reset_forgets_the_sizes_seen():
+    reset()
+    rec = Recorder()
+    cf = compile(pointwise, rec)
+    cf(rand(4, 3))
+    cf(rand(5, 3))
+    assert rec.graphs == 2 and symbol_placeholders(rec.gms[1]), rec
+    reset()
+    x = rand(6, 3)
+    assert_same(pointwise(x), cf(x))
+    assert rec.graphs == 3 and not symbol_placeholders(rec.gms[2]), rec   # static again, as a first capture
