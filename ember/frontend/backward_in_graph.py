@@ -86,6 +86,9 @@ def _inputs_reached(cap: Capture, loss: TensorV, where_: str) -> list[GraphInput
         with cap.fake_mode, torch.set_grad_enabled(cap.grad_enabled):
             for n in cap.graph.nodes:
                 f = n.meta.get("val")
+                if isinstance(f, torch.SymInt):   # a symbol's int input (ember.frontend.symbolic)
+                    args.append(f)
+                    continue
                 if n.op in ("placeholder", "get_attr"):
                     fresh = torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device)
                     if n.op == "get_attr":

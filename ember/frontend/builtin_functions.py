@@ -17,6 +17,7 @@ import torch
 from ember.errors import Unsupported
 from ember.frontend.python_objects import MISSING, holds_tensor, lookup_static
 from ember.frontend.signals import PyError
+from ember.frontend.symbolic import specialize
 from ember.frontend.values import (
     BoundV, ClosureV, ConstV, DictV, IterV, ListV, NewObjV, ObjV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
 )
@@ -57,7 +58,7 @@ def _static_type(fr: Frame, v: V) -> type:
     if isinstance(v, NewObjV):
         return v.cls
     if isinstance(v, ConstV):
-        return type(v.value)
+        return v.python_type()
     if isinstance(v, (ClosureV,)):
         return types.FunctionType
     if isinstance(v, BoundV):
@@ -182,7 +183,11 @@ def _minmax(pick):
             return items[best]
         if not items and "default" in kwargs:
             return kwargs["default"]
-        return ConstV(pick(fr.const_value(x) for x in items))
+        values = [fr.const_value(x, symbolic=True) for x in items]
+        if any(isinstance(x, torch.SymInt) for x in values) and all(isinstance(x, (int, torch.SymInt)) for x in values):
+            # max(n, 4) of a symbolic size stays symbolic (torch.sym_max), not a guard on which is larger
+            return ConstV(functools.reduce(torch.sym_max if pick is max else torch.sym_min, values))
+        return ConstV(pick(specialize(values)))
     return handler
 
 
@@ -264,6 +269,9 @@ def _scalar_conv(typ):
     def handler(fr, args, kwargs):
         if args and isinstance(args[0], TensorV):
             raise Unsupported(f"{typ.__name__}() of a tensor needs its value", fr.where())
+        if typ is int and len(args) == 1 and not kwargs and isinstance(args[0], ConstV) and \
+                isinstance(args[0].value, torch.SymInt):
+            return args[0]   # int() of a symbolic size is itself (no value needed yet, as torch.compile)
         return fr.concrete(typ, args, kwargs)
     return handler
 

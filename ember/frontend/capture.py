@@ -17,10 +17,12 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ember.errors import Unsupported
+from ember.frontend.dynamic_dims import DimPolicy
 from ember.frontend.guards import Guards
 from ember.frontend.modes import autocast_state
 from ember.frontend.policy import CONST_TYPES
 from ember.frontend.python_objects import is_key, is_namedtuple_cls, is_structseq_cls
+from ember.frontend.symbolic import SYM_TYPES, Symbols, check_no_unbacked, log_dynamic, symbols_of
 from ember.frontend.values import (
     CellV, ConstV, DictV, GradExit, GradModeExitV, ListV, ObjV, SetV, TensorV, TupleV, V,
 )
@@ -37,10 +39,14 @@ class GraphInput:
 class Capture:
     """The graph being built, its inputs, the guards, and every tracked value that may need writing back."""
 
-    def __init__(self, consts: "ConstTable"):
+    def __init__(self, consts: "ConstTable", dims: DimPolicy | None = None):
         self.graph = torch.fx.Graph()
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.inputs: list[GraphInput] = []
+        # symbolic sizes (ember.frontend.symbolic): a ShapeEnv only where this capture may have a symbolic dim
+        self.dims = dims
+        self.symbols = Symbols(self) if dims is not None and dims.may_be_symbolic() else None
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True,
+                                        shape_env=self.symbols.shape_env if self.symbols is not None else None)
         self.guards = Guards(consts)
         self.consts = consts
         self.by_source: dict[str, V] = {}
@@ -89,10 +95,18 @@ class Capture:
                 return known
             if source is None:
                 return self.tensor_constant(value)
-            g.tensor(source, value)
-            fake = fake_of_real(self.fake_mode, value)
-            if fake is None:
-                fake = self.fake_mode.from_tensor(value)
+            dims = self.dims.dims(value, source) if self.dims is not None else {}
+            if dims and self.symbols is not None:
+                for d, old, new in self.dims.changed.pop(source, ()):
+                    log_dynamic.debug("%s.shape[%d] changed from %d to %d: symbolic from now on (automatic dynamic)",
+                                      source, d, old, new)
+                fake, sizes, strides = self.symbols.fake(value, source, dims)
+                g.symbolic_tensor(source, value, sizes, strides)
+            else:
+                g.tensor(source, value)
+                fake = fake_of_real(self.fake_mode, value)
+                if fake is None:
+                    fake = self.fake_mode.from_tensor(value)
             node = self.graph.placeholder(f"l_{len(self.inputs)}_" + _ident(source))
             node.meta["val"] = fake
             node.meta["source"] = source
@@ -101,6 +115,10 @@ class Capture:
             self.by_id[id(value)] = v
             self.keepalive.append(value)
             return v
+        if type(value) is int and source is not None and self.dims is not None and \
+                self.dims.int_is_symbolic(source, value) and self.symbols is not None:
+            g.add(f"type({source}) is int", 1)
+            return ConstV(self.symbols.int_input(value, source), source)
         if isinstance(value, bool) or value is None or type(value) in (int, float, str, bytes, complex):
             if source is not None:
                 g.const(source, value)
@@ -194,7 +212,8 @@ class Capture:
         fake_args = map_v(args, to_fake)
         fake_kwargs = map_v(kwargs, to_fake)
         # the commonest ops on plain inputs: the result's metadata without a FakeTensorMode dispatch (ember.ir.meta)
-        out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs)
+        symbolic = self.symbols is not None and self.symbols.any
+        out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs) if not symbolic else None
         if out is None:
             try:
                 with self.fake_mode:
@@ -206,6 +225,8 @@ class Capture:
                 raise
             except Exception as e:  # data-dependent shapes, or an error eager would raise too: run it in Python
                 raise Unsupported(f"{_target_name(target)} cannot be captured ({type(e).__name__}: {str(e)[:200]})")
+            if self.symbols is not None:
+                check_no_unbacked(out, _target_name(target))
         if not _contains_tensor(out):
             if kind == "call_method" and target.endswith("_") or out is None:
                 raise Unsupported(f"{_target_name(target)} returns no tensor")
@@ -233,6 +254,8 @@ class Capture:
             return TupleV(items, None, type(out))
         if isinstance(out, CONST_TYPES):
             return ConstV(out)
+        if isinstance(out, SYM_TYPES):
+            return ConstV(sym_value(out))
         raise Unsupported(f"an op returned {type(out).__name__}")
 
 
@@ -275,7 +298,41 @@ def map_v(x: Any, fn: Callable[[Any], Any]) -> Any:
 def to_node(v: Any) -> Any:
     if isinstance(v, TensorV):
         return v.node
-    return python_value(v, lambda t: t.node)
+    return _sym_nodes(python_value(v, lambda t: t.node))
+
+
+def sym_value(x):
+    """A symbolic value as a ConstV holds it: a SymInt stays symbolic; a decision on a SymBool and a SymFloat's
+    value are taken at capture (guarded by the ShapeEnv)."""
+    if isinstance(x, torch.SymBool):
+        return bool(x)
+    if isinstance(x, torch.SymFloat):
+        return float(x)
+    if isinstance(x, torch.SymInt):
+        n = x.node.maybe_as_int()
+        return n if n is not None else x
+    return x
+
+
+def _sym_nodes(x: Any) -> Any:
+    """SymInts inside an op's argument (a size, a slice bound, a torch.Size) as graph nodes."""
+    if isinstance(x, torch.SymInt):
+        syms = symbols_of(x)
+        if syms is None:
+            raise Unsupported("a SymInt of another capture")
+        return syms.sym_node(x)
+    if isinstance(x, slice):
+        if any(isinstance(p, torch.SymInt) for p in (x.start, x.stop, x.step)):
+            return slice(_sym_nodes(x.start), _sym_nodes(x.stop), _sym_nodes(x.step))
+        return x
+    if isinstance(x, tuple) and any(isinstance(p, (torch.SymInt, slice, tuple, list)) for p in x):
+        items = [_sym_nodes(p) for p in x]
+        return tuple(items) if type(x) in (tuple, torch.Size) else type(x)(*items)
+    if isinstance(x, list):
+        return [_sym_nodes(p) for p in x]
+    if isinstance(x, (torch.SymBool, torch.SymFloat)):
+        return sym_value(x)
+    return x
 
 
 def to_fake(v: Any) -> Any:

@@ -45,6 +45,8 @@ from ember.frontend.break_frames import (
     unrolled, wrap_argument, wrap_cell, wrap_private_iter,
 )
 from ember.frontend.capture import Capture, ConstTable
+from ember.frontend.dynamic_dims import DimPolicy
+from ember.frontend.symbolic import log_dynamic
 from ember.frontend.interpreter import Frame, instructions, where
 from ember.frontend.modes import autocast_state, restore_autocast
 from ember.frontend.python_objects import is_namedtuple_cls
@@ -127,6 +129,7 @@ class FrameCompiler:
         # a resume function's parameters that receive an iterator its caller's entry made (`iter((...))` of a
         # loop's remaining items, private to the call): name -> how many items it holds
         self.private_iters: dict[str, int] = {}
+        self.frame_state: dict[str, tuple] = {}   # sizes its captures saw, by source (dynamic_dims.DimPolicy)
         self.argnames = _arg_names(self.code)
         self.bind = _make_binder(fn, self.argnames, shared)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
@@ -231,10 +234,27 @@ class FrameCompiler:
         for g in entry.guards:
             try:
                 if not entry.check(g, frame_args):
-                    return _failed_check(entry, g, frame_args)
+                    return _with_sizes(entry, _failed_check(entry, g, frame_args), frame_args)
             except Exception as e:
                 return f"{g} (raised {type(e).__name__})"
         return "(none)"
+
+    def sizes_changed(self, frame_args) -> bool:
+        """Whether a tensor or int that earlier captures saw has another size now (automatic dynamic will then
+        make it symbolic, so the capture needs a ShapeEnv; a recompile for any other reason does not)."""
+        if self.cfg.dynamic is not None or not self.entries:
+            return False
+        entry = self.entries[0]
+        for key, seen in list(self.frame_state.items()):
+            source = key[1] if type(key) is tuple else key
+            try:
+                now = entry.check(source, frame_args)
+            except Exception:   # (a source of an older entry's constants, or no longer there)
+                continue
+            if isinstance(now, torch.Tensor) and type(seen) is tuple and tuple(now.shape) != seen or \
+                    type(now) is int and type(seen) is int and now != seen:
+                return True
+        return False
 
     def capture_without_gc(self, frame_args: tuple) -> Entry:
         """capture (and the backend's compile inside it) with Python's cyclic garbage collector paused
@@ -267,8 +287,10 @@ class FrameCompiler:
         # loss.backward() joins the graph for ember's own backends (ember.autograd.backward); a custom backend
         # gets the graph break torch.compile makes there
         backward_in_graph = self.cfg.backend_name in BACKWARD_IN_GRAPH_BACKENDS
+        symbolic = True   # (False after a symbolic capture failed inside ember: captured again static)
+        changed = self.sizes_changed(frame_args)
         for _attempt in range(64):
-            cap = Capture(consts)
+            cap = Capture(consts, DimPolicy(self.cfg.dynamic, self.frame_state, changed) if symbolic else None)
             cap.backward_in_graph = backward_in_graph
             cap.transient = tuple(break_guards)
             for g in break_guards:
@@ -307,6 +329,13 @@ class FrameCompiler:
                     hints[inst.offset] = StopHint(u.inlined_at, u.reason, u.where, tuple(u.holds_while))
                 log_breaks.debug("graph break in %s at %s: %s", self.name, where_, u.reason)
                 _emit("break", name=self.name, reason=u.reason, where=where_)
+            except Exception as e:
+                if cap.symbols is None or not cap.symbols.any or isinstance(e, GraphBreakError):
+                    raise
+                # symbolic sizes met something ember does not handle yet: never wrong, capture again static
+                log_dynamic.debug("%s (%s): symbolic capture failed (%s: %s); captured again with static sizes",
+                                  self.name, _code_where(self.code), type(e).__name__, str(e)[:300])
+                symbolic = False
             finally:
                 torch._C._set_grad_enabled(prev_grad)
                 if autocast_state() != prev_autocast:   # a capture stopped inside an autocast block
@@ -491,9 +520,11 @@ class EntryCodegen:
         cap.graph.output(tuple(out_nodes))
         _eliminate_dead_code(cap.graph)
         for inp in list(cap.inputs):  # inputs the graph ended up not using (still guarded) are not passed
-            if not inp.node.users:
+            if not inp.node.users and not isinstance(inp.real, int):
                 cap.graph.erase_node(inp.node)
                 cap.inputs.remove(inp)
+        if cap.symbols is not None:   # a symbol's int input stays while a tensor input's size has it
+            cap.symbols.drop_unused()
         real_ops = [n for n in cap.graph.nodes if n.op in ("call_function", "call_method", "call_module")
                     and n.target is not torch._C._set_grad_enabled]
         root = torch.nn.Module()
@@ -552,6 +583,8 @@ class EntryCodegen:
             return f"___o[{self.outputs[id(v)]}].item()"
         if isinstance(v, ConstV):
             x = v.value
+            if isinstance(x, torch.SymInt):   # an int computed from sizes: the same expression over this call's
+                return f"({self.cap.symbols.python(x)})"
             if x is None or type(x) in (bool, int, str, bytes) or (type(x) is float and x == x and
                                                                    x not in (float("inf"), float("-inf"))):
                 return repr(x)
@@ -812,6 +845,9 @@ class EntryCodegen:
     # -- the function -----------------------------------------------------------------------------------
     def finish(self, description: str) -> Entry:
         fc = self.fc
+        if self.cap.symbols is not None:   # (after the tensor guards that make reading the sizes safe)
+            for g in self.cap.symbols.guards():
+                self.cap.guards.add(g, 3)
         guards = self.cap.guards.exprs()
         condition = self.cap.guards.condition()
         checker = self.cap.guards.checker
@@ -849,6 +885,21 @@ class EntryCodegen:
         entry.source = text
         entry.graph_inputs = [i.source for i in self.cap.inputs]
         return entry
+
+
+_SIZE_READ = re.compile(r"[\w.\[\]'()]+?\.shape(?:\[\d+\])?")
+
+
+def _with_sizes(entry: Entry, reason: str, frame_args) -> str:
+    """A failed guard on sizes with the sizes this call has (`x.shape[0] <= 4 (now x.shape[0] = 9)`)."""
+    now = []
+    for read in dict.fromkeys(_SIZE_READ.findall(reason)):
+        try:
+            value = entry.check(read, frame_args)
+        except Exception:
+            continue
+        now.append(f"{read} = {tuple(value) if isinstance(value, torch.Size) else value}")
+    return f"{reason} (now {', '.join(now)})" if now else reason
 
 
 _TYPE_CHECK = re.compile(r"type\((\((___g\d+) := (.*)\)|.*)\) is ___K\d+")
@@ -985,6 +1036,7 @@ def reset_caches() -> None:
     for fc in list(FrameCompiler._all):
         fc.entries.clear()
         fc.resumes.clear()
+        fc.frame_state.clear()
         fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) and not fc.steps
         fc.warned = False
     FrameCompiler._by_function = weakref.WeakKeyDictionary()

@@ -5,7 +5,8 @@ then constants and lengths, then tensor metadata), because guard evaluation is m
 overhead. Once the C++ checker (ember.runtime.native_guards) is loaded, plain tensors' metadata, constants
 and empty hook dicts are checked by one call of it each (`condition()`); each guard's Python text stays in
 `exprs()`, which a failed call's reason is looked up in.
-Shapes are checked exactly here (static shapes); symbolic sizes will replace `tensor()` checks.
+Static shapes are checked exactly; a tensor with symbolic dims gets `symbolic_tensor()` and its symbols the
+ShapeEnv's guards (ember.frontend.symbolic).
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ class Guards:
         self.falsy_batched: dict[str, str] = {}   # `not S` guards (a module's hook dicts are empty): S
         self.tuples: dict[str, tuple[str, tuple]] = {}   # `type(S) is tuple and len(S) == n` guards: (S, value)
         self.dicts: dict[str, tuple[str, tuple]] = {}    # `type(S) is dict and tuple(S) == keys` guards: (S, keys)
+        # tensors with symbolic dims (symbolic_tensor): their symbolic size and stride dims, and the Python check
+        # of their symbolic strides (or None)
+        self.wild: dict[str, tuple[list, list, str | None]] = {}
 
     def add(self, expr: str, cost: int = 1) -> None:
         if expr not in self._seen:
@@ -114,6 +118,29 @@ class Guards:
         if type(t) in native_guards.BATCH_TYPES:
             self.batched[expr] = (source, t, _metadata(t))
 
+    def symbolic_tensor(self, source: str, t: torch.Tensor, sizes: list, strides: list) -> None:
+        """A tensor with symbolic dims: as tensor(), but the sizes checked dim by dim, a symbolic dim not at all
+        here (its range and relations are the symbols' guards, ember.frontend.symbolic), and each stride against
+        its expression over the sizes (`x.stride() == (x.shape[1], 1)`). Written as Python over `source` (the
+        C++ checker compares sizes exactly), whose paths share_paths walks once per call."""
+        if source in self._tensors:
+            return
+        self._tensors.add(source)
+        c = self.consts.ref
+        device = f"{source}.is_cpu" if t.device.type == "cpu" else f"{source}.device == {c(t.device)}"
+        dims = "".join(f" and {source}.shape[{d}] == {n}" for d, n in enumerate(sizes) if isinstance(n, int))
+        stride = "(" + "".join(f"{s}, " for s in strides) + ")"
+        expr = (f"type({source}) is {c(type(t))} and {source}.dtype is {c(t.dtype)} and {source}.requires_grad is "
+                f"{t.requires_grad} and {source}.dim() == {t.dim()}{dims} and {source}.stride() == {stride} "
+                f"and {device}")
+        self.add(expr, 2)
+        if type(t) in native_guards.BATCH_TYPES:
+            # the C++ check with the symbolic sizes and strides as ANY; the symbolic strides then in Python
+            wild_sizes = [d for d, n in enumerate(sizes) if not isinstance(n, int)]
+            wild_strides = [d for d, n in enumerate(strides) if not isinstance(n, int)]
+            self.batched[expr] = (source, t, _metadata(t))
+            self.wild[expr] = (wild_sizes, wild_strides, f"{source}.stride() == {stride}" if wild_strides else None)
+
     def exprs(self) -> list[str]:
         """Each guard on its own, cheapest first: what a failed call's reason is looked up in."""
         return [e for _, e in sorted(self.items, key=lambda item: item[0])]
@@ -134,6 +161,8 @@ class Guards:
         specs = {}
         for e, (source, t, meta) in self.batched.items():
             spec = checker.spec(t) if _metadata(t) == meta else None   # (as guarded: the capture changed nothing)
+            if spec is not None and e in self.wild:
+                spec = native_guards.with_any(spec, *self.wild[e][:2])
             if spec is not None:
                 specs[e] = (source, type(t), spec)
         out: list[str] = []
@@ -172,6 +201,7 @@ class Guards:
                 tensors.append(specs[e])
             else:
                 out.append(e)
+        out += [self.wild[e][2] for e in specs if e in self.wild and self.wild[e][2]]   # (after the C++ check)
         c = self.consts.ref
         if tensors:
             sources = "".join(f"{s}, " for s, _, _ in tensors)

@@ -105,6 +105,7 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
 
     # -- main loop ----------------------------------------------------------------------------------------
     def run(self) -> V:
+        symbols = self.cap.symbols
         try:
             while True:
                 inst = self.insts[self.ip]
@@ -124,6 +125,8 @@ class Frame(PythonSemantics, Operators, PyFloats, Items, Attributes, BackwardInG
                 except PyError as e:
                     if not self.catch(inst, e):
                         raise
+                if symbols is not None and len(symbols.shape_env.guards) != symbols.n_guards:
+                    symbols.note_guards(self.where())   # a decision on a symbolic size, at the user's line
         except Return as r:
             return r.value
 

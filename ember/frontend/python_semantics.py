@@ -11,7 +11,9 @@ import torch
 
 from ember.errors import Unsupported
 from ember.frontend.policy import CONST_TYPES
+from ember.frontend.capture import sym_value
 from ember.frontend.python_objects import DICT_VIEWS, holds_tensor, is_key
+from ember.frontend.symbolic import SYM_TYPES, SYMBOLIC_FUNCS, has_sym, numeric, specialize
 from ember.frontend.values import (
     BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, IterV, ListV, NewObjV, ObjV, SetV, SuperV, TensorV, TupleV,
     V,
@@ -28,13 +30,17 @@ class PythonSemantics:
             return ConstV(value)
         return ConstV(value)
 
-    def const_value(self, v: V):
+    def const_value(self, v: V, symbolic: bool = False):
+        """The Python value of a constant. A symbolic size (a SymInt) in it is specialized (an equality guard)
+        unless `symbolic`: the caller then computes with it as SymInt arithmetic (Python ints are needed by
+        everything else: formatting, list lengths and indices, dict keys)."""
         if isinstance(v, ConstV):
-            return v.value
+            x = v.value
+            return x if symbolic or not has_sym(x) else specialize(x)
         if isinstance(v, TupleV) and all(isinstance(x, ConstV) for x in v.items):
-            return tuple(x.value for x in v.items)
+            return tuple(self.const_value(x, symbolic) for x in v.items)
         if isinstance(v, ListV) and all(isinstance(x, ConstV) for x in v.items):
-            return [x.value for x in v.items]
+            return [self.const_value(x, symbolic) for x in v.items]
         if isinstance(v, TensorV):
             raise Unsupported("a tensor's value is needed by Python (formatting or conversion)", self.where())
         raise Unsupported(f"a {type(v).__name__} used where ember needs a constant", self.where())
@@ -42,6 +48,8 @@ class PythonSemantics:
     def key(self, v: V):
         if isinstance(v, ConstV) and is_key(v.value):
             return v.value
+        if isinstance(v, ConstV) and has_sym(v.value):
+            return specialize(v.value)
         if isinstance(v, TupleV):
             return tuple(self.key(x) for x in v.items)
         if isinstance(v, ObjV) and isinstance(v.value, (type, enum.Enum)):
@@ -196,13 +204,19 @@ class PythonSemantics:
         raise Unsupported(f"`in` on {self.type_name(container)}", self.where())
 
     def concrete(self, fn, args: list[V], kwargs: dict) -> V:
-        """Evaluate a pure function on constants at capture time."""
-        vals = [self.const_value(a) for a in args]
+        """Evaluate a pure function on constants at capture time (on symbolic sizes: SymInt arithmetic, for
+        the functions SYMBOLIC_FUNCS lists on numbers; any other use specializes them)."""
+        symbolic = fn in SYMBOLIC_FUNCS and not kwargs
+        vals = [self.const_value(a, symbolic) for a in args]
+        if symbolic and not all(numeric(x) for x in vals):
+            vals = [specialize(x) for x in vals]
         kw = {k: self.const_value(v) for k, v in kwargs.items()}
         try:
             r = fn(*vals, **kw)
         except Exception as e:
             raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__} at capture time", self.where())
+        if isinstance(r, SYM_TYPES):   # an int computed from symbolic sizes stays symbolic (ember.frontend.symbolic)
+            return ConstV(sym_value(r))
         return self.const_v(r) if isinstance(r, (tuple, *CONST_TYPES)) else self.from_python(r)
 
     def from_python(self, r) -> V:
@@ -212,6 +226,8 @@ class PythonSemantics:
             return ListV([self.from_python(x) for x in r])
         if isinstance(r, CONST_TYPES):
             return ConstV(r)
+        if isinstance(r, SYM_TYPES):
+            return ConstV(sym_value(r))
         if isinstance(r, dict) and all(is_key(k) for k in r):
             return DictV({k: self.from_python(x) for k, x in r.items()})
         if isinstance(r, (set, frozenset)):

@@ -61,11 +61,11 @@ class PyFloatV(V):
 
 @dataclasses.dataclass(eq=False)
 class ConstV(V):
-    value: Any
+    value: Any   # (a torch.SymInt for an int computed from symbolic sizes: ember.frontend.symbolic)
     source: str | None = None
 
     def python_type(self):
-        return type(self.value)
+        return int if isinstance(self.value, torch.SymInt) else type(self.value)
 
 
 @dataclasses.dataclass(eq=False)

@@ -19,7 +19,8 @@
 
 `spec(t)` packs a tensor's metadata at capture (int64s: scalar type, requires_grad, device type and index, ndim,
 sizes, strides); `check(tensors, types, specs)` is true iff every tensor's exact Python type is its entry of
-`types` and its packed metadata equals its part of `specs` (one bytes object for the batch). Tensors whose
+`types` and its packed metadata equals its part of `specs` (one bytes object for the batch); a size or stride
+ANY in a spec (`with_any`: a symbolic one, ember.frontend.symbolic) matches any value. Tensors whose
 type is not plain torch.Tensor or nn.Parameter (subclasses may override the metadata in Python), or that are
 not dense strided tensors with concrete sizes, keep the Python checks (spec returns None).
 
@@ -32,6 +33,7 @@ or EMBER_NATIVE_GUARDS=0, use the Python checks, which prove the same.
 from __future__ import annotations
 
 import pathlib
+import struct
 import sysconfig
 import types
 
@@ -67,6 +69,8 @@ static PyObject* spec(PyObject*, PyObject* o) {
   }
 }
 
+static const int64_t ANY = INT64_MIN;
+
 // check(tensors: tuple, types: tuple, specs: bytes) -> bool
 static PyObject* check(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) || !PyBytes_CheckExact(args[2])) {
@@ -97,8 +101,9 @@ static PyObject* check(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         Py_RETURN_FALSE;
       p += 5;
       c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
+      // ANY (INT64_MIN) in a spec: a symbolic size or stride, whose relations the entry checks in Python
       for (int64_t k = 0; k < dim; k++)
-        if (p[k] != sizes[k] || p[dim + k] != strides[k]) Py_RETURN_FALSE;
+        if ((p[k] != ANY && p[k] != sizes[k]) || (p[dim + k] != ANY && p[dim + k] != strides[k])) Py_RETURN_FALSE;
       p += 2 * dim;
     }
   } catch (...) {
@@ -293,6 +298,20 @@ def _flags() -> list[str]:
 EXTENSION = Extension("guards", NAME, SOURCE, _flags, "EMBER_NATIVE_GUARDS",
                       "the C++ guard checks (guards run as Python: correct, slower per call)", "guards",
                       init=lambda mod: mod.init(torch.Tensor.__dict__["__hash__"]))
+
+
+ANY = -2 ** 63   # a size or stride `check` does not compare (the C++ ANY)
+
+
+def with_any(spec: bytes, sizes: list[int], strides: list[int]) -> bytes:
+    """A packed spec (`spec(t)`) with the sizes and strides at these dims made ANY."""
+    v = list(struct.unpack(f"{len(spec) // 8}q", spec))
+    dim = v[4]
+    for k in sizes:
+        v[5 + k] = ANY
+    for k in strides:
+        v[5 + dim + k] = ANY
+    return struct.pack(f"{len(v)}q", *v)
 
 
 def checker(wait: bool = False) -> types.ModuleType | None:

@@ -26,6 +26,10 @@ import torch
 import ember
 
 BASELINE = os.environ.get("EMBER_TEST_BASELINE", "") == "torch"
+# check(), check_module() and check_many() run each program a second time compiled with dynamic=True (every input
+# dim of size >= 2 symbolic), compared with eager the same way (graph counts are asserted on the first run only);
+# EMBER_TEST_DYNAMIC=0 skips that run
+DYNAMIC_PASS = os.environ.get("EMBER_TEST_DYNAMIC", "1") != "0"
 OP_KINDS = ("call_function", "call_method", "call_module")
 
 
@@ -113,6 +117,27 @@ def disable(fn):
         import torch._dynamo
         return torch._dynamo.disable(fn)
     return ember.disable(fn)
+
+
+def mark_dynamic(t, dim, **bounds):
+    if BASELINE:
+        import torch._dynamo
+        return torch._dynamo.mark_dynamic(t, dim, **bounds)
+    return ember.mark_dynamic(t, dim, **bounds)
+
+
+def mark_static(t, dim):
+    if BASELINE:
+        import torch._dynamo
+        return torch._dynamo.mark_static(t, dim)
+    return ember.mark_static(t, dim)
+
+
+def maybe_mark_dynamic(t, dim):
+    if BASELINE:
+        import torch._dynamo
+        return torch._dynamo.maybe_mark_dynamic(t, dim)
+    return ember.maybe_mark_dynamic(t, dim)
 
 
 def graph_break_error() -> type | tuple[type, ...]:
@@ -241,11 +266,13 @@ def _compare(expected, actual, where, rtol=None, atol=None, same_message=True):
 
 
 def check(fn: Callable, *args, _calls: int = 2, _rtol=None, _atol=None, _recompiles: bool = False,
-          _compile_kw: dict | None = None, **kwargs) -> Recorder:
+          _compile_kw: dict | None = None, _dynamic: bool = True, **kwargs) -> Recorder:
     """Compile fn with a Recorder; call eager and compiled `_calls` times each, every call on a fresh deep copy
     of the inputs with the same RNG seed; compare call k with call k: results, the inputs afterwards
     (mutations), stdout, and exceptions (type and message).  Unless _recompiles, calls after the first must
-    reuse the first call's graphs.  Returns the Recorder (rec.result = eager's first result)."""
+    reuse the first call's graphs.  Then the same again compiled with dynamic=True (DYNAMIC_PASS; not with
+    _dynamic=False: a test that counts what compiling does).  Returns the Recorder of the first run
+    (rec.result = eager's first result)."""
     reset()
     rec = Recorder()
     cfn = compile(fn, rec, **(_compile_kw or {}))
@@ -262,7 +289,14 @@ def check(fn: Callable, *args, _calls: int = 2, _rtol=None, _atol=None, _recompi
             graphs_after_first = rec.graphs
         elif not _recompiles:
             assert rec.graphs == graphs_after_first, f"{where} recompiled: {rec}"
+    if _dynamic and _dynamic_pass(_compile_kw):
+        check(fn, *args, _calls=_calls, _rtol=_rtol, _atol=_atol, _recompiles=_recompiles,
+              _compile_kw={**(_compile_kw or {}), "dynamic": True}, **kwargs)
     return rec
+
+
+def _dynamic_pass(compile_kw: dict | None) -> bool:
+    return DYNAMIC_PASS and "dynamic" not in (compile_kw or {})
 
 
 def check_module(mod: torch.nn.Module, *args, _calls: int = 2, _compile_kw: dict | None = None,
@@ -290,6 +324,9 @@ def check_module(mod: torch.nn.Module, *args, _calls: int = 2, _compile_kw: dict
             rec.result = expected
         elif not _recompiles:
             assert rec.graphs == first, f"{where} recompiled: {rec}"
+    if _dynamic_pass(_compile_kw):
+        check_module(eager_mod, *args, _calls=_calls, _compile_kw={**(_compile_kw or {}), "dynamic": True},
+                     _rtol=_rtol, _atol=_atol, _recompiles=_recompiles, **kwargs)
     return rec
 
 
@@ -304,6 +341,8 @@ def check_many(fn: Callable, arg_lists: list[tuple], **compile_kw) -> Recorder:
         _compare(expected, actual, f"call {i}")
         assert_same(after, c_after, f"call {i}: inputs after")
         assert c_stdout == stdout, f"call {i}: stdout {c_stdout!r} != eager's {stdout!r}"
+    if _dynamic_pass(compile_kw):
+        check_many(fn, arg_lists, **compile_kw, dynamic=True)
     return rec
 
 

@@ -238,7 +238,7 @@ def test_break_in_nested_callees_found_once(monkeypatch):
         frames.append(code)
         init(self, cap, code, *args, **kwargs)
     monkeypatch.setattr(interpreter.Frame, "__init__", counting_init)
-    r = check(outer, rand(4))
+    r = check(outer, rand(4), _dynamic=False)
     assert frames.count(inner.__code__) == 2, [c.co_name for c in frames]   # 4 when rediscovered per caller
     assert r.graphs == 6 and r.ops == [1] * 6, (r, r.describe())   # mul, sin, add | mul, cos, sub
     monkeypatch.setattr(interpreter.Frame, "__init__", init)
@@ -275,7 +275,7 @@ def test_disabled_function_never_captured():
 
     def f(x):
         return untraced(x.sin()).cos()
-    r = check(f, rand(4))
+    r = check(f, rand(4), _dynamic=False)
     assert calls == ["Tensor"] * 4   # eager twice, compiled twice
     assert r.graphs == 2 and r.ops == [1, 1], r
 

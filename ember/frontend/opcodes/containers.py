@@ -54,7 +54,7 @@ def build_string(frame: Frame, inst: dis.Instruction) -> None:
 @opcode("BUILD_SLICE")
 def build_slice(frame: Frame, inst: dis.Instruction) -> None:
     parts = frame.popn(inst.arg)
-    frame.push(ConstV(slice(*[frame.const_value(p) for p in parts])))
+    frame.push(ConstV(slice(*[frame.const_value(p, symbolic=True) for p in parts])))   # (x[:n]: n stays symbolic)
 
 
 @opcode("FORMAT_VALUE")
