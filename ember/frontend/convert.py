@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import keyword
 import linecache
 import operator
-import re
-import reprlib
 import sys
 import types
 import warnings
@@ -44,12 +41,14 @@ from ember.frontend.break_frames import (
     compilable_generator, defaults_key, enclosing_blocks, in_loop, loop_resume, make_function, tuple_iter_rest,
     unrolled, wrap_argument, wrap_cell, wrap_private_iter,
 )
+from ember.frontend.binding import arg_names, make_binder, trampoline
 from ember.frontend.capture import Capture, ConstTable
 from ember.frontend.dynamic_dims import DimPolicy
 from ember.frontend.symbolic import log_dynamic
 from ember.frontend.interpreter import Frame, instructions, where
 from ember.frontend.modes import autocast_state, restore_autocast
 from ember.frontend.python_objects import is_namedtuple_cls
+from ember.frontend.recompile_reasons import failed_check, with_sizes
 from ember.frontend.signals import StopCapture
 from ember.frontend.values import GradExit as _GradExit
 from ember.frontend.values import noop_exit as _noop_exit
@@ -130,8 +129,8 @@ class FrameCompiler:
         # loop's remaining items, private to the call): name -> how many items it holds
         self.private_iters: dict[str, int] = {}
         self.frame_state: dict[str, tuple] = {}   # sizes its captures saw, by source (dynamic_dims.DimPolicy)
-        self.argnames = _arg_names(self.code)
-        self.bind = _make_binder(fn, self.argnames, shared)
+        self.argnames = arg_names(self.code)
+        self.bind = make_binder(fn, self.argnames, shared)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
         self.n_positional = self.code.co_argcount + shared if len(self.argnames) == self.code.co_argcount else -1
         # the entry's parameters: the argument names, or stand-ins where a name is no identifier (pytest's
@@ -150,7 +149,7 @@ class FrameCompiler:
             return lambda args, kwargs: inner((obj, *args), kwargs)
         if isinstance(f, types.FunctionType):
             return cls.for_function(f, cfg)
-        tramp = _trampoline(f)
+        tramp = trampoline(f)
         return cls(tramp, cfg, name=getattr(f, "__qualname__", type(f).__name__))
 
     @classmethod
@@ -234,7 +233,7 @@ class FrameCompiler:
         for g in entry.guards:
             try:
                 if not entry.check(g, frame_args):
-                    return _with_sizes(entry, _failed_check(entry, g, frame_args), frame_args)
+                    return with_sizes(entry, failed_check(entry, g, frame_args), frame_args)
             except Exception as e:
                 return f"{g} (raised {type(e).__name__})"
         return "(none)"
@@ -887,47 +886,6 @@ class EntryCodegen:
         return entry
 
 
-_SIZE_READ = re.compile(r"[\w.\[\]'()]+?\.shape(?:\[\d+\])?")
-
-
-def _with_sizes(entry: Entry, reason: str, frame_args) -> str:
-    """A failed guard on sizes with the sizes this call has (`x.shape[0] <= 4 (now x.shape[0] = 9)`)."""
-    now = []
-    for read in dict.fromkeys(_SIZE_READ.findall(reason)):
-        try:
-            value = entry.check(read, frame_args)
-        except Exception:
-            continue
-        now.append(f"{read} = {tuple(value) if isinstance(value, torch.Size) else value}")
-    return f"{reason} (now {', '.join(now)})" if now else reason
-
-
-_TYPE_CHECK = re.compile(r"type\((\((___g\d+) := (.*)\)|.*)\) is ___K\d+")
-
-
-def _failed_check(entry: Entry, guard: str, frame_args) -> str:
-    """Which check of a failed guard `type(S) is K and ...` (a tensor's, a container's) failed, e.g.
-    `x.stride() == (1,)`, with the tensor's source in place of the guard's local: the recompile log says what
-    changed rather than the whole guard."""
-    parts = guard.split(" and ")
-    m = _TYPE_CHECK.fullmatch(parts[0])
-    if m is None:
-        return guard
-    local, source = (m.group(2), m.group(3)) if m.group(2) else (m.group(1), m.group(1))
-    for i in range(1, len(parts) + 1):
-        try:
-            ok = entry.check(" and ".join(parts[:i]), frame_args)
-        except Exception:   # a prefix cut inside a string or a call: say the whole guard
-            return guard
-        if not ok:
-            check = parts[i - 1].replace(f"({local} := {source})", source).replace(local, source)
-            consts = entry.fn.__globals__   # say what the constants the check compares with are
-            named = [f"{k} = {reprlib.repr(consts[k])}" for k in dict.fromkeys(re.findall(r"___K\d+", check))
-                     if k in consts]
-            return f"{check} ({', '.join(named)})" if named else check
-    return guard
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Helpers the generated code calls.
 
@@ -937,56 +895,6 @@ def _new_object(cls):
 
 def _make_cell():
     return types.CellType()
-
-
-def _arg_names(code) -> list[str]:
-    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
-    return list(code.co_varnames[:n])
-
-
-def _make_binder(fn: types.FunctionType, argnames: list[str], shared: bool = False) -> Callable:
-    """A function with fn's signature that returns its arguments as a tuple, in co_varnames order (a shared
-    compiler's: the closure first, then those)."""
-    if not all(n.isidentifier() for n in argnames):  # e.g. pytest's `@py_assert1` locals in resume functions
-        return lambda *args: args
-    sig = inspect.signature(fn, follow_wrapped=False)
-    ns: dict[str, Any] = {}
-    parts, seen_star = [], False
-    for i, p in enumerate(sig.parameters.values()):
-        default = ""
-        if p.default is not inspect.Parameter.empty:
-            ns[f"___d{i}"] = p.default
-            default = f"=___d{i}"
-        if p.kind == p.POSITIONAL_ONLY:
-            parts.append(p.name + default)
-            if i + 1 == len(sig.parameters) or list(sig.parameters.values())[i + 1].kind != p.POSITIONAL_ONLY:
-                parts.append("/")
-        elif p.kind == p.VAR_POSITIONAL:
-            parts.append("*" + p.name)
-            seen_star = True
-        elif p.kind == p.KEYWORD_ONLY:
-            if not seen_star:
-                parts.append("*")
-                seen_star = True
-            parts.append(p.name + default)
-        elif p.kind == p.VAR_KEYWORD:
-            parts.append("**" + p.name)
-        else:
-            parts.append(p.name + default)
-    if shared:
-        parts.insert(0, "___clo")
-        argnames = ["___clo", *argnames]
-    body = "(" + "".join(n + ", " for n in argnames) + ")"
-    src = f"def ___bind({', '.join(parts)}):\n    return {body}\n"
-    exec(compile(src, f"<ember binder of {fn.__qualname__}>", "exec"), ns)
-    return ns["___bind"]
-
-
-def _trampoline(f: Callable) -> types.FunctionType:
-    def call(*args, **kwargs):
-        return f(*args, **kwargs)
-    call.__qualname__ = getattr(f, "__qualname__", type(f).__name__)
-    return call
 
 
 _INPLACE_OPERATORS = {operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul,
