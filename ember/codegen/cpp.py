@@ -408,16 +408,21 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
     """A column-wise group as blocks of up to COLUMN_BLOCK adjacent rows x0 (OpenMP-parallel over blocks); in a
     block each reduction keeps one accumulator per row in a local array and loops over its reduction range
     outside, the rows inside (`omp simd`: contiguous loads, one vector of accumulators per step)."""
-    n, blk = group.numel, min(COLUMN_BLOCK, group.numel)
+    # (a symbolic row count: block widths chosen at the example's, the last block cut at run time)
+    n = group.numel
+    blk = min(COLUMN_BLOCK, n if symbols.is_static(n) else symbols.hint(n))
     # threaded: 768 columns on 16 threads run as 16 blocks of 48, not 3 of 256 (not narrower than 16: the loop
     # over a block's columns would be one vector per reduction step)
     if parallel:  # as many blocks per thread for every thread (one per CPU), each at most COLUMN_BLOCK, 16 | width
         cpus = os.cpu_count() or 1
-        blocks = cpus * math.ceil(n / (cpus * COLUMN_BLOCK))
-        blk = min(blk, max(16, math.ceil(n / blocks / 16) * 16))
-        lines = ["  #pragma omp parallel for schedule(static)"]
+        hn = symbols.hint(n)
+        blocks = cpus * math.ceil(hn / (cpus * COLUMN_BLOCK))
+        blk = min(blk, max(16, math.ceil(hn / blocks / 16) * 16))
+        lines = ["  #pragma omp parallel for schedule(static)" + _PARALLEL_IF[0]]
     else:
         lines = []
+    if not symbols.is_static(n):   # (whole vectors of columns: the run-time count may be far above the example's)
+        blk = min(COLUMN_BLOCK, max(16, math.ceil(blk / 16) * 16))
     # rows indexed as x0 // C and x0 % C (a split reduction's partial results [S, C]): blocks of a width that
     # divides C, each index then `xq`-dependent (the block's, hoisted) plus xi (contiguous, vectorized)
     period, bodies = _row_period(group), {}
@@ -425,14 +430,16 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         ([period] if period and period < 16 else [])   # narrow: a block per part (one vector per step)
     if fits:
         blk = max((b for b in fits if b <= blk), default=fits[0])
-        ranges = {XI: blk, XQ: n // blk, **{v: k for m in group.members for v, k in zip(rvars(len(m.inner)), m.inner)}}
+        ranges = {XI: blk, XQ: n // blk if symbols.is_static(n) else ir.FloorDiv(n, blk), **{v: k for m in group.members for v, k in zip(rvars(len(m.inner)), m.inner)}}
         bodies = {id(m): ir.substitute(m.body, {X0: XQ * blk + XI}, ranges) for m in group.members}
         if any(isinstance(a, (ir.FloorDiv, ir.ModIndex)) and XI in a.free_symbols for off in _indices(
                 FusedGroup(n, [dataclasses.replace(m, body=bodies[id(m)]) for m in group.members]))
                for a in sympy.preorder_traversal(off)):
             bodies = {}   # (a division left in xi: the plain x0 form)
-    lines += [f"  for (int64_t xb = 0; xb < {n}; xb += {blk}) {{",   # (a constant trip count where blocks are whole)
-              f"    const int64_t xn = {blk};" if n % blk == 0 else f"    const int64_t xn = ember_imin({blk}, {n} - xb);"]
+    nc = _size_code(n)
+    whole = symbols.is_static(n) and n % blk == 0
+    lines += [f"  for (int64_t xb = 0; xb < {nc}; xb += {blk}) {{",   # (a constant trip count where blocks are whole)
+              f"    const int64_t xn = {blk};" if whole else f"    const int64_t xn = ember_imin({blk}, {nc} - xb);"]
     if bodies:
         lines.append(f"    const int64_t xq = xb / {blk}; (void)xq;")
     ind, scalars = "    ", {}
@@ -467,7 +474,8 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         # COLUMN_CHUNK of those into a second before the column's sum (one running sum per column drifted past
         # assert_close's tolerance on 512 rows; the row form sums in 16 vector lanes)
         nr, rs = ir.prod(m.inner), rvars(len(m.inner))
-        levels = 2 if kind == "sum" and fl and nr > COLUMN_CHUNK else 0
+        levels = 2 if kind == "sum" and fl and symbols.hint(nr) > COLUMN_CHUNK else 0
+        nr = _size_code(nr)
         head, rind, close = [], ind, []
         lo, span = "0", nr
         for lev in range(levels, 0, -1):
@@ -483,8 +491,9 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         close.insert(0, f"{rind}}}")
         rind += "  "
         for k, (r, st) in enumerate(zip(rs, ir.contiguous_strides(m.inner))):
-            e = "rf" if k == 0 else f"(rf % {int(st) * int(m.inner[k])})"
-            head.append(f"{rind}const int64_t {r} = {e} / {int(st)};" if int(st) != 1 else f"{rind}const int64_t {r} = {e};")
+            e = "rf" if k == 0 else f"(rf % {_size_code(st * m.inner[k])})"
+            head.append(f"{rind}const int64_t {r} = {e} / {_size_code(st)};" if not symbols.same(st, 1) else
+                        f"{rind}const int64_t {r} = {e};")
         b = Body(ptrs, scalars, rind + "  ", {})
         v = b.emit(body)
         a = f"{acc}_p1[xi]" if levels else f"{acc}[xi]"
@@ -636,7 +645,7 @@ def generate(sched: Schedule) -> tuple[str, list]:
     """The C++ file of a schedule, and per group (function name, argument buffer names, checks indices)."""
     parts, kernels = [PRELUDE], []
     for it in sched.items:
-        if isinstance(it, FusedGroup) and symbols.gt(it.numel, 0):
+        if isinstance(it, FusedGroup) and (not symbols.is_static(it.numel) or it.numel > 0):
             src, args = kernel_source(it, sched)
             parts.append(src)
             kernels.append((it.name, args, "ember_index(" in src))

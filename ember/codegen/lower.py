@@ -434,8 +434,10 @@ def _check(out, val, node):
         raise CannotLower(f"decomposition of {node.target} gave {len(outs)} outputs, expected {len(vals)}")
     for o, v in zip(outs, vals):
         if isinstance(o, TensorBox):
-            if not isinstance(v, torch.Tensor) or len(o.size) != len(v.shape) or o.dtype != v.dtype or not all(
-                    symbols.same(a, b) for a, b in zip(o.size, symbols.sym_sizes(v.shape))):
+            if not isinstance(v, torch.Tensor) or o.dtype != v.dtype or (
+                    tuple(int(s) for s in o.size) != tuple(v.shape) if not symbols.has_symbols(v) else
+                    len(o.size) != len(v.shape) or not all(symbols.same(a, b) for a, b in
+                                                           zip(o.size, symbols.sym_sizes(v.shape)))):
                 raise CannotLower(f"decomposition of {node.target} at {node.name} gave {list(o.size)} {o.dtype}, "
                                   f"expected {getattr(v, 'shape', v)} {getattr(v, 'dtype', '')}")
     return out

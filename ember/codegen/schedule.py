@@ -195,7 +195,7 @@ def make_member(buf, numel: int, across: bool = False) -> Member | None:
                 break
         else:
             return None
-    ranges = {X0: max(numel, 1), **{r: s for r, s in zip(rvars(len(inner)), inner)}}
+    ranges = {X0: max(numel, 1) if symbols.is_static(numel) else numel, **{r: s for r, s in zip(rvars(len(inner)), inner)}}
     oidx = [ir.simplify_index(i, ranges) for i in _outer_index(outer, X0)]
     r = rvars(len(inner))
     if isinstance(buf, Reduction):

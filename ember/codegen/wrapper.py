@@ -354,7 +354,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
                     body.append(f"    {b.name} = {m.dest}  # updated in place")
                     continue
                 alloc(b)
-            if it.numel > 0:
+            if not symbols.is_static(it.numel) or it.numel > 0:
                 body.append(f"    {kernel_call(it)}")
             if released:   # the name would keep the memory from the allocator after the result dies
                 body.append(f"    del {', '.join(released)}")

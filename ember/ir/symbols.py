@@ -108,13 +108,32 @@ def _at_least_two(e):
     return e.xreplace({x: sympy.Symbol(f"{x}_2", integer=True, nonnegative=True) + 2 for x in syms})
 
 
+def _lower_bound(e):
+    """A lower bound of e with its FloorDiv/ModIndex terms (of integer coefficients and divisors) replaced by
+    their bounds, a // d in [(a - d + 1) / d, a / d] and a % d in [0, d - 1], for sympy's sign rules."""
+    from ember.ir import FloorDiv, ModIndex
+    if not e.has(FloorDiv, ModIndex):
+        return e
+    out = []
+    for t in sympy.Add.make_args(sympy.expand(e)):
+        c, rest = t.as_coeff_Mul()
+        if isinstance(rest, (FloorDiv, ModIndex)) and rest.args[1].is_Integer and c.is_Integer:
+            a, d = rest.args
+            if isinstance(rest, FloorDiv):
+                t = c * (a - d + 1) / d if c > 0 else c * a / d
+            else:
+                t = 0 if c > 0 else c * (d - 1)
+        out.append(t)
+    return sympy.Add(*out)
+
+
 def is_positive(e) -> bool:
     """Whether e > 0 at every size (False when sympy cannot tell)."""
     if not isinstance(e, sympy.Basic):
         return e > 0
     if e.is_Integer:
         return int(e) > 0
-    return bool(e.is_positive) or bool(sympy.expand(_at_least_two(e)).is_positive)
+    return bool(e.is_positive) or bool(sympy.expand(_at_least_two(_lower_bound(e))).is_positive)
 
 
 def is_nonnegative(e) -> bool:
@@ -123,7 +142,7 @@ def is_nonnegative(e) -> bool:
         return e >= 0
     if e.is_Integer:
         return int(e) >= 0
-    return bool(e.is_nonnegative) or bool(sympy.expand(_at_least_two(e)).is_nonnegative)
+    return bool(e.is_nonnegative) or bool(sympy.expand(_at_least_two(_lower_bound(e))).is_nonnegative)
 
 
 def gt(a, b) -> bool:

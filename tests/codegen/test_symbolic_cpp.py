@@ -24,11 +24,13 @@ def vector_width(request, monkeypatch, tmp_path):
     return request.param
 
 
-def compile_symbolic(fn, args, dynamic):
-    """(compiled, gm): fn's symbolic ATen graph compiled once by the C++ backend; asserts it compiled to kernels."""
+def compile_symbolic(fn, args, dynamic, aten_calls=()):
+    """(compiled, gm): fn's symbolic ATen graph compiled once by the C++ backend; asserts it compiled to kernels
+    with no op kept as an ATen call but those named in aten_calls."""
     gm, _ = symbolic_graph(aten_fn(fn), args, dynamic)
     compiled = cpp_backend.compile_aten(gm, list(args))
     assert hasattr(compiled, "compiled"), "the symbolic graph fell back to its ATen graph"
+    assert set(compiled.compiled.sched.lowered.fallbacks) <= set(aten_calls), compiled.compiled.sched.lowered.fallbacks
     return compiled, gm
 
 
@@ -57,3 +59,91 @@ def test_view_of_computed_size_and_row_sum(vector_width):
     compiled, _ = compile_symbolic(f, [5, torch.randn(5, 4, 8), torch.randn(8)], {1: [0]})
     for n in SIZES:
         check(compiled, f, [n, torch.randn(n, 4, 8), torch.randn(8)])
+
+
+def test_reductions_over_symbolic_dims(vector_width):
+    def f(s0, s1, x):
+        a = aten.sum.dim_IntList(x, [1], True)           # over s1 (a run-time trip count), keepdim
+        b = aten.amax.default(x, [0])                    # over s0: column-wise
+        c = aten.sum.dim_IntList(aten.exp.default(x), [0, 1])
+        return aten.sub.Tensor(x, a), b, c
+    compiled, _ = compile_symbolic(f, [6, 10, torch.randn(6, 10)], {2: [0, 1]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (100, 257), (3, 1000)]:
+        check(compiled, f, [n, m, torch.randn(n, m)])
+
+
+def test_softmax_rows(vector_width):
+    def f(s0, s1, x):
+        return aten._softmax.default(x, -1, False), aten._log_softmax.default(x, 1, False)
+    compiled, _ = compile_symbolic(f, [6, 10, torch.randn(6, 10)], {2: [0, 1]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (64, 257), (3, 1000)]:
+        check(compiled, f, [n, m, torch.randn(n, m)])
+
+
+def test_layer_norm_rows(vector_width):
+    def f(s0, x, w, b):
+        return aten.native_layer_norm.default(x, [32], w, b, 1e-5)[0]
+    compiled, _ = compile_symbolic(f, [6, torch.randn(6, 32), torch.randn(32), torch.randn(32)], {1: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 32), torch.randn(32), torch.randn(32)])
+
+
+def test_views_by_symbolic_sizes(vector_width):
+    def f(s0, s1, x):
+        a = aten.permute.default(x, [1, 0, 2])                       # [s1, s0, 4]
+        b = aten.clone.default(a, memory_format=torch.contiguous_format)
+        c = aten.view.default(b, [s1 * s0 * 4])
+        d = aten.view.default(aten.mul.Tensor(x, 2.0), [s0, s1 * 4])
+        e = aten.expand.default(aten.unsqueeze.default(aten.sum.dim_IntList(x, [2]), 0), [3, s0, s1])
+        return aten.cos.default(c), aten.add.Tensor(d, 1.0), aten.mul.Tensor(e, 2.0)
+    compiled, _ = compile_symbolic(f, [5, 6, torch.randn(5, 6, 4)], {2: [0, 1]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (16, 16)]:
+        check(compiled, f, [n, m, torch.randn(n, m, 4)])
+
+
+def test_cat_and_slices_with_symbolic_bounds(vector_width):
+    def f(s0, x, y):
+        a = aten.cat.default([x, y], 0)                     # [2*s0, 8]
+        b = aten.slice.Tensor(a, 0, 1, s0)                 # rows 1 .. s0-1
+        c = aten.slice.Tensor(x, 1, 2, 7, 2)
+        h = s0 // 2
+        d = aten.slice.Tensor(y, 0, h, s0)
+        return aten.mul.Tensor(a, 3.0), aten.neg.default(b), aten.exp.default(c), aten.add.Tensor(d, 1.0)
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 8), torch.randn(5, 8)], {1: [0], 2: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 8), torch.randn(n, 8)])
+
+
+def test_index_and_gather(vector_width):
+    def f(s0, s1, x, idx, g):
+        a = aten.index.Tensor(x, [idx])                            # rows of x picked by idx
+        b = aten.gather.default(x, 1, g)
+        return aten.mul.Tensor(a, 2.0), b
+    def inputs(n, m):
+        return [n, m, torch.randn(n, 8), torch.randint(0, n, (m,)), torch.randint(0, 8, (n, 3))]
+    compiled, _ = compile_symbolic(f, inputs(5, 6), {2: [0], 3: [0], 4: [0]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (100, 257)]:
+        check(compiled, f, inputs(n, m))
+
+
+def test_matmul_and_addmm(vector_width):
+    def f(s0, x, w, b, w2):
+        a = aten.addmm.default(b, x, aten.t.default(w))
+        c = aten.mm.default(aten.relu.default(a), w2)
+        return aten.add.Tensor(c, 1.0)
+    def inputs(n):
+        return [n, torch.randn(n, 16), torch.randn(32, 16), torch.randn(32), torch.randn(32, 8)]
+    compiled, _ = compile_symbolic(f, inputs(5), {1: [0]})
+    for n in SIZES:
+        check(compiled, f, inputs(n))
+
+
+def test_conv2d_symbolic_batch(vector_width):
+    def f(s0, x, w, b):
+        y = aten.convolution.default(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return aten.relu.default(y)
+    def inputs(n):
+        return [n, torch.randn(n, 3, 9, 9), torch.randn(4, 3, 3, 3), torch.randn(4)]
+    compiled, _ = compile_symbolic(f, inputs(3), {1: [0]})
+    for n in (2, 3, 5, 17):
+        check(compiled, f, inputs(n))
