@@ -289,8 +289,12 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
             lines.append(ind + "#pragma omp parallel" + _PARALLEL_IF[0])
         lines.append(ind + "{")
         for m in group.members:
-            if m.buf.name in rows:
+            if m.buf.name in rows and symbols.is_static(rows[m.buf.name]):
                 lines.append(f"{ind}  alignas(64) {CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
+            elif m.buf.name in rows:   # a run-time width: on the heap, one per thread (the stack may not hold it)
+                t = CTYPE[m.buf.dtype]
+                lines.append(f"{ind}  {t}* __restrict__ {m.buf.name} = static_cast<{t}*>(__builtin_malloc(sizeof({t}) * "
+                             f"{index_code(rows[m.buf.name], {})}));  // row buffer")
         if parallel:
             lines.append(ind + "  #pragma omp for")
         lines.append(f"{ind}  for (int64_t x0 = 0; x0 < {_size_code(group.numel)}; x0++) {{")
@@ -319,7 +323,7 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     if team:
         lines.append(ind[:-2] + "}")
     if not symbols.same(group.numel, 1) and rows:
-        lines += ["    }", "  }"]
+        lines += ["    }"] + [f"    __builtin_free({n});" for n, w in rows.items() if not symbols.is_static(w)] + ["  }"]
     else:
         lines.append("  }")
     lines.append("}")

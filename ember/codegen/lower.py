@@ -91,9 +91,8 @@ class Graph:
     def keeps_row(self, x: TensorBox, dim: int) -> bool:
         """Whether a row of x along dim, stored by the node being lowered, stays in the C++ scheduler's per-thread
         row buffer (schedule.SCRATCH_BYTES): a CPU value's innermost dim, the row at most half the buffer."""
-        if x.ndim and not symbols.is_static(x.size[-1]):
-            return False   # (a row of a run-time width is not kept in a fixed-size buffer)
-        row = int(x.size[-1]) * ir.itemsize(x.dtype) if x.ndim else 0
+        # (a run-time width: as at the example's; the kernel allocates its row buffer for the call's width)
+        row = symbols.hint(x.size[-1]) * ir.itemsize(x.dtype) if x.ndim else 0
         return self.val.device.type == "cpu" and dim % x.ndim == x.ndim - 1 and row <= SCRATCH_BYTES // 2
 
     def new_name(self) -> str:

@@ -455,8 +455,9 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool =
                     m.local = True
                 elif row_buffers and symbols.gt(it.numel, 1) and _row_contiguous(m):
                     # a row read only by later members of its group: a per-thread row buffer (stays in cache)
-                    size = ir.prod(m.inner) * ir.itemsize(m.buf.dtype)
-                    if symbols.is_static(size) and scratch + size <= SCRATCH_BYTES:
+                    # (a run-time width: kept by the example's width, in a buffer the kernel allocates per thread)
+                    size = symbols.hint(ir.prod(m.inner)) * ir.itemsize(m.buf.dtype)
+                    if scratch + size <= SCRATCH_BYTES:
                         m.local, scratch = True, scratch + size
     sched = Schedule(items, lowered, buffers)
     readers = _Readers(sched)

@@ -45,6 +45,10 @@ Like = TensorBox | int | float | bool
 
 # ------------------------------------------------------------------------------------------------ pointwise
 def const(value, dtype: torch.dtype, size: Sequence = ()) -> TensorBox:
+    if isinstance(value, sympy.Basic) and not value.is_Number:   # a symbolic size (a mean's count): a run-time value
+        e = Expr("index", (value,), torch.int64)
+        e = e if dtype == torch.int64 else Expr("cast", (e,), dtype)
+        return TensorBox(size, dtype, lambda idx: e)
     if dtype == torch.bool:
         value = bool(value)
     elif not dtype.is_floating_point:

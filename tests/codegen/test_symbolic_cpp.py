@@ -147,3 +147,73 @@ def test_conv2d_symbolic_batch(vector_width):
     compiled, _ = compile_symbolic(f, inputs(3), {1: [0]})
     for n in (2, 3, 5, 17):
         check(compiled, f, inputs(n))
+
+
+def test_mean_var_by_symbolic_count(vector_width):
+    def f(s0, x):
+        v = aten.view.default(x, [s0 * 4, 16])
+        return aten.mean.dim(v, [0]), aten.var.correction(x, [0, 1], correction=1), aten.mean.dim(x, [2], True)
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 4, 16)], {1: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 4, 16)])
+
+
+def test_symbolic_row_width_softmax_layer_norm(vector_width):
+    """Rows of a run-time width (attention's softmax over a sequence length): reductions and the row kept between
+    them over s1 elements."""
+    def f(s0, s1, x, w):
+        a = aten._softmax.default(x, -1, False)
+        b = aten.native_layer_norm.default(x, [s1], w, None, 1e-5)[0]
+        return a, b
+    compiled, _ = compile_symbolic(f, [6, 10, torch.randn(6, 10), torch.randn(10)], {2: [0, 1], 3: [0]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (64, 257), (3, 4099)]:
+        check(compiled, f, [n, m, torch.randn(n, m), torch.randn(m)])
+
+
+def test_sizes_alternate_and_symbols_returned():
+    """Buffers kept across calls follow the sizes of each call; a size the graph returns (a backward's saved
+    symbol) is the call's int."""
+    def f(s0, x, w):
+        h = aten.mm.default(aten.sin.default(x), w)
+        return aten.relu.default(h), s0 * 2
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 8), torch.randn(8, 4)], {1: [0]})
+    for n in (3, 9, 3, 3, 40, 9):
+        args = [n, torch.randn(n, 8), torch.randn(8, 4)]
+        out = compiled(*args)
+        torch.testing.assert_close(out[0], f(*args)[0])
+        assert out[1] == 2 * n and isinstance(out[1], int)
+
+
+def test_one_build_serves_every_size(monkeypatch):
+    """The generated source names the symbols, never the example's sizes: one C++ build (cached on disk by its
+    source) runs every size."""
+    def f(s0, x):
+        return aten.exp.default(aten.mul.Tensor(x, 2.0))
+    builds = []
+    real = cache.build_cpp
+    monkeypatch.setattr(cache, "build_cpp", lambda src: builds.append(src) or real(src))
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 3)], {1: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 3)])
+    assert len(builds) == 1 and "int64_t s" in builds[0]
+
+
+def test_cannot_lower_runs_the_aten_graph(monkeypatch, caplog):
+    """A symbolic graph the code generator cannot do runs as its ATen graph, correct at every size, logged with
+    the reason."""
+    from ember.errors import CannotLower
+
+    def refuse(sched):
+        raise CannotLower("no symbolic code for this test")
+    monkeypatch.setattr(cpp, "generate", refuse)
+
+    def f(s0, x):
+        return aten.view.default(aten.cos.default(x), [s0 * 3])
+    gm, _ = symbolic_graph(aten_fn(f), [5, torch.randn(5, 3)], {1: [0]})
+    with caplog.at_level("WARNING", logger="ember.fallbacks"):
+        compiled = cpp_backend.compile_aten(gm, [5, torch.randn(5, 3)])
+    assert not hasattr(compiled, "compiled")
+    assert sum("symbolic graph runs as its ATen graph" in r.getMessage() and "no symbolic code for this test" in
+               r.getMessage() for r in caplog.records) == 1
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 3)])
