@@ -5,7 +5,9 @@
 Each graph is an ATen graph built by tests/codegen/symbolic_graphs.py: once with its batch-like dim symbolic
 (compiled once, docs/dynamic.md), once with every size a constant, both through cpp_backend.compile_aten, run on the
 same inputs. Rounds alternate the two (a noisy shared machine: compare the ratio within a run); each round's time
-is the median of a batch of calls. Prints per graph the median times and symbolic/static.
+is the median of a batch of calls (wall time, or with --cpu-time the process's CPU time, which other jobs on a
+shared machine do not inflate: use it with OMP_NUM_THREADS=1). Prints per graph the median times and
+symbolic/static.
 """
 from __future__ import annotations
 
@@ -55,6 +57,11 @@ def view_mean(s0, x):   # a reshape by the symbol and a mean over the symbolic d
     return aten.mean.dim(aten.mul.Tensor(v, v), [0])
 
 
+def softmax_seq(s0, x):   # rows of a run-time width (attention's softmax over a sequence length)
+    return aten._softmax.default(x, -1, False)
+
+
+DYNAMIC = {"softmax_seq": {1: [1]}}   # the symbolic dims of the inputs (else dim 0 of the first tensor)
 GRAPHS = {   # name: (fn, example size, run size, inputs(n) after the size)
     "pointwise": (pointwise, 64, 4093, lambda n: [torch.randn(n, 1024), torch.randn(1024)]),
     "softmax": (softmax, 64, 2047, lambda n: [torch.randn(n, 1000)]),
@@ -62,6 +69,7 @@ GRAPHS = {   # name: (fn, example size, run size, inputs(n) after the size)
     "row_sum": (row_sum, 64, 4093, lambda n: [torch.randn(n, 1000)]),
     "column_sum": (column_sum, 64, 4093, lambda n: [torch.randn(n, 1024)]),
     "view_mean": (view_mean, 64, 4093, lambda n: [torch.randn(n, 16, 64)]),
+    "softmax_seq": (softmax_seq, 64, 1023, lambda n: [torch.randn(512, n)]),
     "linear_gelu": (linear_gelu, 64, 509, lambda n: [torch.randn(n, 768), torch.randn(3072, 768), torch.randn(3072)]),
     "conv_relu": (conv_relu, 4, 7, lambda n: [torch.randn(n, 64, 56, 56), torch.randn(64, 64, 3, 3), torch.randn(64)]),
 }
@@ -70,7 +78,7 @@ GRAPHS = {   # name: (fn, example size, run size, inputs(n) after the size)
 def compile_both(name):
     fn, example, n, inputs = GRAPHS[name]
     ex = inputs(example)
-    gm, _ = symbolic_graph(aten_fn(fn), [example, *ex], {1: [0]})
+    gm, _ = symbolic_graph(aten_fn(fn), [example, *ex], DYNAMIC.get(name, {1: [0]}))
     sym = cpp_backend.compile_aten(gm, [example, *ex])
     assert hasattr(sym, "compiled"), f"{name}: the symbolic graph fell back"
     args = inputs(n)
@@ -82,13 +90,16 @@ def compile_both(name):
     return sym, stat, [n, *args], args
 
 
+CLOCK = [time.perf_counter]
+
+
 def bench(f, args, calls):
     f(*args)
     ts = []
     for _ in range(calls):
-        t = time.perf_counter()
+        t = CLOCK[0]()
         f(*args)
-        ts.append(time.perf_counter() - t)
+        ts.append(CLOCK[0]() - t)
     return statistics.median(ts)
 
 
@@ -97,7 +108,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--graphs", default=",".join(GRAPHS))
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time the process's CPU time (with OMP_NUM_THREADS=1: robust to other jobs on the machine)")
     ns = ap.parse_args()
+    if ns.cpu_time:
+        CLOCK[0] = time.process_time
     print(f"{'graph':12s} {'size':>5s} {'static ms':>10s} {'symbolic ms':>12s} {'sym/static':>10s}   threads={torch.get_num_threads()}")
     for name in ns.graphs.split(","):
         sym, stat, sargs, args = compile_both(name)
