@@ -291,7 +291,7 @@ def _row_local(m: Member, producer: Member, numel: int) -> bool:
             if X0 in rest.free_symbols or any(isinstance(s, ir.IndirectSymbol) for s in rest.free_symbols):
                 return False
             b = ir.bounds(rest, ranges)
-            if b is None or b[0] < 0 or b[1] >= width:
+            if b is None or not symbols.is_nonnegative(b[0]) or not symbols.is_positive(width - b[1]):
                 return False
     return True
 
@@ -417,7 +417,7 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool =
             placed = True
             break
         if not placed:   # a group of its own; a flat one (one row) takes its reader's row count if b fits it
-            m = member(b, rows) if rows is not None and rows > 1 and _default_rows(b) == 1 else None
+            m = member(b, rows) if rows is not None and symbols.gt(rows, 1) and _default_rows(b) == 1 else None
             numel = rows if m is not None else _default_rows(b)
             m = m or bodies[b.name]
             items.append(FusedGroup(numel, [m]))

@@ -553,6 +553,8 @@ def index_code(e, names: dict, syntax: IndexSyntax) -> str:
         return "(" + " + ".join(rec(a) for a in e.args) + ")"
     if isinstance(e, sympy.Mul):
         return "(" + " * ".join(rec(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:   # a symbolic size squared (s1 * s1)
+        return "(" + " * ".join([rec(e.base)] * int(e.exp)) + ")"
     if isinstance(e, FloorDiv):
         return f"({rec(e.args[0])} {syntax.floordiv} {rec(e.args[1])})"
     if isinstance(e, ModIndex):

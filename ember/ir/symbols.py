@@ -164,6 +164,8 @@ def python_code(e) -> str:
         return "(" + " + ".join(rec(a) for a in e.args) + ")"
     if isinstance(e, sympy.Mul):
         return "(" + " * ".join(rec(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([rec(e.base)] * int(e.exp)) + ")"
     if isinstance(e, FloorDiv):
         return f"({rec(e.args[0])} // {rec(e.args[1])})"
     if isinstance(e, ModIndex):

@@ -34,13 +34,13 @@ def compile_symbolic(fn, args, dynamic, aten_calls=()):
     return compiled, gm
 
 
-def check(compiled, fn, args):
+def check(compiled, fn, args, **tol):
     out = compiled(*args)
     want = fn(*args)
     want = want if isinstance(want, tuple) else (want,)
     assert len(out) == len(want)
     for o, w in zip(out, want):
-        torch.testing.assert_close(o, w)
+        torch.testing.assert_close(o, w, **tol)
 
 
 def test_pointwise_chain_broadcast(vector_width):
@@ -217,3 +217,52 @@ def test_cannot_lower_runs_the_aten_graph(monkeypatch, caplog):
                r.getMessage() for r in caplog.records) == 1
     for n in SIZES:
         check(compiled, f, [n, torch.randn(n, 3)])
+
+
+def test_attention_like_graph():
+    """What a transformer's forward with a symbolic batch s0 and sequence s1 holds: arange/zeros/full of symbolic
+    sizes, embeddings, views by s0*s1, bmm, a causal mask, softmax over s1, max/argmax."""
+    cpu = torch.device("cpu")
+
+    def f(s0, s1, ids, emb, x, w):
+        pos = aten.arange.start_step(0, s1, 1, dtype=torch.int64, device=cpu)
+        h = aten.add.Tensor(aten.embedding.default(emb, ids), aten.embedding.default(emb, pos))   # [s0, s1, 16]
+        z = aten.zeros.default([s0, s1], dtype=torch.float32, device=cpu)
+        k3 = aten.view.default(aten.mm.default(aten.view.default(h, [s0 * s1, 16]), w), [s0, s1, 16])
+        att = aten.bmm.default(k3, aten.transpose.int(h, 1, 2))                                   # [s0, s1, s1]
+        tri = aten.tril.default(aten.full.default([s1, s1], 1.0, dtype=torch.float32, device=cpu))
+        att = aten.masked_fill.Scalar(att, aten.eq.Scalar(tri, 0.0), float("-inf"))
+        o = aten.bmm.default(aten._softmax.default(att, -1, False), k3)
+        c = aten.clone.default(aten.transpose.int(o, 0, 1), memory_format=torch.contiguous_format)
+        r = aten.sum.dim_IntList(aten.view.default(c, [s1, s0 * 16]), [1])
+        mx = aten.max.dim(x, 1)
+        return o, r, aten.add.Tensor(z, 1.0), mx[0], mx[1], aten.argmax.default(x, 0)
+
+    def inputs(n, m):
+        return [n, m, torch.randint(0, 50, (n, m)), torch.randn(50, 16), torch.randn(n, m), torch.randn(16, 16)]
+    compiled, _ = compile_symbolic(f, inputs(3, 7), {2: [0, 1], 4: [0, 1]})
+    for n, m in [(2, 2), (5, 33), (17, 9), (3, 7)]:
+        check(compiled, f, inputs(n, m), rtol=1e-4, atol=1e-4)   # (sums of 16*s0 values, in another order)
+
+
+def test_backward_ops():
+    """A backward graph's ops over a symbolic batch: layer norm, softmax, threshold and gelu backward, the
+    weight gradient's product, a bias gradient (a column sum)."""
+    def f(s0, x, g, w, mean, rstd, y):
+        a = aten.native_layer_norm_backward.default(g, x, [32], mean, rstd, w, w, [True, True, True])
+        sb = aten._softmax_backward_data.default(g, y, -1, torch.float32)
+        tb = aten.threshold_backward.default(g, y, 0.0)
+        gb = aten.gelu_backward.default(g, x)
+        mmb = aten.mm.default(aten.t.default(g), x)
+        v = aten.view.default(aten.sum.dim_IntList(g, [0], True), [32])
+        return a[0], a[1], a[2], sb, tb, gb, mmb, v
+
+    def inputs(n):
+        x = torch.randn(n, 32)
+        return [n, x, torch.randn(n, 32), torch.randn(32), x.mean(1, keepdim=True), torch.rand(n, 1) + 0.5,
+                torch.randn(n, 32).softmax(-1)]
+    compiled, _ = compile_symbolic(f, inputs(5), {1: [0], 2: [0], 4: [0], 5: [0], 6: [0]})
+    for n in (2, 3, 17, 100):
+        args = inputs(n)
+        for o, w in zip(compiled(*args), f(*args)):
+            torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-4)   # (sums of 100 products, another order)
