@@ -266,3 +266,26 @@ def test_backward_ops():
         args = inputs(n)
         for o, w in zip(compiled(*args), f(*args)):
             torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-4)   # (sums of 100 products, another order)
+
+
+def test_lowering_that_specializes_falls_back(monkeypatch, caplog):
+    """A lowering step that reads a symbolic size as an int (a guard on its value in the ShapeEnv) would give
+    code right at the example's size only: the graph runs as its ATen graph instead."""
+    from ember import ir
+    from ember.codegen import lower
+    decomp = lower.TABLE[aten.cos.default]
+
+    def specializing(x):
+        int(ir.GRAPH.val.shape[0])
+        return decomp(x)
+    monkeypatch.setitem(lower.TABLE, aten.cos.default, specializing)
+
+    def f(s0, x):
+        return aten.cos.default(x)
+    gm, _ = symbolic_graph(aten_fn(f), [5, torch.randn(5, 3)], {1: [0]})
+    with caplog.at_level("WARNING", logger="ember.fallbacks"):
+        compiled = cpp_backend.compile_aten(gm, [5, torch.randn(5, 3)])
+    assert not hasattr(compiled, "compiled")
+    assert any("specialized a symbolic size" in r.getMessage() for r in caplog.records)
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 3)])
