@@ -38,6 +38,8 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(0)
         if a.is_Integer and b.is_Integer:
             return sympy.Integer(int(a) // int(b))
+        if a == -1 and b.is_positive:   # (a bound's x*b - 1, split below: -1 // b for a size b >= 1)
+            return sympy.Integer(-1)
         if isinstance(a, sympy.Add):  # split off terms that are multiples of b
             mult = [t for t in a.args if _divisible(t, b)]
             if mult:
@@ -111,7 +113,7 @@ def bounds(e, ranges: dict) -> tuple | None:
             return b[0] // int(d), b[1] // int(d)
         if not symbols.is_nonnegative(b[0]):
             return None
-        return 0, b[1] if not d.is_Integer else FloorDiv(sympy.sympify(b[1]), d)   # x // d <= x for d >= 1
+        return 0, FloorDiv(sympy.sympify(b[1]), d)
     if isinstance(e, (sympy.Min, sympy.Max)):
         bs = [bounds(a, ranges) for a in e.args]
         if any(b is None for b in bs) or not all(_static(v) for b in bs for v in b):
@@ -193,7 +195,7 @@ def _simplify_index(e, ranges: dict | None = None):
         changed = False
         terms = {}
         for t in e.args:
-            c, rest = t.as_coeff_Mul()
+            c, rest = t.as_coeff_Mul() if not symbols.HINTS else _size_coeff(t)
             terms[rest] = terms.get(rest, 0) + c
         for f, kf in terms.items():
             if isinstance(f, FloorDiv):
@@ -212,6 +214,13 @@ def _simplify_index(e, ranges: dict | None = None):
                     changed = True
                     break
     return e
+
+
+def _size_coeff(t):
+    """(coefficient, rest) of a term whose coefficient may hold size symbols (s1*((x // s1) % s0) -> s1, ...)."""
+    factors = sympy.Mul.make_args(t)
+    c = [f for f in factors if f.is_Number or f in symbols.HINTS]
+    return sympy.Mul(*c), sympy.Mul(*[f for f in factors if not (f.is_Number or f in symbols.HINTS)])
 
 
 def _split_low(x, ranges):
