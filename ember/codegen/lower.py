@@ -163,7 +163,7 @@ class Graph:
         """x as eager lays it out (its `eager_stride`, else contiguous) when it is a window onto a
         channels-last buffer: for ATen calls and graph outputs."""
         want = getattr(x, "eager_stride", None)
-        if x.strided is None or x.strided[0].name not in self.cl or tuple(int(s) for s in x.strided[1]) == want:
+        if x.strided is None or x.strided[0].name not in self.cl or symbols.ints(x.strided[1]) == want:
             return x
         return self.realize(TensorBox(x.size, x.dtype, x.loader),
                             stride=want if want is not None else ir.contiguous_strides(x.size))

@@ -130,12 +130,14 @@ def loop_view(buf) -> LoopView:
         return view
     size, stride = tuple(buf.size), tuple(buf.stride)
     view = LoopView(size, stride, buf.fn)
-    if stride != ir.contiguous_strides(size) and all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in (*size, *stride)):
-        # size-1 dims outermost (their stride is meaningless), then by decreasing stride (stable)
-        perm = sorted(range(len(size)), key=lambda d: (size[d] != 1, -int(stride[d])))
+    static = all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in (*size, *stride))
+    if stride != ir.contiguous_strides(size) and (static or symbols.HINTS):
+        # size-1 dims outermost (their stride is meaningless), then by decreasing stride (stable; symbolic strides
+        # ordered by the example's values, the order then checked to be dense at every size)
+        perm = sorted(range(len(size)), key=lambda d: (size[d] != 1, -symbols.hint(stride[d])))
         psize, pstride = tuple(size[p] for p in perm), tuple(stride[p] for p in perm)
         if perm != list(range(len(size))) and all(
-                int(a) == int(b) for a, b, n in zip(pstride, ir.contiguous_strides(psize), psize) if n != 1):
+                symbols.same(a, b) for a, b, n in zip(pstride, ir.contiguous_strides(psize), psize) if n != 1):
             def unperm(idx):
                 out = [None] * len(perm)
                 for k, p in enumerate(perm):
