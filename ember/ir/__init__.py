@@ -89,7 +89,7 @@ def bounds(e, ranges: dict) -> tuple | None:
     if e.is_Integer:
         return int(e), int(e)
     if e.is_Symbol:
-        return (0, _num(ranges[e] - 1)) if e in ranges else None
+        return (0, _num(ranges[e]) - 1) if e in ranges else None
     if isinstance(e, sympy.Add):
         lo = hi = 0
         for a in e.args:
@@ -123,10 +123,18 @@ def bounds(e, ranges: dict) -> tuple | None:
     if isinstance(e, ModIndex):
         b = bounds(e.args[0], ranges)
         d = e.args[1]
-        if b is not None and symbols.is_nonnegative(b[0]) and symbols.is_positive(d - b[1]):
+        if b is not None and _below(b, d):
             return b
-        return 0, _num(d - 1)
+        return 0, _num(d) - 1
     return None
+
+
+def _below(b, d) -> bool:
+    """0 <= lo and hi < d for bounds b = (lo, hi) (ints compared as ints: the static graphs' hot path)."""
+    lo, hi = b
+    if isinstance(lo, int) and isinstance(hi, int) and d.is_Integer:
+        return lo >= 0 and hi < int(d)
+    return symbols.is_nonnegative(lo) and symbols.is_positive(d - hi)
 
 
 def _static(v) -> bool:
@@ -180,7 +188,7 @@ def _simplify_index(e, ranges: dict | None = None):
     if ranges:
         def small(x):  # a // d == 0 and a % d == a when 0 <= a < d
             b = bounds(x.args[0], ranges)
-            return b is not None and symbols.is_nonnegative(b[0]) and symbols.is_positive(x.args[1] - b[1])
+            return b is not None and _below(b, x.args[1])
         for _ in range(3):  # a split can leave a div/mod that the first two rules then remove
             before = e
             e = e.replace(lambda x: isinstance(x, FloorDiv) and small(x), lambda x: sympy.Integer(0))
@@ -238,7 +246,7 @@ def _split_low(x, ranges):
         high = [t for t, c in terms if c.is_Integer and int(c) % k == 0]
         low = sympy.Add(*[t for t, c in terms if not (c.is_Integer and int(c) % k == 0)])
         b = bounds(low, ranges)
-        if len(high) == len(terms) or b is None or not symbols.is_nonnegative(b[0]) or not symbols.is_positive(k - b[1]):
+        if len(high) == len(terms) or b is None or not _below(b, sympy.Integer(k)):
             continue
         hk = expand_index(sympy.Add(*high) / k)
         return FloorDiv(hk, d // k) if isinstance(x, FloorDiv) else low + k * ModIndex(hk, d // k)
