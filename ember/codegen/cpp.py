@@ -630,6 +630,8 @@ _PARALLEL_IF = [""]   # the OpenMP if clause of the kernel being printed (run-ti
 
 def group_symbols(group: FusedGroup) -> list[str]:
     """Names of the size symbols a group's code uses (sorted): its kernel's int64 arguments."""
+    if not symbols.HINTS:   # a static graph
+        return []
     found = set(symbols.free_symbols(group.numel))
     for m in group.members:
         for e in (*m.inner, m.store):

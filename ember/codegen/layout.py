@@ -83,7 +83,7 @@ def is_dense(v) -> bool:
     """Whether v's strides describe a non-overlapping, dense layout (then outputs use eager's strides)."""
     if not isinstance(v, torch.Tensor):
         return False
-    if not symbols.has_symbols(v):
+    if not symbols.HINTS or not symbols.has_symbols(v):   # (HINTS: a symbolic graph is being lowered)
         if v.numel() == 0:
             return False
         pairs = sorted((s, n) for s, n in zip(v.stride(), v.shape) if n != 1)

@@ -217,8 +217,13 @@ class Wrapper:
 
     def tensor(self, a: TensorArg) -> str:
         buf = self.sched.buffers[a.buffer]
-        if len(a.size) == len(buf.size) and all(symbols.same(x, y) for x, y in zip((*a.size, *a.stride, a.offset),
-                                                                                   (*buf.size, *buf.stride, buf.offset))):
+        if not symbols.HINTS:   # a static graph
+            same = tuple(a.size) == tuple(int(s) for s in buf.size) and \
+                tuple(a.stride) == tuple(int(s) for s in buf.stride) and a.offset == int(buf.offset)
+        else:
+            same = len(a.size) == len(buf.size) and all(symbols.same(x, y) for x, y in zip(
+                (*a.size, *a.stride, a.offset), (*buf.size, *buf.stride, buf.offset)))
+        if same:
             return a.buffer
         return f"{a.buffer}.as_strided({tuple_code(a.size)}, {tuple_code(a.stride)}, {a.buffer}.storage_offset() + " \
             f"{symbols.python_code(a.offset)})"
