@@ -5,6 +5,11 @@ through ctypes (ember.codegen.wrapper).
 compile_aten(gm, example_inputs, options) is the inner compiler ember_backend.compile_graph calls on each
 ATen-level graph (forward and backward); options {"fallback": "eager"}: a graph whose generated code fails to
 build runs eagerly (logged), not raising.
+
+Symbolic graphs (docs/dynamic.md: SymInt placeholders, fake values with symbolic sizes) compile once for every
+size: kernels take the size symbols as int64 arguments, the host program allocates from them. What the code
+generator cannot do symbolically raises CannotLower, and the graph then runs as its ATen graph (correct at every
+size), logged under EMBER_LOGS=fallbacks.
 """
 from __future__ import annotations
 
@@ -16,20 +21,23 @@ import torch
 
 from ember.codegen import cpp, lower, schedule, wrapper
 from ember.errors import CannotLower
+from ember.ir import symbols
 from ember.runtime import cache
 from ember.tools.logs import get_logger
 
 fallback_log = get_logger("fallbacks")
 code_log = get_logger("output_code")
+SYMBOLIC = True   # compiles symbolic ATen graphs (ember_backend routes dynamic graphs only to such backends)
 STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0, "internal_errors": 0}
 
 
 class CompiledGraph:
     """A compiled ATen graph; the C++ build runs in the background until the first call needs it."""
 
-    def __init__(self, gm, sched, source, kernels, build, options):
+    def __init__(self, gm, sched, source, kernels, build, options, hints=None):
         self.gm, self.sched, self.source, self.kernels = gm, sched, source, kernels
         self.build, self.options = build, options
+        self.hints = hints or {}   # symbolic graph: the example's sizes, for the host program's choices
         self.call = None
         self.err = (ctypes.c_int64 * 1)()
 
@@ -45,6 +53,7 @@ class CompiledGraph:
             raise
         lib = ctypes.CDLL(str(path)) if path is not None else None
         fns = {}
+        sizes = {str(s) for s in self.hints}
         for name, args, _ in self.kernels:
             f = getattr(lib, name)
             f.argtypes = [ctypes.c_void_p] * (len(args) + 1)
@@ -55,7 +64,7 @@ class CompiledGraph:
 
         def kernel_call(group):
             _, args, checks = next(k for k in self.kernels if k[0] == group.name)
-            ptrs = ", ".join(f"{a}.data_ptr()" for a in args)
+            ptrs = ", ".join(a if a in sizes else f"{a}.data_ptr()" for a in args)
             check = "; _check_err()" if checks else ""
             return f"{group.name}({ptrs}{', ' if ptrs else ''}_errp){check}"
 
@@ -65,10 +74,16 @@ class CompiledGraph:
                 raise IndexError("ember: index out of range in a gather/indexing operation of the compiled graph")
 
         self.lib = lib
-        self.call = wrapper.python_wrapper(self.sched, kernel_call, {
-            **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)},
-            check_inputs=not self.gm.meta.get("ember_guarded", False), persistent=True,
-            consumed_outputs=frozenset(self.gm.meta.get("ember_consumed_outputs", ())))
+        with lower.LOWERING_LOCK:   # (symbols.HINTS is the lowering's state)
+            symbols.HINTS.clear()
+            symbols.HINTS.update(self.hints)
+            try:
+                self.call = wrapper.python_wrapper(self.sched, kernel_call, {
+                    **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)},
+                    check_inputs=not self.gm.meta.get("ember_guarded", False), persistent=True,
+                    consumed_outputs=frozenset(self.gm.meta.get("ember_consumed_outputs", ())))
+            finally:
+                symbols.HINTS.clear()
         if code_log.isEnabledFor(10):
             code_log.debug("host program:\n%s", self.call.source)
 
@@ -87,13 +102,30 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         fallback_log.warning("graph runs eagerly: the C++ backend has no kernels for %s", sorted(map(str, bad)))
         STATS["eager_graphs"] += 1
         return gm.forward
+    symbolic = lower.is_symbolic(gm)
+    hints = {}
     try:
         with lower.LOWERING_LOCK:
-            low, out_spec, _ = lower.lower(gm, example_inputs)
-            sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
-            sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
-            source, kernels = cpp.generate(sched)
+            try:
+                low, out_spec, _ = lower.lower(gm, example_inputs)
+                hints = dict(symbols.HINTS)
+                # (symbolic: no input written in place, whose overlap test needs fixed extents)
+                sched = schedule.schedule(low, row_buffers=True,
+                                          mutations=None if symbolic else gm.meta.get("ember_input_mutations"))
+                sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
+                source, kernels = cpp.generate(sched)
+            except (TypeError, NotImplementedError) as e:
+                if not symbolic:
+                    raise
+                # a size decision the code generator takes on numbers only (a comparison of symbolic sizes)
+                raise CannotLower(f"no symbolic code for it ({type(e).__name__}: {e})") from e
+            finally:
+                symbols.HINTS.clear()
     except CannotLower as e:
+        if symbolic:
+            fallback_log.warning("symbolic graph runs as its ATen graph (every size): %s", e)
+            STATS["eager_graphs"] += 1
+            return gm.forward
         fallback_log.warning("graph runs eagerly: %s", e)
         STATS["eager_graphs"] += 1
         return gm.forward
@@ -113,7 +145,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
                        time.perf_counter() - t0, source[len(cpp.PRELUDE):])
     if build is None:
         build = _done(None)
-    compiled = CompiledGraph(gm, sched, source, kernels, build, options)
+    compiled = CompiledGraph(gm, sched, source, kernels, build, options, hints)
 
     unflatten = wrapper.fast_unflatten(out_spec)
 

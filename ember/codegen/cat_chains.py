@@ -9,6 +9,7 @@ import torch
 
 from ember import config
 from ember import ir
+from ember.ir import symbols
 from ember.decomp import views
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def lower_cat_chain(g: "Graph", pieces: list):
 def lower_cat(xs, dim=0):
     """aten.cat: a concatenation of a chain as one (lower_cat_chain); the channels of channels-last values as
     the library's concatenation; else the decomposition's (a fused concatenation)."""
-    xs = [x for x in xs if not (x.ndim == 1 and int(x.size[0]) == 0)]
+    xs = [x for x in xs if not (x.ndim == 1 and symbols.same(x.size[0], 0))]
     if not xs:
         return NotImplemented
     g = ir.GRAPH

@@ -16,7 +16,7 @@ import sympy
 import torch
 
 from ember import ir
-from ember.ir import Expr, IndirectSymbol
+from ember.ir import Expr, IndirectSymbol, symbols
 from ember.codegen import printer
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
 from ember.runtime import cache
@@ -222,16 +222,18 @@ def _loops(inner, indent, parallel: bool, clause: str = "", simd: bool = True, t
     with no barrier after it); returns (opening lines, body indent, closing lines)."""
     lines, closes, r = [], [], rvars(len(inner))
     par = "for" if team else "parallel for"
+    cond = "" if team else _PARALLEL_IF[0]
     nowait = " nowait" if team else ""  # on the shared-out loop only (never on an inner `omp simd`)
     for k, (v, n) in enumerate(zip(r, inner)):
         first, last = k == 0, k == len(inner) - 1
         if first and last and parallel:
-            lines.append(f"{indent}#pragma omp {par} simd{clause}{nowait}" if simd else f"{indent}#pragma omp {par}{clause}{nowait}")
+            lines.append(f"{indent}#pragma omp {par} simd{clause}{nowait}{cond}" if simd else
+                         f"{indent}#pragma omp {par}{clause}{nowait}{cond}")
         elif first and parallel:
-            lines.append(f"{indent}#pragma omp {par}{clause}{nowait}")
+            lines.append(f"{indent}#pragma omp {par}{clause}{nowait}{cond}")
         elif last and simd:
             lines.append(f"{indent}#pragma omp simd{clause}")
-        lines.append(f"{indent}for (int64_t {v} = 0; {v} < {int(n)}; {v}++) {{")
+        lines.append(f"{indent}for (int64_t {v} = 0; {v} < {_size_code(n)}; {v}++) {{")
         closes.insert(0, indent + "}")
         indent += "  "
     return lines, indent, closes
@@ -264,8 +266,16 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     ptrs.update({m.buf.name: m.target for m in group.members if m.dest})
     params = ", ".join(f"{'const ' if n not in writes else ''}{CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
                        for n in args)
-    total = group.numel * max(max((ir.prod(m.inner) for m in group.members), default=1), 1)
-    parallel = total >= PARALLEL_MIN
+    sizes = group_symbols(group)   # symbolic sizes the kernel takes as arguments, after the pointers
+    if sizes:
+        params += (", " if params else "") + ", ".join(f"int64_t {n}" for n in sizes)
+        args = args + sizes
+    widest = max((ir.prod(m.inner) for m in group.members), key=symbols.hint, default=1)
+    total = group.numel * max(widest, 1) if symbols.is_static(widest) else group.numel * widest
+    if symbols.is_static(total):
+        parallel, _PARALLEL_IF[0] = total >= PARALLEL_MIN, ""
+    else:   # whether to wake the thread team is decided at run time (OpenMP's if clause)
+        parallel, _PARALLEL_IF[0] = True, f" if({index_code(total, {})} >= {PARALLEL_MIN})"
     lines = [f"// fused fx nodes: {', '.join(group.origins())}",
              f"extern \"C\" void {group.name}({params}{', ' if params else ''}int64_t* __restrict__ err) {{"]
     ind = "  "
@@ -274,21 +284,25 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
         lines += _column_group(group, ptrs, parallel)
         lines.append("}")
         return _widen(lines), args
-    if group.numel > 1 and rows:  # per-thread row buffers, declared inside the parallel region
+    if not symbols.same(group.numel, 1) and rows:  # per-thread row buffers, declared inside the parallel region
         if parallel:
-            lines.append(ind + "#pragma omp parallel")
+            lines.append(ind + "#pragma omp parallel" + _PARALLEL_IF[0])
         lines.append(ind + "{")
         for m in group.members:
-            if m.buf.name in rows:
+            if m.buf.name in rows and symbols.is_static(rows[m.buf.name]):
                 lines.append(f"{ind}  alignas(64) {CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
+            elif m.buf.name in rows:   # a run-time width: on the heap, one per thread (the stack may not hold it)
+                t = CTYPE[m.buf.dtype]
+                lines.append(f"{ind}  {t}* __restrict__ {m.buf.name} = static_cast<{t}*>(__builtin_malloc(sizeof({t}) * "
+                             f"{index_code(rows[m.buf.name], {})}));  // row buffer")
         if parallel:
             lines.append(ind + "  #pragma omp for")
-        lines.append(f"{ind}  for (int64_t x0 = 0; x0 < {group.numel}; x0++) {{")
+        lines.append(f"{ind}  for (int64_t x0 = 0; x0 < {_size_code(group.numel)}; x0++) {{")
         ind += "    "
-    elif group.numel > 1:
+    elif not symbols.same(group.numel, 1):
         if parallel:
-            lines.append(ind + "#pragma omp parallel for")
-        lines.append(f"{ind}for (int64_t x0 = 0; x0 < {group.numel}; x0++) {{")
+            lines.append(ind + "#pragma omp parallel for" + _PARALLEL_IF[0])
+        lines.append(f"{ind}for (int64_t x0 = 0; x0 < {_size_code(group.numel)}; x0++) {{")
         ind += "  "
     else:
         lines.append(f"{ind}{{ const int64_t x0 = 0; (void)x0;")
@@ -297,7 +311,7 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     # with no barrier between blocks (nothing one block writes is read by another)
     team = group.numel == 1 and parallel and group.elementwise and len(group.members) > 1
     if team:
-        lines += [ind + "#pragma omp parallel", ind + "{"]
+        lines += [ind + "#pragma omp parallel" + _PARALLEL_IF[0], ind + "{"]
         ind += "  "
     scalars: dict = {}
     for block in _blocks(group.members):
@@ -308,8 +322,8 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
             lines += _pointwise_block(block, ptrs, scalars, ind, parallel and group.numel == 1, rows, team)
     if team:
         lines.append(ind[:-2] + "}")
-    if group.numel > 1 and rows:
-        lines += ["    }", "  }"]
+    if not symbols.same(group.numel, 1) and rows:
+        lines += ["    }"] + [f"    __builtin_free({n});" for n, w in rows.items() if not symbols.is_static(w)] + ["  }"]
     else:
         lines.append("  }")
     lines.append("}")
@@ -339,7 +353,7 @@ def columnwise(group: FusedGroup) -> bool:
     reduction with a large stride (no vectorization, a cache line per element: many times slower than the
     same reduction over inner dims); `_column_group` swaps the loops instead. Only groups of plain reductions
     (no argmax/argmin) and pointwise members of one element per row, without row buffers."""
-    if group.numel <= 1 or not any(m.is_reduction for m in group.members):
+    if not symbols.gt(group.numel, 1) or not any(m.is_reduction for m in group.members):
         return False
     contiguous_x0 = False
     for m in group.members:
@@ -398,16 +412,21 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
     """A column-wise group as blocks of up to COLUMN_BLOCK adjacent rows x0 (OpenMP-parallel over blocks); in a
     block each reduction keeps one accumulator per row in a local array and loops over its reduction range
     outside, the rows inside (`omp simd`: contiguous loads, one vector of accumulators per step)."""
-    n, blk = group.numel, min(COLUMN_BLOCK, group.numel)
+    # (a symbolic row count: block widths chosen at the example's, the last block cut at run time)
+    n = group.numel
+    blk = min(COLUMN_BLOCK, n if symbols.is_static(n) else symbols.hint(n))
     # threaded: 768 columns on 16 threads run as 16 blocks of 48, not 3 of 256 (not narrower than 16: the loop
     # over a block's columns would be one vector per reduction step)
     if parallel:  # as many blocks per thread for every thread (one per CPU), each at most COLUMN_BLOCK, 16 | width
         cpus = os.cpu_count() or 1
-        blocks = cpus * math.ceil(n / (cpus * COLUMN_BLOCK))
-        blk = min(blk, max(16, math.ceil(n / blocks / 16) * 16))
-        lines = ["  #pragma omp parallel for schedule(static)"]
+        hn = symbols.hint(n)
+        blocks = cpus * math.ceil(hn / (cpus * COLUMN_BLOCK))
+        blk = min(blk, max(16, math.ceil(hn / blocks / 16) * 16))
+        lines = ["  #pragma omp parallel for schedule(static)" + _PARALLEL_IF[0]]
     else:
         lines = []
+    if not symbols.is_static(n):   # (whole vectors of columns: the run-time count may be far above the example's)
+        blk = min(COLUMN_BLOCK, max(16, math.ceil(blk / 16) * 16))
     # rows indexed as x0 // C and x0 % C (a split reduction's partial results [S, C]): blocks of a width that
     # divides C, each index then `xq`-dependent (the block's, hoisted) plus xi (contiguous, vectorized)
     period, bodies = _row_period(group), {}
@@ -415,14 +434,16 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         ([period] if period and period < 16 else [])   # narrow: a block per part (one vector per step)
     if fits:
         blk = max((b for b in fits if b <= blk), default=fits[0])
-        ranges = {XI: blk, XQ: n // blk, **{v: k for m in group.members for v, k in zip(rvars(len(m.inner)), m.inner)}}
+        ranges = {XI: blk, XQ: n // blk if symbols.is_static(n) else ir.FloorDiv(n, blk), **{v: k for m in group.members for v, k in zip(rvars(len(m.inner)), m.inner)}}
         bodies = {id(m): ir.substitute(m.body, {X0: XQ * blk + XI}, ranges) for m in group.members}
         if any(isinstance(a, (ir.FloorDiv, ir.ModIndex)) and XI in a.free_symbols for off in _indices(
                 FusedGroup(n, [dataclasses.replace(m, body=bodies[id(m)]) for m in group.members]))
                for a in sympy.preorder_traversal(off)):
             bodies = {}   # (a division left in xi: the plain x0 form)
-    lines += [f"  for (int64_t xb = 0; xb < {n}; xb += {blk}) {{",   # (a constant trip count where blocks are whole)
-              f"    const int64_t xn = {blk};" if n % blk == 0 else f"    const int64_t xn = ember_imin({blk}, {n} - xb);"]
+    nc = _size_code(n)
+    whole = symbols.is_static(n) and n % blk == 0
+    lines += [f"  for (int64_t xb = 0; xb < {nc}; xb += {blk}) {{",   # (a constant trip count where blocks are whole)
+              f"    const int64_t xn = {blk};" if whole else f"    const int64_t xn = ember_imin({blk}, {nc} - xb);"]
     if bodies:
         lines.append(f"    const int64_t xq = xb / {blk}; (void)xq;")
     ind, scalars = "    ", {}
@@ -447,7 +468,7 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
             init = f"std::numeric_limits<{vt}>::{'lowest' if kind == 'max' else 'max'}()"
         nan = kind in ("max", "min") and fl
         flag = "int64_t" if m.body.dtype.itemsize == 8 else "int32_t"  # as wide as the value (see _member)
-        lines += [f"{ind}// {name}: {kind} reduction over {[int(s) for s in m.inner]}, column-wise",
+        lines += [f"{ind}// {name}: {kind} reduction over {list(symbols.ints(m.inner))}, column-wise",
                   f"{ind}alignas(64) {vt} {acc}[{blk}];", f"{ind}alignas(64) {t} {name}_v[{blk}];"]
         if nan:
             lines.append(f"{ind}alignas(64) {flag} {acc}_nan[{blk}];")
@@ -457,7 +478,8 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         # COLUMN_CHUNK of those into a second before the column's sum (one running sum per column drifted past
         # assert_close's tolerance on 512 rows; the row form sums in 16 vector lanes)
         nr, rs = ir.prod(m.inner), rvars(len(m.inner))
-        levels = 2 if kind == "sum" and fl and nr > COLUMN_CHUNK else 0
+        levels = 2 if kind == "sum" and fl and symbols.hint(nr) > COLUMN_CHUNK else 0
+        nr = _size_code(nr)
         head, rind, close = [], ind, []
         lo, span = "0", nr
         for lev in range(levels, 0, -1):
@@ -473,8 +495,9 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         close.insert(0, f"{rind}}}")
         rind += "  "
         for k, (r, st) in enumerate(zip(rs, ir.contiguous_strides(m.inner))):
-            e = "rf" if k == 0 else f"(rf % {int(st) * int(m.inner[k])})"
-            head.append(f"{rind}const int64_t {r} = {e} / {int(st)};" if int(st) != 1 else f"{rind}const int64_t {r} = {e};")
+            e = "rf" if k == 0 else f"(rf % {_size_code(st * m.inner[k])})"
+            head.append(f"{rind}const int64_t {r} = {e} / {_size_code(st)};" if not symbols.same(st, 1) else
+                        f"{rind}const int64_t {r} = {e};")
         b = Body(ptrs, scalars, rind + "  ", {})
         v = b.emit(body)
         a = f"{acc}_p1[xi]" if levels else f"{acc}[xi]"
@@ -543,7 +566,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     inner = m.inner or (sympy.Integer(1),)  # a loop of one keeps each member's temporaries in its own scope
     kind, vt = m.buf.kind, CTYPE[m.body.dtype]
     acc = f"{m.buf.name}_acc"
-    lines = [f"{ind}// {m.buf.name}: {kind} reduction over {[int(s) for s in m.inner]}"]
+    lines = [f"{ind}// {m.buf.name}: {kind} reduction over {list(symbols.ints(m.inner))}"]
     if kind in REDUCE_INIT:
         lines.append(f"{ind}{vt} {acc} = {REDUCE_INIT[kind]};")
     elif kind in ("max", "min", "argmax", "argmin"):
@@ -597,11 +620,38 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     return lines
 
 
+def _size_code(n) -> str:
+    """A loop bound: a static size as it always printed, a symbolic one as C over the kernel's size arguments."""
+    return str(int(n)) if symbols.is_static(n) else index_code(n, {})
+
+
+_PARALLEL_IF = [""]   # the OpenMP if clause of the kernel being printed (run-time work size), "" when static
+
+
+def group_symbols(group: FusedGroup) -> list[str]:
+    """Names of the size symbols a group's code uses (sorted): its kernel's int64 arguments."""
+    if not symbols.HINTS:   # a static graph
+        return []
+    found = set(symbols.free_symbols(group.numel))
+    for m in group.members:
+        for e in (*m.inner, m.store):
+            found |= symbols.free_symbols(e)
+        if m.body is not None:
+            for x in m.body.walk():
+                if x.op == "load":
+                    found |= symbols.free_symbols(x.args[1])
+                elif x.op == "index":
+                    found |= symbols.free_symbols(x.args[0])
+                elif x.op == "const" and isinstance(x.args[0], sympy.Basic):
+                    found |= symbols.free_symbols(x.args[0])
+    return sorted(str(s) for s in found)
+
+
 def generate(sched: Schedule) -> tuple[str, list]:
     """The C++ file of a schedule, and per group (function name, argument buffer names, checks indices)."""
     parts, kernels = [PRELUDE], []
     for it in sched.items:
-        if isinstance(it, FusedGroup) and it.numel > 0:
+        if isinstance(it, FusedGroup) and (not symbols.is_static(it.numel) or it.numel > 0):
             src, args = kernel_source(it, sched)
             parts.append(src)
             kernels.append((it.name, args, "ember_index(" in src))

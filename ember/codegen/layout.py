@@ -15,7 +15,7 @@ import sympy
 import torch
 
 from ember import ir
-from ember.ir import FloorDiv, ModIndex, TensorBox
+from ember.ir import FloorDiv, ModIndex, TensorBox, symbols
 
 CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten._convolution.default)
 aten = torch.ops.aten
@@ -55,7 +55,9 @@ def value_key(x: TensorBox, stride: tuple) -> tuple | None:
     """What a dense buffer of `stride` holding x would store at each storage offset (x's value Expr at the index
     an offset `flat` stands for, each dimension's index `flat // stride % size`), its dtype and size in elements:
     equal keys, equal storage, whatever the sizes and strides (a matrix, and its transpose stored transposed).
-    None for a layout with gaps or overlaps, and for an empty one."""
+    None for a layout with gaps or overlaps, for an empty one, and for symbolic sizes."""
+    if not all(symbols.is_static(n) for n in (*x.size, *stride)):
+        return None
     size = [int(n) for n in x.size]
     stride = [int(n) for n in stride]
     if 0 in size:
@@ -74,17 +76,32 @@ def value_key(x: TensorBox, stride: tuple) -> tuple | None:
 def same_strides(size, a, b) -> bool:
     """Whether strides a and b lay out a tensor of `size` alike: a dim of size 1 has no step, so its stride does
     not matter (a 1x1 convolution's weight is channels-last as it is, with no copy)."""
-    return all(int(x) == int(y) for n, x, y in zip(size, a, b) if int(n) != 1)
+    return all(symbols.same(x, y) for n, x, y in zip(size, a, b) if not symbols.same(n, 1))
 
 
 def is_dense(v) -> bool:
     """Whether v's strides describe a non-overlapping, dense layout (then outputs use eager's strides)."""
-    if not isinstance(v, torch.Tensor) or v.numel() == 0:
+    if not isinstance(v, torch.Tensor):
         return False
-    pairs = sorted((s, n) for s, n in zip(v.stride(), v.shape) if n != 1)
+    if not symbols.HINTS or not symbols.has_symbols(v):   # (HINTS: a symbolic graph is being lowered)
+        if v.numel() == 0:
+            return False
+        pairs = sorted((s, n) for s, n in zip(v.stride(), v.shape) if n != 1)
+        expected = 1
+        for s, n in pairs:
+            if s != expected:
+                return False
+            expected *= n
+        return True
+    shape, stride = symbols.sym_sizes(v.shape), symbols.sym_sizes(v.stride())
+    if any(symbols.same(n, 0) for n in shape):
+        return False
+    # (symbolic strides ordered by the example's values; each step is then checked at every size)
+    pairs = sorted(((s, n) for s, n in zip(stride, shape) if not symbols.same(n, 1)),
+                   key=lambda p: (symbols.hint(p[0]), symbols.hint(p[1])))
     expected = 1
     for s, n in pairs:
-        if s != expected:
+        if not symbols.same(s, expected):
             return False
-        expected *= n
+        expected = expected * n
     return True

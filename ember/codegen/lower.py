@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 from ember import config
 from ember.errors import CannotLower
 from ember import ir
-from ember.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, TensorArg, TensorBox
+from ember.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, TensorArg, TensorBox, symbols
 from ember.codegen.cat_chains import lower_cat, plan_cat_chains
 from ember.codegen.layout import CONVOLUTIONS, channels_last_strides, is_dense, same_strides, value_key, \
     wants_channels_last
@@ -68,6 +68,7 @@ class LoweredGraph:
     outputs: list  # per graph output: TensorArg (a view of a buffer) or a python constant
     fallbacks: list[str]
     constants: dict = dataclasses.field(default_factory=dict)  # buffer name -> tensor held by the graph (get_attr)
+    symbols: dict = dataclasses.field(default_factory=dict)  # placeholder position -> its size symbol (sympy)
 
 
 class Graph:
@@ -87,6 +88,7 @@ class Graph:
         self.cat_views: dict = {}  # cat node of a chain -> its lowered box
         self.fallbacks: list[str] = []
         self.extern_inputs: dict = {}  # value_key -> a buffer made for a library call's argument (realize(share))
+        self.symbolic = is_symbolic(gm)  # sizes are sympy expressions over the ShapeEnv's symbols (dynamic.md)
 
     @contextlib.contextmanager
     def lowering_as(self, val):
@@ -101,7 +103,8 @@ class Graph:
     def keeps_row(self, x: TensorBox, dim: int) -> bool:
         """Whether a row of x along dim, stored by the node being lowered, stays in the C++ scheduler's per-thread
         row buffer (schedule.SCRATCH_BYTES): a CPU value's innermost dim, the row at most half the buffer."""
-        row = int(x.size[-1]) * ir.itemsize(x.dtype) if x.ndim else 0
+        # (a run-time width: as at the example's; the kernel allocates its row buffer for the call's width)
+        row = symbols.hint(x.size[-1]) * ir.itemsize(x.dtype) if x.ndim else 0
         return self.val.device.type == "cpu" and dim % x.ndim == x.ndim - 1 and row <= SCRATCH_BYTES // 2
 
     def new_name(self) -> str:
@@ -172,7 +175,7 @@ class Graph:
         """x as eager lays it out (its `eager_stride`, else contiguous) when it is a window onto a
         channels-last buffer: for ATen calls and graph outputs."""
         want = getattr(x, "eager_stride", None)
-        if x.strided is None or x.strided[0].name not in self.cl or tuple(int(s) for s in x.strided[1]) == want:
+        if x.strided is None or x.strided[0].name not in self.cl or symbols.ints(x.strided[1]) == want:
             return x
         return self.realize(TensorBox(x.size, x.dtype, x.loader),
                             stride=want if want is not None else ir.contiguous_strides(x.size))
@@ -206,7 +209,7 @@ class Graph:
                 x = self.realize(x, share=True)
                 buf, stride, offset = x.strided
                 reads.append(buf.name)
-                return TensorArg(buf.name, tuple(int(s) for s in x.size), tuple(int(s) for s in stride), int(offset))
+                return TensorArg(buf.name, symbols.ints(x.size), symbols.ints(stride), symbols.ints((offset,))[0])
             return x
         args, kwargs = pytree.tree_map(arg, (args, kwargs), is_leaf=lambda x: isinstance(x, TensorBox))
         val = self.val
@@ -220,10 +223,11 @@ class Graph:
             if v is None:
                 outs.append(None)
                 continue
+            shape = symbols.sym_sizes(v.shape) if self.symbolic else tuple(v.shape)
             stride = out_stride if out_stride is not None else \
-                channels_last_strides(v.shape) if conv_cl else tuple(v.stride())
+                channels_last_strides(shape) if conv_cl else symbols.sym_sizes(v.stride())
             b = Buffer(f"{call.name}_{i}" if len(leaves) > 1 or spec.num_leaves != 1 or not isinstance(val, torch.Tensor)
-                       else call.name, tuple(v.shape), tuple(int(s) for s in stride), v.dtype, 0)  # offsets from data_ptr()
+                       else call.name, shape, symbols.ints(stride), v.dtype, 0)  # offsets from data_ptr()
             self._note_layout(b)
             if out_stride is not None and len(b.size) == 4 and int(b.stride[1]) == 1:
                 self.cl.add(b.name)  # channels innermost, not dense: a window onto a wider channels-last buffer
@@ -251,11 +255,18 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") -
 def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") -> LoweredGraph:
 
     ir.reset_interning()
+    symbols.HINTS.clear()
     g = Graph(gm, target)
+    shape_env = None
+    if g.symbolic:
+        shape_env = shape_env_of(gm)
+        symbols.HINTS.update(hints_of(shape_env))
+        guards_before = len(shape_env.guards)
     ir.GRAPH = g
     env: dict = {}
     inputs = []
     constants: dict = {}
+    symbol_inputs: dict = {}
     users = {n: len(n.users) for n in gm.graph.nodes}
     stored = stores_whole(gm)
     fusions = plan_conv_fusions(gm, g.channels_last)
@@ -270,9 +281,17 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 idx = len(inputs)
                 v = example_inputs[idx] if v is None and idx < len(example_inputs) else v
                 if isinstance(v, torch.Tensor):
-                    buf = g.add(InputBuffer(f"arg{idx}", tuple(v.shape), tuple(v.stride()), v.dtype, 0))
+                    buf = g.add(InputBuffer(f"arg{idx}", symbols.sym_sizes(v.shape) if g.symbolic else tuple(v.shape),
+                                            symbols.ints(symbols.sym_sizes(v.stride())) if g.symbolic else tuple(v.stride()),
+                                            v.dtype, 0))
                     env[node] = TensorBox.of_buffer(buf)
                     inputs.append(buf)
+                elif g.symbolic and isinstance(v, torch.SymInt):
+                    sym = symbols.sym_expr(v)
+                    if not sym.is_Symbol:
+                        raise CannotLower(f"size input {node.name} is {sym}, not a symbol")
+                    symbol_inputs[idx] = env[node] = sym
+                    inputs.append(None)
                 else:
                     raise CannotLower(f"non-tensor graph input {node.name}")
             elif node.op == "get_attr":
@@ -286,6 +305,8 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 buf = g.add(InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0))
                 constants[name] = t
                 env[node] = TensorBox.of_buffer(buf)
+            elif node.op == "call_function" and g.symbolic and isinstance(node.meta.get("val"), torch.SymInt):
+                env[node] = symbols.sym_expr(node.meta["val"])   # a size computed from the symbols (s0 * 4)
             elif node.op == "call_function":
                 if node in fused_away:  # computed by a fused convolution or linear at its chain's end
                     env[node] = None
@@ -349,7 +370,10 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 for b, v in zip(pytree.tree_leaves(out), pytree.tree_leaves(g.val)):
                     if isinstance(b, TensorBox):
                         b.origin_names = g.origins
-                        if is_dense(v) and b.size and any(s != 1 for s in v.shape):
+                        if g.symbolic:
+                            if is_dense(v) and b.size and any(not symbols.same(s, 1) for s in symbols.sym_sizes(v.shape)):
+                                b.eager_stride = symbols.ints(symbols.sym_sizes(v.stride()))
+                        elif is_dense(v) and b.size and any(s != 1 for s in v.shape):
                             b.eager_stride = tuple(v.stride())
                 if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and (
                         out.cost() > 3 or stored.get(node, 0) > 1):
@@ -371,7 +395,8 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                     v = env[a] if isinstance(a, torch.fx.Node) else a
                     if isinstance(v, TensorBox):
                         val = a.meta.get("val")
-                        stride = val.stride() if is_dense(val) else None
+                        stride = (symbols.ints(symbols.sym_sizes(val.stride())) if g.symbolic else val.stride()) \
+                            if is_dense(val) else None
                         if v.strided is not None and v.strided[0].name in g.cl and (  # eager's layout back
                                 stride is None or tuple(int(s) for s in v.strided[1]) != tuple(stride)):
                             g.origins = getattr(v, "origin_names", ())
@@ -381,10 +406,16 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                             g.origins = getattr(v, "origin_names", ())
                             v = g.realize(v, stride=stride)
                         buf, st, off = v.strided
-                        v = TensorArg(buf.name, tuple(int(s) for s in v.size), tuple(int(s) for s in st), int(off))
+                        v = TensorArg(buf.name, symbols.ints(v.size), symbols.ints(st), symbols.ints((off,))[0])
+                    elif isinstance(v, sympy.Basic):
+                        v = symbols.ints((v,))[0]
                     outs.append(v)
                 out_spec = pytree.tree_flatten(node.args[0])[1]
-                return LoweredGraph(inputs, g.buffers, outs, g.fallbacks, constants), out_spec, g
+                if g.symbolic and len(shape_env.guards) != guards_before:
+                    # the lowering took a decision on a symbol's value (int() of a SymInt): its code would be wrong
+                    # at other sizes
+                    raise CannotLower(f"lowering specialized a symbolic size ({shape_env.guards[guards_before].expr})")
+                return LoweredGraph(inputs, g.buffers, outs, g.fallbacks, constants, symbol_inputs), out_spec, g
             else:
                 raise CannotLower(f"fx node kind {node.op} ({node.name})")
     finally:
@@ -418,7 +449,36 @@ def _check(out, val, node):
         raise CannotLower(f"decomposition of {node.target} gave {len(outs)} outputs, expected {len(vals)}")
     for o, v in zip(outs, vals):
         if isinstance(o, TensorBox):
-            if not isinstance(v, torch.Tensor) or tuple(int(s) for s in o.size) != tuple(v.shape) or o.dtype != v.dtype:
+            if not isinstance(v, torch.Tensor) or o.dtype != v.dtype or (
+                    tuple(int(s) for s in o.size) != tuple(v.shape) if not symbols.HINTS or not symbols.has_symbols(v) else
+                    len(o.size) != len(v.shape) or not all(symbols.same(a, b) for a, b in
+                                                           zip(o.size, symbols.sym_sizes(v.shape)))):
                 raise CannotLower(f"decomposition of {node.target} at {node.name} gave {list(o.size)} {o.dtype}, "
                                   f"expected {getattr(v, 'shape', v)} {getattr(v, 'dtype', '')}")
     return out
+
+
+def is_symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph has symbolic sizes (docs/dynamic.md): a SymInt placeholder or a tensor input with a
+    symbolic size or stride."""
+    return any(n.op == "placeholder" and symbols.has_symbols(n.meta.get("val")) for n in gm.graph.nodes)
+
+
+def shape_env_of(gm: torch.fx.GraphModule):
+    for n in gm.graph.nodes:
+        v = n.meta.get("val") if n.op == "placeholder" else None
+        if isinstance(v, torch.SymInt):
+            return v.node.shape_env
+        if isinstance(v, torch.Tensor) and symbols.has_symbols(v):
+            for x in (*v.shape, *v.stride()):
+                if isinstance(x, torch.SymInt):
+                    return x.node.shape_env
+    raise CannotLower("symbolic graph without a ShapeEnv")
+
+
+def hints_of(shape_env) -> dict:
+    """{symbol: the example's value}: what heuristics choose by (ShapeEnv.backed_var_to_val, var_to_val before)."""
+    vals = getattr(shape_env, "backed_var_to_val", None)
+    if vals is None:
+        vals = shape_env.var_to_val
+    return {k: int(v) for k, v in vals.items() if getattr(v, "is_Integer", isinstance(v, int))}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ember import config
-from ember.ir import TensorBox
+from ember.ir import TensorBox, symbols
 from ember.codegen.layout import CONVOLUTIONS
 
 if TYPE_CHECKING:
@@ -176,18 +176,20 @@ def cpu_matmul(g: "Graph", a: TensorBox, b: TensorBox, bias: TensorBox | None = 
     v = g.val
     if not isinstance(v, torch.Tensor) or a.ndim != 2 or b.ndim != 2:
         return None
-    m, k, n = (int(s) for s in (a.size[0], a.size[1], b.size[1]))
+    # (symbolic sizes: whether oneDNN is worth it by the example's; its call is right at every size)
+    m, k, n = (symbols.hint(s) for s in (a.size[0], a.size[1], b.size[1]))
     if not _onednn_product(m, k, n, (a.dtype, b.dtype, v.dtype), v.device.type):
         return None
     from ember.decomp import prims as P
+    k = symbols.ints((a.size[1],))[0]
     w = P.permute(b, [1, 0])
-    if w.strided is None or tuple(int(s) for s in w.strided[1]) != (k, 1):
+    if w.strided is None or symbols.ints(w.strided[1]) != (k, 1):
         if not any_weight:
             return None
         w = g.realize(TensorBox(w.size, w.dtype, w.loader), stride=(k, 1))
-    if a.strided is None or tuple(int(s) for s in a.strided[1]) != (k, 1):
+    if a.strided is None or symbols.ints(a.strided[1]) != (k, 1):
         a = g.realize(TensorBox(a.size, a.dtype, a.loader), stride=(k, 1))
-    if bias is not None and (bias.strided is None or tuple(int(s) for s in bias.strided[1]) != (1,)):
+    if bias is not None and (bias.strided is None or symbols.ints(bias.strided[1]) != (1,)):
         bias = g.realize(TensorBox(bias.size, bias.dtype, bias.loader), stride=(1,))
     return g.extern(_LINEAR.default, (a, w, bias, *post_op), {}, fallback=False)
 

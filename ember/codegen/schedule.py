@@ -26,7 +26,7 @@ import sympy
 import torch
 
 from ember import ir
-from ember.ir import Expr, ExternBuffer, Pointwise, Reduction, TensorArg
+from ember.ir import Expr, ExternBuffer, Pointwise, Reduction, TensorArg, symbols
 from ember.tools import collector
 
 X0 = sympy.Symbol("x0", integer=True, nonnegative=True)
@@ -130,12 +130,14 @@ def loop_view(buf) -> LoopView:
         return view
     size, stride = tuple(buf.size), tuple(buf.stride)
     view = LoopView(size, stride, buf.fn)
-    if stride != ir.contiguous_strides(size) and all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in (*size, *stride)):
-        # size-1 dims outermost (their stride is meaningless), then by decreasing stride (stable)
-        perm = sorted(range(len(size)), key=lambda d: (size[d] != 1, -int(stride[d])))
+    static = all(isinstance(s, int) or getattr(s, "is_Integer", False) for s in (*size, *stride))
+    if stride != ir.contiguous_strides(size) and (static or symbols.HINTS):
+        # size-1 dims outermost (their stride is meaningless), then by decreasing stride (stable; symbolic strides
+        # ordered by the example's values, the order then checked to be dense at every size)
+        perm = sorted(range(len(size)), key=lambda d: (size[d] != 1, -symbols.hint(stride[d])))
         psize, pstride = tuple(size[p] for p in perm), tuple(stride[p] for p in perm)
         if perm != list(range(len(size))) and all(
-                int(a) == int(b) for a, b, n in zip(pstride, ir.contiguous_strides(psize), psize) if n != 1):
+                symbols.same(a, b) for a, b, n in zip(pstride, ir.contiguous_strides(psize), psize) if n != 1):
             def unperm(idx):
                 out = [None] * len(perm)
                 for k, p in enumerate(perm):
@@ -167,7 +169,7 @@ def make_member(buf, numel: int, across: bool = False) -> Member | None:
         return Member(buf, (), None, 0, set()) if numel == 0 else None
     view = loop_view(buf)
     if across:
-        dims = [d for d in range(1, len(view.size)) if view.size[d] == numel and ir.prod(view.size[:d]) > 1]
+        dims = [d for d in range(1, len(view.size)) if view.size[d] == numel and symbols.gt(ir.prod(view.size[:d]), 1)]
         if isinstance(buf, Reduction) or not dims:
             return None
         d = dims[0]
@@ -195,7 +197,7 @@ def make_member(buf, numel: int, across: bool = False) -> Member | None:
                 break
         else:
             return None
-    ranges = {X0: max(numel, 1), **{r: s for r, s in zip(rvars(len(inner)), inner)}}
+    ranges = {X0: max(numel, 1) if symbols.is_static(numel) else numel, **{r: s for r, s in zip(rvars(len(inner)), inner)}}
     oidx = [ir.simplify_index(i, ranges) for i in _outer_index(outer, X0)]
     r = rvars(len(inner))
     if isinstance(buf, Reduction):
@@ -245,7 +247,7 @@ def merged_dims(buf: Pointwise) -> list[list[int]]:
                 if f in idx_set:
                     rest = sympy.Mul(*factors[:k], *factors[k + 1:])
                     have = lin.get(f, 0)
-                    lin[f] = None if have is None or not rest.is_number else have + rest
+                    lin[f] = None if have is None or not _is_size(rest) else have + rest
         coeffs.append(lin)
     groups = [[0]] if n else []
     for d in range(1, n):
@@ -259,6 +261,11 @@ def merged_dims(buf: Pointwise) -> list[list[int]]:
             groups.append([d])
     buf._merged = groups
     return groups
+
+
+def _is_size(c) -> bool:
+    """A number, or an expression of the size symbols (a symbolic stride)."""
+    return c.is_number or bool(symbols.HINTS) and c.free_symbols <= symbols.HINTS.keys()
 
 
 def _simplify_loads(e: Expr, ranges) -> Expr:
@@ -286,7 +293,7 @@ def _row_local(m: Member, producer: Member, numel: int) -> bool:
             if X0 in rest.free_symbols or any(isinstance(s, ir.IndirectSymbol) for s in rest.free_symbols):
                 return False
             b = ir.bounds(rest, ranges)
-            if b is None or b[0] < 0 or b[1] >= width:
+            if b is None or not symbols.is_nonnegative(b[0]) or not symbols.is_positive(width - b[1]):
                 return False
     return True
 
@@ -309,7 +316,7 @@ def _default_rows(buf) -> int:
     size = [ir.prod(full[d] for d in g) for g in merged_dims(buf)]
     if len(size) <= 1:
         return 1
-    if size[-1] >= 16:
+    if symbols.hint(size[-1]) >= 16:
         return ir.prod(size[:-1])
     return ir.prod(full[:-1])
 
@@ -328,7 +335,7 @@ def schedule(lowered, row_buffers: bool = False, mutations: list | None = None, 
 
 
 def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool = False) -> Schedule:
-    buffers = {b.name: b for b in lowered.inputs}
+    buffers = {b.name: b for b in lowered.inputs if b is not None}
     for name, t in lowered.constants.items():
         buffers[name] = ir.InputBuffer(name, tuple(t.shape), tuple(t.stride()), t.dtype, 0)
     for b in lowered.buffers:
@@ -391,13 +398,13 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool =
             if not isinstance(g, FusedGroup):
                 continue
             m = member(b, g.numel)
-            if m is None and across and isinstance(b, Pointwise) and g.numel > 1 and \
+            if m is None and across and isinstance(b, Pointwise) and symbols.gt(g.numel, 1) and \
                     any(where.get(r) == j for r in bodies[b.name].reads):
                 # only as an epilogue of the group's reductions, over rows as long as theirs (not a split
                 # reduction's last step) and short enough to stay in registers
                 m = member(b, g.numel, across=True)
                 widths = {ir.prod(mm.inner) for mm in g.members if mm.is_reduction}
-                if m is not None and (ir.prod(m.inner) not in widths or ir.prod(m.inner) > ACROSS_MAX_R):
+                if m is not None and (ir.prod(m.inner) not in widths or symbols.hint(ir.prod(m.inner)) > ACROSS_MAX_R):
                     m = None
             if m is None:
                 continue
@@ -412,7 +419,7 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool =
             placed = True
             break
         if not placed:   # a group of its own; a flat one (one row) takes its reader's row count if b fits it
-            m = member(b, rows) if rows is not None and rows > 1 and _default_rows(b) == 1 else None
+            m = member(b, rows) if rows is not None and symbols.gt(rows, 1) and _default_rows(b) == 1 else None
             numel = rows if m is not None else _default_rows(b)
             m = m or bodies[b.name]
             items.append(FusedGroup(numel, [m]))
@@ -448,9 +455,10 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool =
                     continue
                 if m.is_reduction:
                     m.local = True
-                elif row_buffers and it.numel > 1 and _row_contiguous(m):
+                elif row_buffers and symbols.gt(it.numel, 1) and _row_contiguous(m):
                     # a row read only by later members of its group: a per-thread row buffer (stays in cache)
-                    size = ir.prod(m.inner) * ir.itemsize(m.buf.dtype)
+                    # (a run-time width: kept by the example's width, in a buffer the kernel allocates per thread)
+                    size = symbols.hint(ir.prod(m.inner)) * ir.itemsize(m.buf.dtype)
                     if scratch + size <= SCRATCH_BYTES:
                         m.local, scratch = True, scratch + size
     sched = Schedule(items, lowered, buffers)

@@ -16,11 +16,12 @@ import math
 import threading
 from typing import Callable
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 
 from ember import config
-from ember.ir import ExternBuffer, TensorArg
+from ember.ir import ExternBuffer, TensorArg, symbols
 from ember.codegen.schedule import FusedGroup, Schedule, lifetimes
 from ember.runtime import native_guards
 
@@ -40,7 +41,8 @@ _data_ptr = torch.Tensor.data_ptr
 
 def _overlapping(size, stride) -> bool:
     """Whether a layout has elements sharing memory (an expanded dim: stride 0 over more than one element)."""
-    dims = sorted((abs(int(st)), int(n)) for n, st in zip(size, stride) if int(n) > 1)
+    # (symbolic sizes at the example's values: an expanded dim's stride is 0 at every size)
+    dims = sorted((abs(symbols.hint(st)), symbols.hint(n)) for n, st in zip(size, stride) if symbols.hint(n) > 1)
     reach = 0   # one past the furthest offset the dims before reach
     for st, n in dims:
         if st <= reach:
@@ -71,7 +73,9 @@ class _LoggedFallback:
 
     def why(self, args: list) -> str:
         for i, (b, a) in enumerate(zip(self.inputs, args)):
-            want = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype)
+            if b is None:   # a size
+                continue
+            want = (symbols.ints(b.size), symbols.ints(b.stride), b.dtype)
             if not isinstance(a, torch.Tensor):
                 return f"input {i} ({b.name}) is a {type(a).__name__}, compiled for a tensor"
             got = (tuple(a.shape), a.stride(), a.dtype)
@@ -138,8 +142,18 @@ class _Overlap:
 
 
 def buffer_layout(b) -> tuple:
-    """(size, stride, dtype) of a buffer: what a dead buffer must match to be reused."""
-    return tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), b.dtype
+    """(size, stride, dtype) of a buffer: what a dead buffer must match to be reused (symbolic sizes: equal at
+    every size)."""
+    return symbols.ints(b.size), symbols.ints(b.stride), b.dtype
+
+
+def tuple_code(xs) -> str:
+    """Python for a tuple of sizes: a static one as its repr (as it always printed), symbolic ones over the symbols'
+    names (the host program's locals)."""
+    xs = symbols.ints(xs)
+    if all(isinstance(x, int) for x in xs):
+        return repr(xs)
+    return "(" + ", ".join(symbols.python_code(x) for x in xs) + ("," if len(xs) == 1 else "") + ")"
 
 
 def _extent(b) -> int:
@@ -195,16 +209,24 @@ class Wrapper:
         if v is None or isinstance(v, (bool, str)) or (isinstance(v, int)) or \
                 (isinstance(v, float) and math.isfinite(v)):
             return repr(v)
+        if isinstance(v, sympy.Basic) and v.is_integer:   # a size computed from the symbols
+            return symbols.python_code(v)
         name = f"_c{len(self.globals)}"
         self.globals[name] = v
         return name
 
     def tensor(self, a: TensorArg) -> str:
         buf = self.sched.buffers[a.buffer]
-        if tuple(a.size) == tuple(int(s) for s in buf.size) and tuple(a.stride) == tuple(int(s) for s in buf.stride) \
-                and a.offset == int(buf.offset):
+        if not symbols.HINTS:   # a static graph
+            same = tuple(a.size) == tuple(int(s) for s in buf.size) and \
+                tuple(a.stride) == tuple(int(s) for s in buf.stride) and a.offset == int(buf.offset)
+        else:
+            same = len(a.size) == len(buf.size) and all(symbols.same(x, y) for x, y in zip(
+                (*a.size, *a.stride, a.offset), (*buf.size, *buf.stride, buf.offset)))
+        if same:
             return a.buffer
-        return f"{a.buffer}.as_strided({a.size}, {a.stride}, {a.buffer}.storage_offset() + {a.offset})"
+        return f"{a.buffer}.as_strided({tuple_code(a.size)}, {tuple_code(a.stride)}, {a.buffer}.storage_offset() + " \
+            f"{symbols.python_code(a.offset)})"
 
     def arg(self, a) -> str:
         if isinstance(a, TensorArg):
@@ -255,18 +277,20 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     w.globals.update(low.constants)  # tensors the graph holds (get_attr): bound by name
     L = w.lines
     L.append("def call(args):")
-    names = [b.name for b in low.inputs]
+    names = [b.name if b is not None else str(low.symbols[i]) for i, b in enumerate(low.inputs)]
     if names:
         L.append(f"    {', '.join(names)}, = args")
+    L += [f"    {line}" for line in _derived_sizes(low)]
     # An input with the compiled shape and dtype but other strides is copied into the compiled layout: a
     # backward's saved tensor may come out of the compiled forward dense where the trace saw a view, and
     # running eagerly on every call would be the price otherwise. Not for inputs written in place or returned.
     kept_layout = set(sched.inplace.values()) | {o.buffer for o in low.outputs if isinstance(o, TensorArg)}
-    restrided = [b for b in low.inputs if b.name not in kept_layout] if check_inputs else []
-    checks = [f"not isinstance({b.name}, _Tensor) or {b.name}.shape != {tuple(int(s) for s in b.size)} or "
+    tensors = [b for b in low.inputs if b is not None]
+    restrided = [b for b in tensors if b.name not in kept_layout] if check_inputs else []
+    checks = [f"not isinstance({b.name}, _Tensor) or {b.name}.shape != {tuple_code(b.size)} or "
               f"{b.name}.dtype != {w.const(b.dtype)}" +
-              (f" or {b.name}.stride() != {tuple(int(s) for s in b.stride)}" if b.name in kept_layout else "")
-              for b in low.inputs] if check_inputs else []
+              (f" or {b.name}.stride() != {tuple_code(b.stride)}" if b.name in kept_layout else "")
+              for b in tensors] if check_inputs else []
     if sched.inplace:
         # an input written in place must not share memory with another input (then the kernels would read
         # values already overwritten): such a call runs the functional graph, whose results are copied back
@@ -278,8 +302,8 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
         L.append(f"    if {' or '.join(checks)}:")
         L.append("        return _fallback(args)")
     for b in restrided:
-        stride = tuple(int(s) for s in b.stride)
-        if _overlapping(b.size, stride):
+        stride = tuple_code(b.stride)
+        if _overlapping(b.size, b.stride):
             # compiled for an expanded input (elements sharing memory): a tensor of another layout cannot be
             # copied into that one, and its values need not repeat as the compiled code assumes
             L.append(f"    if {b.name}.stride() != {stride}: return _fallback(args)")
@@ -311,7 +335,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
             body.append(f"{indent}{b.name} = _S[{len(slots)}]")
             slots.append(key)
         else:
-            body.append(f"{indent}{b.name} = _empty({key[0]}, {key[1]}, dtype={w.const(b.dtype)})")
+            body.append(f"{indent}{b.name} = _empty({tuple_code(key[0])}, {tuple_code(key[1])}, dtype={w.const(b.dtype)})")
         ours.add(b.name)
 
     for j, it in enumerate(sched.items):
@@ -335,7 +359,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
                     body.append(f"    {b.name} = {m.dest}  # updated in place")
                     continue
                 alloc(b)
-            if it.numel > 0:
+            if not symbols.is_static(it.numel) or it.numel > 0:
                 body.append(f"    {kernel_call(it)}")
             if released:   # the name would keep the memory from the allocator after the result dies
                 body.append(f"    del {', '.join(released)}")
@@ -367,8 +391,8 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
                         continue
                     if o.name != it.name:
                         body.append(f"    {o.name} = {it.name}[{i}]")
-                    body.append(f"    if {o.name} is not None and {o.name}.stride() != {tuple(int(s) for s in o.stride)}: "
-                                f"{o.name} = _restride({o.name}, {tuple(int(s) for s in o.stride)})")
+                    body.append(f"    if {o.name} is not None and {o.name}.stride() != {tuple_code(o.stride)}: "
+                                f"{o.name} = _restride({o.name}, {tuple_code(o.stride)})")
                     library.add(o.name)
                     if it.target in CONV_RESULTS and len(it.outputs) == 1:
                         conv_results.add(o.name)
@@ -387,7 +411,29 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
             body.append(f"    del {', '.join(dead)}")
     outs = [w.arg(o) if isinstance(o, TensorArg) else w.const(o) for o in low.outputs]
     body.append(f"    return [{', '.join(outs)}]")
-    if slots:
+    sizes = sorted({str(x) for key in slots for x in (*key[0], *key[1]) if not isinstance(x, int)
+                    for x in symbols.free_symbols(x)})
+    if slots and sizes:
+        # symbolic sizes: the kept set serves the sizes of the call that made it; a call of other sizes makes a new
+        # one (kept in its place)
+        make = ["def _new_slots(" + ", ".join(sizes) + "):", "    return ["] + \
+            [f"        _empty({tuple_code(size)}, {tuple_code(stride)}, dtype={w.const(dtype)})," for size, stride, dtype in slots] + \
+            ["    ]"]
+        exec(compile("\n".join(make) + "\n", "<ember wrapper slots>", "exec"), w.globals)
+        key = "(" + ", ".join(sizes) + ",)"
+        w.globals.update(_slots=[None, None], _lock=threading.Lock())
+        L += ["    _mine = _lock.acquire(False)",
+              "    try:",
+              f"        _k = {key}",
+              "        if _mine and _slots[0] == _k:",
+              "            _S = _slots[1]",
+              "        else:",
+              f"            _S = _new_slots({', '.join(sizes)})",
+              "            if _mine:",
+              "                _slots[:] = [_k, _S]"]
+        L += ["    " + line for line in body]
+        L += ["    finally:", "        if _mine:", "            _lock.release()"]
+    elif slots:
         # one set of kept buffers, used by one call at a time (the C++ kernels release the GIL); a call that
         # finds it taken gets a private set
         w.globals.update(_slots=[], _lock=threading.Lock(), _new_slots=lambda: [
@@ -408,3 +454,18 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     call.source = src
     call.namespace = ns
     return call
+
+
+def _derived_sizes(low) -> list[str]:
+    """Python binding each size symbol the code uses but no input passes (docs/dynamic.md passes every free symbol;
+    a graph may also take a symbol only in a tensor's size) to that tensor's size."""
+    given = {str(v) for v in low.symbols.values()}
+    out = []
+    for b in low.inputs:
+        if b is None:
+            continue
+        for d, n in enumerate(b.size):
+            if not isinstance(n, int) and getattr(n, "is_Symbol", False) and str(n) not in given:
+                out.append(f"{n} = {b.name}.shape[{d}]")
+                given.add(str(n))
+    return out

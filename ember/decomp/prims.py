@@ -21,7 +21,7 @@ import sympy
 import torch
 
 from ember import ir
-from ember.ir import Expr, FloorDiv, IndirectSymbol, ModIndex, TensorBox
+from ember.ir import Expr, FloorDiv, IndirectSymbol, ModIndex, TensorBox, symbols
 
 # name -> arity. The meaning of each name is fixed here; backends map names to their language.
 POINTWISE = {
@@ -45,6 +45,10 @@ Like = TensorBox | int | float | bool
 
 # ------------------------------------------------------------------------------------------------ pointwise
 def const(value, dtype: torch.dtype, size: Sequence = ()) -> TensorBox:
+    if isinstance(value, sympy.Basic) and not value.is_Number:   # a symbolic size (a mean's count): a run-time value
+        e = Expr("index", (value,), torch.int64)
+        e = e if dtype == torch.int64 else Expr("cast", (e,), dtype)
+        return TensorBox(size, dtype, lambda idx: e)
     if dtype == torch.bool:
         value = bool(value)
     elif not dtype.is_floating_point:
@@ -53,6 +57,11 @@ def const(value, dtype: torch.dtype, size: Sequence = ()) -> TensorBox:
         value = float(value)
     e = Expr("const", (value,), dtype)
     return TensorBox(size, dtype, lambda idx: e)
+
+
+def size_value(n) -> Expr:
+    """A size as an int64 value in a kernel: a constant, or the index value of a symbolic size."""
+    return Expr("const", (int(n),), torch.int64) if symbols.is_static(n) else Expr("index", (n,), torch.int64)
 
 
 def iota(size: Sequence, dim: int, dtype: torch.dtype = torch.int64, start=0, step=1) -> TensorBox:
@@ -224,17 +233,43 @@ def squeeze(x: TensorBox, dims: Sequence[int] | None = None) -> TensorBox:
 
 def slice_(x: TensorBox, dim: int, start: int, end: int, step: int = 1) -> TensorBox:
     dim = dim % x.ndim
-    n = int(x.size[dim])
-    start, end, _ = slice(start, end, step).indices(n) if step > 0 else (start, end, step)
-    length = max(0, (end - start + step - 1) // step)
-    size = x.size[:dim] + (sympy.Integer(length),) + x.size[dim + 1:]
+    if all(v is None or symbols.is_static(v) for v in (x.size[dim], start, end, step)):
+        n = int(x.size[dim])
+        start, end, _ = slice(start, end, step).indices(n) if step > 0 else (start, end, step)
+        length = sympy.Integer(max(0, (end - start + step - 1) // step))
+    else:
+        start, end, length = _symbolic_slice(x.size[dim], start, end, step)
+    size = x.size[:dim] + (length,) + x.size[dim + 1:]
     return _view(x, size, lambda idx: [start + step * i if d == dim else i for d, i in enumerate(idx)],
                  _restride(x, lambda s, o: ([v * step if d == dim else v for d, v in enumerate(s)], o + start * s[dim])))
 
 
+def _symbolic_slice(n, start, end, step):
+    """(start, end, length) of x[start:end:step] along a dim of symbolic size n, Python's clamping decided at
+    every size; NotImplementedError where it depends on the size (the op then stays an ATen call)."""
+    if not symbols.is_static(step) or int(step) < 1:
+        raise NotImplementedError("a slice of symbolic size with a symbolic or negative step")
+    step = int(step)
+    start = sympy.sympify(start)
+    end = n if end is None or (symbols.is_static(end) and int(end) >= 2 ** 62) else sympy.sympify(end)
+    start = start + n if start.is_Integer and start < 0 else start
+    end = end + n if end.is_Integer and end < 0 else end
+    if symbols.is_nonnegative(end - n):
+        end = n
+    if not (symbols.is_nonnegative(start) and symbols.is_nonnegative(n - end) and symbols.is_nonnegative(end - start)):
+        raise NotImplementedError(f"slice [{start}:{end}] of a dim of size {n}: clamping depends on the size")
+    return start, end, FloorDiv(end - start + step - 1, step)
+
+
 def select(x: TensorBox, dim: int, index: int) -> TensorBox:
     dim = dim % x.ndim
-    index = index % int(x.size[dim])
+    if symbols.is_static(x.size[dim]) and symbols.is_static(index):
+        index = int(index) % int(x.size[dim])
+    else:
+        index = sympy.sympify(index)
+        index = index + x.size[dim] if index.is_Integer and index < 0 else index
+        if not symbols.is_nonnegative(index):
+            raise NotImplementedError(f"select of index {index} on a dim of symbolic size")
     return squeeze(slice_(x, dim, index, index + 1), [dim])
 
 
@@ -321,12 +356,13 @@ def cat(xs: Sequence[TensorBox], dim: int, dtype: torch.dtype) -> TensorBox:
     starts, total = [], 0
     for x in xs:
         starts.append(total)
-        total += int(x.size[dim])
-    size = xs[0].size[:dim] + (sympy.Integer(total),) + xs[0].size[dim + 1:]
+        total += int(x.size[dim]) if symbols.is_static(x.size[dim]) else x.size[dim]
+    size = xs[0].size[:dim] + (sympy.sympify(total),) + xs[0].size[dim + 1:]
+    static = all(isinstance(s, int) for s in starts)
     xs = [cast(x, dtype) for x in xs]
 
     def loader(idx):
-        if isinstance(idx[dim], sympy.Integer):  # a known position (a select of one element): that piece only
+        if isinstance(idx[dim], sympy.Integer) and static:  # a known position (a select of one element): that piece only
             k = max(j for j, s in enumerate(starts) if s <= int(idx[dim]))
             return xs[k].loader([i - starts[k] if d == dim else i for d, i in enumerate(idx)])
         e = None
@@ -334,14 +370,14 @@ def cat(xs: Sequence[TensorBox], dim: int, dtype: torch.dtype) -> TensorBox:
             # every piece is loaded at every position (the where picks afterwards): its index is clamped into its
             # own range, the last piece's too, so an untaken branch never reads out of bounds (a negative index
             # into the last piece is an illegal address on the GPU)
-            inside = [clamp(i - s, int(x.size[dim]) - 1) if d == dim and len(xs) > 1 else
+            inside = [clamp(i - s, symbols.ints((x.size[dim] - 1,))[0]) if d == dim and len(xs) > 1 else
                       (i - s if d == dim else i) for d, i in enumerate(idx)]
             if e is None:
                 e = x.loader(inside)
             else:
-                end = s + int(x.size[dim])
+                end = s + symbols.ints((x.size[dim],))[0]
                 e = Expr("where", (Expr("lt", (Expr("index", (idx[dim],), torch.int64),
-                                               Expr("const", (end,), torch.int64)), torch.bool),
+                                               size_value(end)), torch.bool),
                                    x.loader(inside), e), dtype)
         return e
     return TensorBox(size, dtype, loader)
@@ -364,9 +400,9 @@ def pad(x: TensorBox, pads: Sequence[int], value) -> TensorBox:
             if lo[d] != 0 or size[d] != x.size[d]:
                 ij = Expr("index", (j,), torch.int64)
                 conds.append(Expr("logical_and", (Expr("ge", (ij, Expr("const", (0,), torch.int64)), torch.bool),
-                                                  Expr("lt", (ij, Expr("const", (int(x.size[d]),), torch.int64)),
+                                                  Expr("lt", (ij, size_value(x.size[d])),
                                                        torch.bool)), torch.bool))
-                j = clamp(j, int(x.size[d]) - 1)
+                j = clamp(j, symbols.ints((x.size[d] - 1,))[0])
             src.append(j)
         e = x.loader(src)
         for c in conds:
@@ -379,7 +415,7 @@ def pad(x: TensorBox, pads: Sequence[int], value) -> TensorBox:
 def indirect(value: Expr, size) -> sympy.Symbol:
     """An index read from data; negative values wrap like Python's (x[-1]); the kernel checks bounds."""
     v = Expr("cast", (value,), torch.int64) if value.dtype != torch.int64 else value
-    return IndirectSymbol(Expr("checked_index", (v, Expr("const", (int(size),), torch.int64)), torch.int64))
+    return IndirectSymbol(Expr("checked_index", (v, size_value(size)), torch.int64))
 
 
 def index(x: TensorBox, indices: Sequence[TensorBox | None]) -> TensorBox:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 
 from ember import ir
-from ember.ir import TensorBox
+from ember.ir import TensorBox, symbols
 from ember.decomp import prims as P
 from ember.decomp.common import floaty, odt, registrar
 
@@ -81,7 +82,9 @@ def var_and_mean(x: TensorBox, dims: list, correction, keepdim: bool, acc: torch
     mean = P.div(P.reduce("sum", x, dims, True), n)
     diff = P.sub(x, mean)
     ss = P.reduce("sum", P.mul(diff, diff), dims, keepdim)
-    return P.div(ss, max(n - correction, 0)), (mean if keepdim else P.squeeze(mean, dims))
+    dof = max(n - correction, 0) if symbols.is_static(n) else \
+        n - correction if symbols.is_nonnegative(n - correction) else sympy.Max(n - correction, 0)
+    return P.div(ss, dof), (mean if keepdim else P.squeeze(mean, dims))
 
 
 @reg(aten.var.correction)

@@ -7,7 +7,7 @@ import torch
 
 from ember import ir
 from ember.errors import CannotLower
-from ember.ir import TensorBox
+from ember.ir import TensorBox, symbols
 from ember.decomp import pointwise
 from ember.decomp import prims as P
 from ember.decomp.common import odt, out, registrar
@@ -48,7 +48,8 @@ def _transpose(x, a, b):
 
 @reg(aten.slice.Tensor)
 def _slice(x, dim=0, start=None, end=None, step=1):
-    n = int(x.size[dim % x.ndim])
+    n = x.size[dim % x.ndim]
+    n = int(n) if symbols.is_static(n) else n
     start = 0 if start is None else start
     end = n if end is None else end
     return P.slice_(x, dim, start, end, step)
@@ -80,7 +81,7 @@ def _unbind(x, dim=0):
 @reg(aten.cat.default)
 def cat(xs: list, dim: int = 0):
     """A piecewise loader over the non-empty pieces (codegen's cat_chains.lower_cat chooses first)."""
-    xs = [x for x in xs if not (x.ndim == 1 and int(x.size[0]) == 0)]
+    xs = [x for x in xs if not (x.ndim == 1 and symbols.same(x.size[0], 0))]
     if not xs:
         return NotImplemented
     return P.cat(xs, dim, odt())

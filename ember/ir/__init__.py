@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 import sympy
 import torch
 
+from ember.ir import symbols
+
 
 # ----------------------------------------------------------------------------------------------- index math
 class FloorDiv(sympy.Function):
@@ -36,6 +38,8 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(0)
         if a.is_Integer and b.is_Integer:
             return sympy.Integer(int(a) // int(b))
+        if a == -1 and b.is_positive:   # (a bound's x*b - 1, split below: -1 // b for a size b >= 1)
+            return sympy.Integer(-1)
         if isinstance(a, sympy.Add):  # split off terms that are multiples of b
             mult = [t for t in a.args if _divisible(t, b)]
             if mult:
@@ -94,12 +98,13 @@ def _divisible(t, b) -> bool:
     return c.is_Integer and int(c) % int(b) == 0
 
 
-def bounds(e, ranges: dict) -> tuple[int, int] | None:
-    """Inclusive integer bounds of index `e` given {symbol: size}; None when unknown (indirect indices)."""
+def bounds(e, ranges: dict) -> tuple | None:
+    """Inclusive integer bounds of index `e` given {symbol: size}; None when unknown (indirect indices). With
+    symbolic sizes the bounds are sympy expressions over the size symbols (compare with `symbols.is_positive`)."""
     if e.is_Integer:
         return int(e), int(e)
     if e.is_Symbol:
-        return (0, int(ranges[e]) - 1) if e in ranges else None
+        return (0, _num(ranges[e]) - 1) if e in ranges else None
     if isinstance(e, sympy.Add):
         lo = hi = 0
         for a in e.args:
@@ -116,19 +121,44 @@ def bounds(e, ranges: dict) -> tuple[int, int] | None:
         return (int(c) * b[0], int(c) * b[1]) if c >= 0 else (int(c) * b[1], int(c) * b[0])
     if isinstance(e, FloorDiv):
         b = bounds(e.args[0], ranges)
-        return None if b is None else (b[0] // int(e.args[1]), b[1] // int(e.args[1]))
+        if b is None:
+            return None
+        d = e.args[1]
+        if d.is_Integer and _static(b[0]) and _static(b[1]):
+            return b[0] // int(d), b[1] // int(d)
+        if not symbols.is_nonnegative(b[0]):
+            return None
+        return 0, FloorDiv(sympy.sympify(b[1]), d)
     if isinstance(e, (sympy.Min, sympy.Max)):
         bs = [bounds(a, ranges) for a in e.args]
-        if any(b is None for b in bs):
+        if any(b is None for b in bs) or not all(_static(v) for b in bs for v in b):
             return None
         f = min if isinstance(e, sympy.Min) else max
         return f(b[0] for b in bs), f(b[1] for b in bs)
     if isinstance(e, ModIndex):
         b = bounds(e.args[0], ranges)
-        if b is not None and b[0] >= 0 and b[1] < int(e.args[1]):
+        d = e.args[1]
+        if b is not None and _below(b, d):
             return b
-        return 0, int(e.args[1]) - 1
+        return 0, _num(d) - 1
     return None
+
+
+def _below(b, d) -> bool:
+    """0 <= lo and hi < d for bounds b = (lo, hi) (ints compared as ints: the static graphs' hot path)."""
+    lo, hi = b
+    if isinstance(lo, int) and isinstance(hi, int) and d.is_Integer:
+        return lo >= 0 and hi < int(d)
+    return symbols.is_nonnegative(lo) and symbols.is_positive(d - hi)
+
+
+def _static(v) -> bool:
+    return isinstance(v, int) or v.is_Integer
+
+
+def _num(v):
+    """An int for a static bound (what the static path always had), else the sympy expression."""
+    return int(v) if _static(v) else v
 
 
 _SIMPLIFIED: dict = {}   # (index, ranges) -> simplified: a pure function, called ~6 times per distinct argument
@@ -173,7 +203,7 @@ def _simplify_index(e, ranges: dict | None = None):
     if ranges:
         def small(x):  # a // d == 0 and a % d == a when 0 <= a < d
             b = bounds(x.args[0], ranges)
-            return b is not None and b[0] >= 0 and b[1] < int(x.args[1])
+            return b is not None and _below(b, x.args[1])
         for _ in range(3):  # a split can leave a div/mod that the first two rules then remove
             before = e
             e = e.replace(lambda x: isinstance(x, FloorDiv) and small(x), lambda x: sympy.Integer(0))
@@ -188,7 +218,7 @@ def _simplify_index(e, ranges: dict | None = None):
         changed = False
         terms = {}
         for t in e.args:
-            c, rest = t.as_coeff_Mul()
+            c, rest = t.as_coeff_Mul() if not symbols.HINTS else _size_coeff(t)
             terms[rest] = terms.get(rest, 0) + c
         for f, kf in terms.items():
             if isinstance(f, FloorDiv):
@@ -209,6 +239,13 @@ def _simplify_index(e, ranges: dict | None = None):
     return e
 
 
+def _size_coeff(t):
+    """(coefficient, rest) of a term whose coefficient may hold size symbols (s1*((x // s1) % s0) -> s1, ...)."""
+    factors = sympy.Mul.make_args(t)
+    c = [f for f in factors if f.is_Number or f in symbols.HINTS]
+    return sympy.Mul(*c), sympy.Mul(*[f for f in factors if not (f.is_Number or f in symbols.HINTS)])
+
+
 def _split_low(x, ranges):
     """(a + k*b) // (k*m) == b // m and (a + k*b) % (k*m) == a + k*(b % m) when 0 <= a < k: the row index of
     a reshape seen through another reshape ((r0 + 3072*x0) // 393216 -> x0 // 128 for r0 < 3072), which
@@ -224,7 +261,7 @@ def _split_low(x, ranges):
         high = [t for t, c in terms if c.is_Integer and int(c) % k == 0]
         low = sympy.Add(*[t for t, c in terms if not (c.is_Integer and int(c) % k == 0)])
         b = bounds(low, ranges)
-        if len(high) == len(terms) or b is None or b[0] < 0 or b[1] >= k:
+        if len(high) == len(terms) or b is None or not _below(b, sympy.Integer(k)):
             continue
         hk = expand_index(sympy.Add(*high) / k)
         return FloorDiv(hk, d // k) if isinstance(x, FloorDiv) else low + k * ModIndex(hk, d // k)
@@ -544,8 +581,12 @@ def itemsize(d: torch.dtype) -> int:
     return torch.empty((), dtype=d).element_size()
 
 
-def prod(xs) -> int:
-    return math.prod(int(x) for x in xs)
+def prod(xs):
+    """The product of sizes: an int, or a sympy expression where a size is symbolic."""
+    xs = list(xs)
+    if all(_static(x) for x in xs):
+        return math.prod(int(x) for x in xs)
+    return sympy.Mul(*xs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -570,6 +611,8 @@ def index_code(e, names: dict, syntax: IndexSyntax) -> str:
         return "(" + " + ".join(rec(a) for a in e.args) + ")"
     if isinstance(e, sympy.Mul):
         return "(" + " * ".join(rec(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:   # a symbolic size squared (s1 * s1)
+        return "(" + " * ".join([rec(e.base)] * int(e.exp)) + ")"
     if isinstance(e, FloorDiv):
         return f"({rec(e.args[0])} {syntax.floordiv} {rec(e.args[1])})"
     if isinstance(e, ModIndex):

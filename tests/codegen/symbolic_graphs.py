@@ -1,0 +1,74 @@
+"""Symbolic ATen graphs for the codegen tests (what ember.autograd hands a device compiler under dynamic shapes,
+docs/dynamic.md), built without ember's tracer: torch.fx.symbolic_trace of a function over ints and tensors that
+calls torch.ops.aten ops, then every node's meta["val"] from a run on symbolic fakes of one ShapeEnv.
+
+    gm, example = symbolic_graph(fn, [s, x], dynamic={1: [0]})
+
+Int arguments become SymInt placeholders (symbols s0, s1, ...); `dynamic` names the tensor dims that are symbolic
+(each is the symbol of an int argument of the same value, ShapeEnv's duck sizing: give independent sizes distinct
+values). Sizes computed in fn from the ints (s * 4, s // 2) are operator.* nodes, as in ember.autograd's graphs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+from torch._guards import GuardSource, Source
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSource(Source):
+    index: int
+    dim: int = -1
+
+    @property
+    def _name_template(self) -> str:
+        return f"args[{self.index}]" + (f".size()[{self.dim}]" if self.dim >= 0 else "")
+
+    @property
+    def guard_source(self):
+        return GuardSource.LOCAL
+
+
+class _Record(torch.fx.Interpreter):
+    def run_node(self, n):
+        out = super().run_node(n)
+        n.meta["val"] = out
+        return out
+
+
+def symbolic_graph(fn, args: list, dynamic: dict) -> tuple[torch.fx.GraphModule, ShapeEnv]:
+    """(gm, shape_env): fn traced over `args` (ints become SymInt placeholders; `dynamic` {arg index: [dims]}
+    the symbolic dims of tensor arguments), every node's meta["val"] set."""
+    names = list(inspect.signature(fn).parameters)
+    gm = torch.fx.symbolic_trace(fn, concrete_args=None)
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=False)
+    fakes = []
+    for i, a in enumerate(args):
+        if isinstance(a, int):
+            sym = env.create_symbol(a, ArgSource(i), dynamic_dim=DimDynamic.DUCK)
+            fakes.append(env.create_symintnode(sym, hint=a, source=ArgSource(i)))
+        else:
+            dims = dynamic.get(i, [])
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK if d in dims else DimDynamic.STATIC
+                                                          for d in range(a.dim())])
+            fakes.append(mode.from_tensor(a, source=ArgSource(i), symbolic_context=ctx))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert [p.name for p in placeholders] == names[:len(placeholders)]
+    with mode:
+        _Record(gm).run(*fakes)
+    for p, f in zip(placeholders, fakes):
+        p.meta["val"] = f
+    return gm, env
+
+
+def aten_fn(fn):
+    """fn, for symbolic_trace: its output is a tuple (as an ATen graph's)."""
+    names = ", ".join(inspect.signature(fn).parameters)
+    ns = {"fn": fn}
+    exec(f"def wrapped({names}):\n    out = fn({names})\n    return out if isinstance(out, tuple) else (out,)", ns)
+    return ns["wrapped"]

@@ -1,0 +1,297 @@
+"""Symbolic ATen graphs through the C++ backend (docs/dynamic.md): compiled once, run at many sizes (2, sizes that
+are not multiples of the vector width, large ones) against eager; the generated code is checked to be symbolic (a
+kernel, not the ATen graph's fallback) where ember does it symbolically."""
+import pytest
+import torch
+
+from ember.backends import cpp_backend
+from ember.codegen import cpp
+from ember.runtime import cache
+from tests.codegen.symbolic_graphs import aten_fn, symbolic_graph
+
+aten = torch.ops.aten
+SIZES = (2, 3, 7, 16, 17, 33, 100, 257)
+
+
+@pytest.fixture(params=["native", "avx2"])
+def vector_width(request, monkeypatch, tmp_path):
+    """The code generator's vector-width choice is g++'s (-march=native, 512 bits for libm loops where AVX-512 is
+    present); "avx2" builds the same code without AVX-512 (as on a CPU that has none), in a cache of its own."""
+    if request.param == "avx2":
+        monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+        monkeypatch.setattr(cache, "CXXFLAGS", [*cache.CXXFLAGS, "-mno-avx512f"])
+        monkeypatch.setattr(cache, "_PCH_FLAGS", [*cache._PCH_FLAGS, "-mno-avx512f"])
+    return request.param
+
+
+def compile_symbolic(fn, args, dynamic, aten_calls=(), meta=None):
+    """(compiled, gm): fn's symbolic ATen graph compiled once by the C++ backend; asserts it compiled to kernels
+    with no op kept as an ATen call but those named in aten_calls. meta: gm.meta entries (what ember.autograd
+    says of the graph)."""
+    gm, _ = symbolic_graph(aten_fn(fn), args, dynamic)
+    gm.meta.update(meta or {})
+    compiled = cpp_backend.compile_aten(gm, list(args))
+    assert hasattr(compiled, "compiled"), "the symbolic graph fell back to its ATen graph"
+    assert set(compiled.compiled.sched.lowered.fallbacks) <= set(aten_calls), compiled.compiled.sched.lowered.fallbacks
+    return compiled, gm
+
+
+def check(compiled, fn, args, **tol):
+    out = compiled(*args)
+    want = fn(*args)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(out) == len(want)
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o, w, **tol)
+
+
+def test_pointwise_chain_broadcast(vector_width):
+    def f(s0, x, y):
+        return aten.relu.default(aten.add.Tensor(aten.mul.Tensor(aten.sin.default(x), y), 1.0))
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 7), torch.randn(7)], {1: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 7), torch.randn(7)])
+
+
+def test_view_of_computed_size_and_row_sum(vector_width):
+    def f(s0, x, y):
+        a = aten.add.Tensor(aten.sin.default(x), y)
+        b = aten.view.default(a, [s0 * 4, 8])
+        return aten.sum.dim_IntList(b, [1])
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 4, 8), torch.randn(8)], {1: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 4, 8), torch.randn(8)])
+
+
+def test_reductions_over_symbolic_dims(vector_width):
+    def f(s0, s1, x):
+        a = aten.sum.dim_IntList(x, [1], True)           # over s1 (a run-time trip count), keepdim
+        b = aten.amax.default(x, [0])                    # over s0: column-wise
+        c = aten.sum.dim_IntList(aten.exp.default(x), [0, 1])
+        return aten.sub.Tensor(x, a), b, c
+    compiled, _ = compile_symbolic(f, [6, 10, torch.randn(6, 10)], {2: [0, 1]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (100, 257), (3, 1000)]:
+        # (a float32 sum of up to 25,700 exps in another order than eager's: 1e-5 relative)
+        check(compiled, f, [n, m, torch.randn(n, m)], rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_rows(vector_width):
+    def f(s0, s1, x):
+        return aten._softmax.default(x, -1, False), aten._log_softmax.default(x, 1, False)
+    compiled, _ = compile_symbolic(f, [6, 10, torch.randn(6, 10)], {2: [0, 1]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (64, 257), (3, 1000)]:
+        check(compiled, f, [n, m, torch.randn(n, m)])
+
+
+def test_layer_norm_rows(vector_width):
+    def f(s0, x, w, b):
+        return aten.native_layer_norm.default(x, [32], w, b, 1e-5)[0]
+    compiled, _ = compile_symbolic(f, [6, torch.randn(6, 32), torch.randn(32), torch.randn(32)], {1: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 32), torch.randn(32), torch.randn(32)])
+
+
+def test_views_by_symbolic_sizes(vector_width):
+    def f(s0, s1, x):
+        a = aten.permute.default(x, [1, 0, 2])                       # [s1, s0, 4]
+        b = aten.clone.default(a, memory_format=torch.contiguous_format)
+        c = aten.view.default(b, [s1 * s0 * 4])
+        d = aten.view.default(aten.mul.Tensor(x, 2.0), [s0, s1 * 4])
+        e = aten.expand.default(aten.unsqueeze.default(aten.sum.dim_IntList(x, [2]), 0), [3, s0, s1])
+        return aten.cos.default(c), aten.add.Tensor(d, 1.0), aten.mul.Tensor(e, 2.0)
+    compiled, _ = compile_symbolic(f, [5, 6, torch.randn(5, 6, 4)], {2: [0, 1]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (16, 16)]:
+        check(compiled, f, [n, m, torch.randn(n, m, 4)])
+
+
+def test_cat_and_slices_with_symbolic_bounds(vector_width):
+    def f(s0, x, y):
+        a = aten.cat.default([x, y], 0)                     # [2*s0, 8]
+        b = aten.slice.Tensor(a, 0, 1, s0)                 # rows 1 .. s0-1
+        c = aten.slice.Tensor(x, 1, 2, 7, 2)
+        h = s0 // 2
+        d = aten.slice.Tensor(y, 0, h, s0)
+        return aten.mul.Tensor(a, 3.0), aten.neg.default(b), aten.exp.default(c), aten.add.Tensor(d, 1.0)
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 8), torch.randn(5, 8)], {1: [0], 2: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 8), torch.randn(n, 8)])
+
+
+def test_index_and_gather(vector_width):
+    def f(s0, s1, x, idx, g):
+        a = aten.index.Tensor(x, [idx])                            # rows of x picked by idx
+        b = aten.gather.default(x, 1, g)
+        return aten.mul.Tensor(a, 2.0), b
+    def inputs(n, m):
+        return [n, m, torch.randn(n, 8), torch.randint(0, n, (m,)), torch.randint(0, 8, (n, 3))]
+    compiled, _ = compile_symbolic(f, inputs(5, 6), {2: [0], 3: [0], 4: [0]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (100, 257)]:
+        check(compiled, f, inputs(n, m))
+
+
+def test_matmul_and_addmm(vector_width):
+    def f(s0, x, w, b, w2):
+        a = aten.addmm.default(b, x, aten.t.default(w))
+        c = aten.mm.default(aten.relu.default(a), w2)
+        return aten.add.Tensor(c, 1.0)
+    def inputs(n):
+        return [n, torch.randn(n, 16), torch.randn(32, 16), torch.randn(32), torch.randn(32, 8)]
+    compiled, _ = compile_symbolic(f, inputs(5), {1: [0]})
+    for n in SIZES:
+        check(compiled, f, inputs(n))
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_conv2d_symbolic_batch(vector_width, inference):
+    """inference: the graph runs channels-last (convolutions through oneDNN in NHWC, kernels walking C innermost)."""
+    def f(s0, x, w, b, w2):
+        y = aten.relu.default(aten.convolution.default(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1))
+        y2 = aten.convolution.default(y, w2, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1)
+        return y, aten.add.Tensor(y2, 2.0), aten.mean.dim(y, [2, 3])
+    def inputs(n):
+        return [n, torch.randn(n, 3, 9, 9), torch.randn(4, 3, 3, 3), torch.randn(4), torch.randn(8, 4, 1, 1)]
+    compiled, _ = compile_symbolic(f, inputs(3), {1: [0]}, meta={"ember_inference": inference})
+    for n in (2, 3, 5, 17):
+        check(compiled, f, inputs(n), rtol=1e-4, atol=1e-4)   # (oneDNN's and eager's convolution sum in other orders)
+
+
+def test_mean_var_by_symbolic_count(vector_width):
+    def f(s0, x):
+        v = aten.view.default(x, [s0 * 4, 16])
+        return aten.mean.dim(v, [0]), aten.var.correction(x, [0, 1], correction=1), aten.mean.dim(x, [2], True)
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 4, 16)], {1: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 4, 16)])
+
+
+def test_symbolic_row_width_softmax_layer_norm(vector_width):
+    """Rows of a run-time width (attention's softmax over a sequence length): reductions and the row kept between
+    them over s1 elements."""
+    def f(s0, s1, x, w):
+        a = aten._softmax.default(x, -1, False)
+        b = aten.native_layer_norm.default(x, [s1], w, None, 1e-5)[0]
+        return a, b
+    compiled, _ = compile_symbolic(f, [6, 10, torch.randn(6, 10), torch.randn(10)], {2: [0, 1], 3: [0]})
+    for n, m in [(2, 3), (7, 17), (33, 5), (64, 257), (3, 4099)]:
+        check(compiled, f, [n, m, torch.randn(n, m), torch.randn(m)])
+
+
+def test_sizes_alternate_and_symbols_returned():
+    """Buffers kept across calls follow the sizes of each call; a size the graph returns (a backward's saved
+    symbol) is the call's int."""
+    def f(s0, x, w):
+        h = aten.mm.default(aten.sin.default(x), w)
+        return aten.relu.default(h), s0 * 2
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 8), torch.randn(8, 4)], {1: [0]})
+    for n in (3, 9, 3, 3, 40, 9):
+        args = [n, torch.randn(n, 8), torch.randn(8, 4)]
+        out = compiled(*args)
+        torch.testing.assert_close(out[0], f(*args)[0])
+        assert out[1] == 2 * n and isinstance(out[1], int)
+
+
+def test_one_build_serves_every_size(monkeypatch):
+    """The generated source names the symbols, never the example's sizes: one C++ build (cached on disk by its
+    source) runs every size."""
+    def f(s0, x):
+        return aten.exp.default(aten.mul.Tensor(x, 2.0))
+    builds = []
+    real = cache.build_cpp
+    monkeypatch.setattr(cache, "build_cpp", lambda src: builds.append(src) or real(src))
+    compiled, _ = compile_symbolic(f, [5, torch.randn(5, 3)], {1: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 3)])
+    assert len(builds) == 1 and "int64_t s" in builds[0]
+
+
+def test_cannot_lower_runs_the_aten_graph(monkeypatch, caplog):
+    """A symbolic graph the code generator cannot do runs as its ATen graph, correct at every size, logged with
+    the reason."""
+    from ember.errors import CannotLower
+
+    def refuse(sched):
+        raise CannotLower("no symbolic code for this test")
+    monkeypatch.setattr(cpp, "generate", refuse)
+
+    def f(s0, x):
+        return aten.view.default(aten.cos.default(x), [s0 * 3])
+    gm, _ = symbolic_graph(aten_fn(f), [5, torch.randn(5, 3)], {1: [0]})
+    with caplog.at_level("WARNING", logger="ember.fallbacks"):
+        compiled = cpp_backend.compile_aten(gm, [5, torch.randn(5, 3)])
+    assert not hasattr(compiled, "compiled")
+    assert sum("symbolic graph runs as its ATen graph" in r.getMessage() and "no symbolic code for this test" in
+               r.getMessage() for r in caplog.records) == 1
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 3)])
+
+
+def test_attention_like_graph():
+    """What a transformer's forward with a symbolic batch s0 and sequence s1 holds: arange/zeros/full of symbolic
+    sizes, embeddings, views by s0*s1, bmm, a causal mask, softmax over s1, max/argmax."""
+    cpu = torch.device("cpu")
+
+    def f(s0, s1, ids, emb, x, w):
+        pos = aten.arange.start_step(0, s1, 1, dtype=torch.int64, device=cpu)
+        h = aten.add.Tensor(aten.embedding.default(emb, ids), aten.embedding.default(emb, pos))   # [s0, s1, 16]
+        z = aten.zeros.default([s0, s1], dtype=torch.float32, device=cpu)
+        k3 = aten.view.default(aten.mm.default(aten.view.default(h, [s0 * s1, 16]), w), [s0, s1, 16])
+        att = aten.bmm.default(k3, aten.transpose.int(h, 1, 2))                                   # [s0, s1, s1]
+        tri = aten.tril.default(aten.full.default([s1, s1], 1.0, dtype=torch.float32, device=cpu))
+        att = aten.masked_fill.Scalar(att, aten.eq.Scalar(tri, 0.0), float("-inf"))
+        o = aten.bmm.default(aten._softmax.default(att, -1, False), k3)
+        c = aten.clone.default(aten.transpose.int(o, 0, 1), memory_format=torch.contiguous_format)
+        r = aten.sum.dim_IntList(aten.view.default(c, [s1, s0 * 16]), [1])
+        mx = aten.max.dim(x, 1)
+        return o, r, aten.add.Tensor(z, 1.0), mx[0], mx[1], aten.argmax.default(x, 0)
+
+    def inputs(n, m):
+        return [n, m, torch.randint(0, 50, (n, m)), torch.randn(50, 16), torch.randn(n, m), torch.randn(16, 16)]
+    compiled, _ = compile_symbolic(f, inputs(3, 7), {2: [0, 1], 4: [0, 1]})
+    for n, m in [(2, 2), (5, 33), (17, 9), (3, 7)]:
+        check(compiled, f, inputs(n, m), rtol=1e-4, atol=1e-4)   # (sums of 16*s0 values, in another order)
+
+
+def test_backward_ops():
+    """A backward graph's ops over a symbolic batch: layer norm, softmax, threshold and gelu backward, the
+    weight gradient's product, a bias gradient (a column sum)."""
+    def f(s0, x, g, w, mean, rstd, y):
+        a = aten.native_layer_norm_backward.default(g, x, [32], mean, rstd, w, w, [True, True, True])
+        sb = aten._softmax_backward_data.default(g, y, -1, torch.float32)
+        tb = aten.threshold_backward.default(g, y, 0.0)
+        gb = aten.gelu_backward.default(g, x)
+        mmb = aten.mm.default(aten.t.default(g), x)
+        v = aten.view.default(aten.sum.dim_IntList(g, [0], True), [32])
+        return a[0], a[1], a[2], sb, tb, gb, mmb, v
+
+    def inputs(n):
+        x = torch.randn(n, 32)
+        return [n, x, torch.randn(n, 32), torch.randn(32), x.mean(1, keepdim=True), torch.rand(n, 1) + 0.5,
+                torch.randn(n, 32).softmax(-1)]
+    compiled, _ = compile_symbolic(f, inputs(5), {1: [0], 2: [0], 4: [0], 5: [0], 6: [0]})
+    for n in (2, 3, 17, 100):
+        args = inputs(n)
+        for o, w in zip(compiled(*args), f(*args)):
+            torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-4)   # (sums of 100 products, another order)
+
+
+def test_lowering_that_specializes_falls_back(monkeypatch, caplog):
+    """A lowering step that reads a symbolic size as an int (a guard on its value in the ShapeEnv) would give
+    code right at the example's size only: the graph runs as its ATen graph instead."""
+    from ember import ir
+    from ember.codegen import lower
+    decomp = lower.TABLE[aten.cos.default]
+
+    def specializing(x):
+        int(ir.GRAPH.val.shape[0])
+        return decomp(x)
+    monkeypatch.setitem(lower.TABLE, aten.cos.default, specializing)
+
+    def f(s0, x):
+        return aten.cos.default(x)
+    gm, _ = symbolic_graph(aten_fn(f), [5, torch.randn(5, 3)], {1: [0]})
+    with caplog.at_level("WARNING", logger="ember.fallbacks"):
+        compiled = cpp_backend.compile_aten(gm, [5, torch.randn(5, 3)])
+    assert not hasattr(compiled, "compiled")
+    assert any("specialized a symbolic size" in r.getMessage() for r in caplog.records)
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 3)])

@@ -1,0 +1,51 @@
+"""ir/symbols.py: SymInts as the loop IR's sympy sizes, and the facts proved at every size."""
+import sympy
+import torch
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+from ember import ir
+from ember.ir import FloorDiv, ModIndex, symbols
+from tests.codegen.symbolic_graphs import ArgSource
+
+
+def _symint(env, value, i):
+    sym = env.create_symbol(value, ArgSource(i), dynamic_dim=DimDynamic.DYNAMIC)
+    return env.create_symintnode(sym, hint=value, source=ArgSource(i)), sym
+
+
+def test_symint_expressions_in_ember_functions():
+    env = ShapeEnv()
+    a, sa = _symint(env, 6, 0)
+    b, sb = _symint(env, 4, 1)
+    assert symbols.sym_expr(a) == sa and symbols.sym_expr(7) == sympy.Integer(7)
+    assert symbols.sym_expr(a * b + 2) == sa * sb + 2
+    assert symbols.sym_expr(a // 2) == FloorDiv(sa, 2)
+    assert symbols.sym_expr(a % b) == ModIndex(sa, sb)
+    assert not env.guards   # (nothing was decided on a value)
+
+
+def test_hints_and_python_code():
+    s0, s1 = sympy.symbols("s0 s1", positive=True, integer=True)
+    symbols.HINTS.update({s0: 10, s1: 3})
+    try:
+        e = FloorDiv(s0 * s1 + 1, 2)
+        assert symbols.hint(e) == 15
+        assert eval(symbols.python_code(e), {"s0": 10, "s1": 3}) == 15
+        assert eval(symbols.python_code(ModIndex(s0, s1) + s1 ** 2), {"s0": 10, "s1": 3}) == 10
+    finally:
+        symbols.HINTS.clear()
+
+
+def test_facts_at_every_size():
+    s0, s1 = sympy.symbols("s0 s1", positive=True, integer=True)
+    symbols.HINTS.update({s0: 10, s1: 3})
+    try:
+        assert symbols.gt(s0, 1) and symbols.gt(s0 * s1, 1) and not symbols.gt(s0, 2)   # sizes are >= 2
+        assert symbols.is_nonnegative(s0 - FloorDiv(s0, 2)) and not symbols.is_nonnegative(s1 - s0)
+        assert symbols.same(s0 * (s1 + 1), s0 * s1 + s0) and not symbols.same(s0, s1)
+        # x // s0 for x < s0 * s1 is below s1: a reshape's index loses its modulo
+        r = sympy.Symbol("r0", integer=True, nonnegative=True)
+        ranges = {r: s0 * s1}
+        assert ir.simplify_index(s0 * ModIndex(FloorDiv(r, s0), s1) + ModIndex(r, s0), ranges) == r
+    finally:
+        symbols.HINTS.clear()
