@@ -4,6 +4,7 @@ kernel, not the ATen graph's fallback) where ember does it symbolically."""
 import pytest
 import torch
 
+from ember import config
 from ember.backends import cpp_backend
 from ember.codegen import cpp
 from ember.runtime import cache
@@ -14,13 +15,9 @@ SIZES = (2, 3, 7, 16, 17, 33, 100, 257)
 
 
 @pytest.fixture(params=["native", "avx2"])
-def vector_width(request, monkeypatch, tmp_path):
-    """The code generator's vector-width choice is g++'s (-march=native, 512 bits for libm loops where AVX-512 is
-    present); "avx2" builds the same code without AVX-512 (as on a CPU that has none), in a cache of its own."""
-    if request.param == "avx2":
-        monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
-        monkeypatch.setattr(cache, "CXXFLAGS", [*cache.CXXFLAGS, "-mno-avx512f"])
-        monkeypatch.setattr(cache, "_PCH_FLAGS", [*cache._PCH_FLAGS, "-mno-avx512f"])
+def vector_width(request, monkeypatch):
+    """The vector widths g++ picks for this CPU, and AVX2's (config.CPU_ISA: as on a CPU without AVX-512)."""
+    monkeypatch.setattr(config, "CPU_ISA", request.param)
     return request.param
 
 
