@@ -306,13 +306,17 @@ class FrameCompiler:
                 cells[fv] = wrap_cell(cap, clo[i], f"{clo_source}[{i}]")
             frame = Frame(cap, self.code, self.fn.__globals__, local_vars, cells, stop_at=stop_at)
             try:
-                result = frame.run()
-                return self.make_entry(cap, frame_args, result=result)
-            except StopCapture as stop:
                 try:
-                    return self.make_entry(cap, frame_args, stop=stop, hint=hints.get(stop.inst.offset))
-                except _GradAfterBackward:
-                    backward_in_graph = False      # capture again, breaking the graph at the backward
+                    result = frame.run()
+                except StopCapture as stop:
+                    try:
+                        return self.make_entry(cap, frame_args, stop=stop, hint=hints.get(stop.inst.offset))
+                    except Unsupported as u:   # (not a break where the frame stood: the entry's own limit)
+                        raise _EntryFailed(u.reason) from u
+                try:
+                    return self.make_entry(cap, frame_args, result=result)
+                except Unsupported as u:
+                    raise _EntryFailed(u.reason) from u
             except _GradAfterBackward:
                 backward_in_graph = False
             except Unsupported as u:
@@ -330,6 +334,8 @@ class FrameCompiler:
                 _emit("break", name=self.name, reason=u.reason, where=where_)
             except Exception as e:
                 if cap.symbols is None or not cap.symbols.any or isinstance(e, GraphBreakError):
+                    if isinstance(e, _EntryFailed):
+                        return self.fallback_entry(Capture(ConstTable()), e.reason)
                     raise
                 # symbolic sizes met something ember does not handle yet: never wrong, capture again static
                 log_dynamic.debug("%s (%s): symbolic capture failed (%s: %s); captured again with static sizes",
@@ -905,6 +911,14 @@ _RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "unifo
 
 
 BACKWARD_IN_GRAPH_BACKENDS = ("ember", "aot_eager", "eager")
+
+
+class _EntryFailed(Exception):
+    """The entry of a finished capture could not be made (a symbolic size it cannot say in Python)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class _GradAfterBackward(Exception):
