@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ember.errors import Unsupported
 from ember.frontend.guards import Guards
 from ember.frontend.modes import autocast_state
-from ember.frontend.policy import CONST_TYPES
+from ember.frontend.policy import CONST_TYPES, MODULE_WRAPPERS
 from ember.frontend.python_objects import is_key, is_namedtuple_cls, is_structseq_cls
 from ember.frontend.values import (
     CellV, ConstV, DictV, GradExit, GradModeExitV, ListV, ObjV, SetV, TensorV, TupleV, V,
@@ -80,6 +80,8 @@ class Capture:
         return v
 
     def _wrap(self, value, source):
+        if type(value) in MODULE_WRAPPERS:  # a compiled module called from compiled code: its original, inlined
+            return self.wrap(value._orig_mod, None if source is None else f"{source}._orig_mod")
         g = self.guards
         if isinstance(value, torch.Tensor):
             if id(value) in self.by_id:

@@ -76,6 +76,9 @@ PURE_BUILTIN_FUNCS = {abs, round, divmod, pow, hash, chr, ord, hex, oct, bin, re
 # torch.compile skips them, so a library op that logs its use (torchvision's stochastic depth) is captured
 IGNORED_CALLS = {getattr(torch._C, n) for n in ("_log_api_usage_once", "_log_api_usage_metadata")
                  if hasattr(torch._C, n)}
+# module wrappers (ember.compile's CompiledModule, added by ember.api) that compiled code sees as the module they
+# wrap (their `_orig_mod`): the inner compile is inlined into the outer graph, as torch.compile inlines its own
+MODULE_WRAPPERS: set[type] = set()
 # torch.compiler.is_compiling() and friends: True, so libraries take their compile-friendly paths
 COMPILING_PROBES = {getattr(torch.compiler, n) for n in ("is_compiling", "is_dynamo_compiling", "is_exporting")
                     if hasattr(torch.compiler, n)} - {getattr(torch.compiler, "is_exporting", None)}
