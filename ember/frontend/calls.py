@@ -11,12 +11,12 @@ import torch
 
 from ember.errors import Unsupported
 from ember.frontend.attributes import attr_source
+from ember.frontend.autograd_functions import apply_function, function_applied
 from ember.frontend.builtin_functions import BUILTIN_HANDLERS
 from ember.frontend.modes import AUTOCAST_CLASSES
 from ember.frontend.policy import (
-    COMPILING_PROBES, DYNAMO_WRAPPER_FILE, FACTORIES, IGNORED_CALLS, MATH_FUNCS, MODULE_TRAVERSALS, OPERATOR_FUNCS,
-    OUTPUT_MODULES, PURE_BUILTIN_FUNCS, PURE_METHODS, STATE_PROBES, TORCH_DISABLED_CODE, TORCH_OP_OBJS, TORCH_OPS,
-    TORCH_PURE_CONST,
+    AT_CAPTURE, DYNAMO_WRAPPER_FILE, FACTORIES, MATH_FUNCS, MODULE_TRAVERSALS, OPERATOR_FUNCS, OUTPUT_MODULES,
+    PURE_BUILTIN_FUNCS, PURE_METHODS, TORCH_DISABLED_CODE, TORCH_OP_OBJS, TORCH_OPS, AtCapture,
 )
 from ember.frontend.py_float import has_py_float, optim_helpers
 from ember.frontend.python_objects import (
@@ -108,17 +108,14 @@ class Calls:
     def call_value(self, fn_v: V, f, args: list[V], kwargs: dict[str, V]) -> V:
         if getattr(f, "__ember_disable__", False) or getattr(getattr(f, "__func__", None), "__ember_disable__", False):
             raise Unsupported(f"{getattr(f, '__qualname__', f)} is marked ember.disable", self.where())
+        rule = AT_CAPTURE.get(f) if hashable(f) else None
+        if rule is not None and not (rule.rule == "pure" and (_any_tensor(args) or _any_tensor(list(kwargs.values())))):
+            return self.at_capture(f, rule, args, kwargs)
         if id(f) in TORCH_OPS and TORCH_OP_OBJS.get(id(f)) is f:
             return self.call_torch(f, TORCH_OPS[id(f)], args, kwargs)
         handler = BUILTIN_HANDLERS.get(f) if hashable(f) else None
         if handler is not None:
             return handler(self, args, kwargs)
-        if f in COMPILING_PROBES:
-            return ConstV(True)  # libraries take their compile-friendly paths, as under torch.compile
-        if f in STATE_PROBES:
-            return self.concrete(f, args, kwargs)
-        if f in IGNORED_CALLS:
-            return ConstV(None)
         if isinstance(f, types.FunctionType) and f.__code__ is TORCH_DISABLED_CODE:
             raise Unsupported(f"{f.__qualname__} is marked torch._disable_dynamo: it runs in Python", self.where())
         if isinstance(f, types.FunctionType) and f.__code__.co_filename.endswith(DYNAMO_WRAPPER_FILE) \
@@ -157,6 +154,9 @@ class Calls:
             pkw = {k: self.cap.wrap(a, f"{fn_v.source}.keywords[{k!r}]" if fn_v.source else None)
                    for k, a in f.keywords.items()}
             return self.call(inner, pargs + args, {**pkw, **kwargs})
+        applied = function_applied(f) if isinstance(f, types.BuiltinMethodType) else None
+        if applied is not None:
+            return apply_function(self, applied, args, kwargs)
         if isinstance(f, types.FunctionType):
             if (f.__module__ or "").split(".")[0] in OUTPUT_MODULES:
                 raise Unsupported(f"{f.__module__}.{f.__qualname__} writes output: it runs in Python", self.where())
@@ -250,14 +250,33 @@ class Calls:
         has_tensor = _any_tensor(args) or _any_tensor(list(kwargs.values()))
         if has_tensor or name in FACTORIES:
             return self.cap.record("call_function", f, tuple(args), kwargs, self.where())
-        if name in TORCH_PURE_CONST:
-            return self.concrete(f, args, kwargs)
         if isinstance(f, types.FunctionType):  # a Python helper of torch's own (torch._none_or_dtype...)
             return self.inline(f.__code__, f.__globals__, tuple(ConstV(d) for d in f.__defaults__ or ()),
                                {k: ConstV(d) for k, d in (f.__kwdefaults__ or {}).items()},
                                tuple(CellV(self.cap.wrap(c.cell_contents, None)) for c in f.__closure__ or ()),
                                args, kwargs, f.__qualname__)
         raise Unsupported(f"torch.{name} is not captured (no tensor argument)", self.where())
+
+    def at_capture(self, f, rule: AtCapture, args: list[V], kwargs: dict) -> V:
+        """A call policy.AT_CAPTURE answers at capture time, by its rule."""
+        if rule.rule == "skip":
+            return ConstV(None)
+        if rule.rule == "answer":
+            return ConstV(rule.answer)
+        out = self.concrete(f, args, kwargs)
+        if rule.rule == "guarded":
+            if not isinstance(out, ConstV):
+                raise Unsupported(f"{_callable_name(f)} returned {self.type_name(out)} at capture", self.where())
+            c = self.cap.consts
+            call_args = [c.key(self.const_value(a)) for a in args]
+            call_args += [f"{k}={c.key(self.const_value(v))}" for k, v in kwargs.items()]
+            value = out.value
+            if value is None or isinstance(value, bool):
+                expected = f"is {value!r}"
+            else:
+                expected = f"{'is' if isinstance(value, torch.dtype) else '=='} {c.ref(value)}"
+            self.cap.guards.add(f"{c.ref(f)}({', '.join(call_args)}) {expected}", 1)
+        return out
 
     def call_module(self, mod_v: V, mod: torch.nn.Module, args: list[V], kwargs: dict) -> V:
         from torch.nn.modules import module as module_mod

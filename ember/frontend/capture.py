@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ember.errors import Unsupported
 from ember.frontend.guards import Guards
 from ember.frontend.modes import autocast_state
-from ember.frontend.policy import CONST_TYPES, MODULE_WRAPPERS
+from ember.frontend.policy import CONST_TYPES, MODULE_WRAPPERS, overrides_torch_function
 from ember.frontend.python_objects import is_key, is_namedtuple_cls, is_structseq_cls
 from ember.frontend.values import (
     CellV, ConstV, DictV, GradExit, GradModeExitV, ListV, ObjV, SetV, TensorV, TupleV, V,
@@ -89,6 +89,11 @@ class Capture:
                 if source is not None:
                     g.add(f"{source} is {known.source}" if known.source else f"{source} is {self.consts.ref(value)}", 0)
                 return known
+            if overrides_torch_function(type(value)):  # its torch calls run Python: the graph's ops would skip it
+                if source is not None:
+                    g.add(f"type({source}) is {self.consts.ref(type(value))}", 0)
+                raise Unsupported(f"a {type(value).__name__}: a tensor subclass whose torch calls go through "
+                                  f"__torch_function__")
             if source is None:
                 return self.tensor_constant(value)
             g.tensor(source, value)

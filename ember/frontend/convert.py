@@ -220,8 +220,13 @@ class FrameCompiler:
             for g in break_guards:
                 cap.guards.add(g, 1)
             local_vars = {}
-            for name, param, value in zip(self.argnames, self.params, frame_args):
-                local_vars[name] = cap.wrap(value, param)
+            try:
+                for name, param, value in zip(self.argnames, self.params, frame_args):
+                    local_vars[name] = cap.wrap(value, param)
+            except Unsupported as u:   # an argument ember does not capture (a __torch_function__ subclass)
+                if self.cfg.fullgraph:
+                    raise GraphBreakError(_break_message(u.reason, where(self.code, 0))) from None
+                return self.fallback_entry(cap, u.reason)
             cells = {}
             clo = self.fn.__closure__ or ()
             for i, fv in enumerate(self.code.co_freevars):
