@@ -113,6 +113,8 @@ class Calls:
             return self.at_capture(f, rule, args, kwargs)
         if id(f) in TORCH_OPS and TORCH_OP_OBJS.get(id(f)) is f:
             return self.call_torch(f, TORCH_OPS[id(f)], args, kwargs)
+        if isinstance(f, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch.library.CustomOpDef)):
+            return self.call_registered_op(f, args, kwargs)
         handler = BUILTIN_HANDLERS.get(f) if hashable(f) else None
         if handler is not None:
             return handler(self, args, kwargs)
@@ -277,6 +279,23 @@ class Calls:
                 expected = f"{'is' if isinstance(value, torch.dtype) else '=='} {c.ref(value)}"
             self.cap.guards.add(f"{c.ref(f)}({', '.join(call_args)}) {expected}", 1)
         return out
+
+    def call_registered_op(self, op, args: list[V], kwargs: dict) -> V:
+        """An operator of torch's dispatcher (`torch.ops.ns.op`, an ATen op, or a `torch.library.custom_op`): one
+        graph op, its result's metadata from its fake (or Meta) kernel, as torch.compile records it. An op that
+        writes its arguments (a mutable schema) is left to Python, and so is one with no fake kernel (the fake run
+        fails: a break)."""
+        if isinstance(op, torch.library.CustomOpDef):
+            op = op._opoverload
+        overloads = [op]
+        if isinstance(op, torch._ops.OpOverloadPacket):   # the overload is picked at the call: any but an out= one
+            overloads = [getattr(op, name) for name in op.overloads()]
+            overloads = [o for o in overloads if not any(a.is_out for a in o._schema.arguments)]
+        if "out" in kwargs or any(o._schema.is_mutable for o in overloads):
+            raise Unsupported(f"{op} writes its arguments (a mutable schema)", self.where())
+        if not (_any_tensor(args) or _any_tensor(list(kwargs.values()))):
+            raise Unsupported(f"{op} without a tensor argument", self.where())
+        return self.cap.record("call_function", op, tuple(args), kwargs, self.where())
 
     def call_module(self, mod_v: V, mod: torch.nn.Module, args: list[V], kwargs: dict) -> V:
         from torch.nn.modules import module as module_mod

@@ -166,7 +166,7 @@ class Capture:
             return self.by_id[id(value)]
         if source is not None:
             if _guard_by_identity(value):
-                g.add(f"{source} is {self.consts.ref(value)}", 0)
+                g.add(f"{source} {'==' if _bound_anew(value) else 'is'} {self.consts.ref(value)}", 0)
             else:
                 g.add(f"type({source}) is {self.consts.ref(type(value))}", 0)
         v = ObjV(value, source)
@@ -255,6 +255,13 @@ def _guard_by_identity(value) -> bool:
     return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
                               types.ModuleType, functools.partial, types.MethodWrapperType,
                               types.WrapperDescriptorType, types.MethodDescriptorType))
+
+
+def _bound_anew(value) -> bool:
+    # a method bound on each attribute read (Fn.apply: a C classmethod bound to Fn): equal to the one captured
+    # (same function, same object), never identical
+    return isinstance(value, (types.MethodType, types.MethodWrapperType)) or isinstance(
+        value, types.BuiltinMethodType) and not isinstance(value.__self__, (types.ModuleType, type(None)))
 
 
 def _contains_tensor(x) -> bool:
