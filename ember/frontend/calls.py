@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import types
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,8 @@ from ember.frontend.builtin_functions import BUILTIN_HANDLERS
 from ember.frontend.modes import AUTOCAST_CLASSES
 from ember.frontend.policy import (
     AT_CAPTURE, DYNAMO_WRAPPER_FILE, FACTORIES, MATH_FUNCS, MODULE_TRAVERSALS, OPERATOR_FUNCS, OUTPUT_MODULES,
-    PURE_BUILTIN_FUNCS, PURE_METHODS, TORCH_DISABLED_CODE, TORCH_OP_OBJS, TORCH_OPS, AtCapture,
+    PURE_BUILTIN_FUNCS, PURE_METHODS, TORCH_DISABLED_CODE, TORCH_OP_OBJS, TORCH_OPS, AtCapture, is_numpy_ufunc,
+    marked_constant,
 )
 from ember.frontend.py_float import has_py_float, optim_helpers
 from ember.frontend.python_objects import (
@@ -115,6 +117,10 @@ class Calls:
             return self.call_torch(f, TORCH_OPS[id(f)], args, kwargs)
         if isinstance(f, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch.library.CustomOpDef)):
             return self.call_registered_op(f, args, kwargs)
+        if is_numpy_ufunc(f):
+            return self.numpy_on_numbers(f, args, kwargs)
+        if marked_constant(f) and all(isinstance(a, ConstV) for a in [*args, *kwargs.values()]):
+            return self.concrete(f, args, kwargs)
         handler = BUILTIN_HANDLERS.get(f) if hashable(f) else None
         if handler is not None:
             return handler(self, args, kwargs)
@@ -233,8 +239,10 @@ class Calls:
     def call_builtin_method(self, owner: V, descr, args: list[V], kwargs: dict) -> V:
         """A C method of a builtin base class (dict.get on a dict subclass...): read-only ones run at capture
         time, and their result is guarded by calling them again."""
-        if descr.__name__ not in PURE_METHODS or kwargs or not isinstance(owner, ObjV) or \
-                not all(isinstance(a, ConstV) for a in args):
+        # arguments: constants, or classes and functions (a pytree's node types: identity-hashed, guarded by it)
+        if descr.__name__ not in PURE_METHODS or kwargs or not isinstance(owner, ObjV) or not all(
+                isinstance(a, ConstV) or isinstance(a, ObjV) and isinstance(a.value, (type, types.FunctionType))
+                for a in args):
             raise Unsupported(f"{descr.__qualname__} on {self.type_name(owner)}", self.where())
         vals = [a.value for a in args]
         try:
@@ -279,6 +287,21 @@ class Calls:
                 expected = f"{'is' if isinstance(value, torch.dtype) else '=='} {c.ref(value)}"
             self.cap.guards.add(f"{c.ref(f)}({', '.join(call_args)}) {expected}", 1)
         return out
+
+    def numpy_on_numbers(self, f, args: list[V], kwargs: dict) -> V:
+        """A numpy ufunc on numbers: its numpy scalar result at capture (numpy's own semantics kept)."""
+        vals = [a.value if isinstance(a, ConstV) else a for a in args]
+        kw = {k: v.value if isinstance(v, ConstV) else v for k, v in kwargs.items()}
+        if not all(isinstance(v, (int, float, complex)) or type(v).__module__ == "numpy" and getattr(v, "ndim", 1) == 0
+                   for v in [*vals, *kw.values()]):
+            raise Unsupported(f"numpy.{f.__name__} of a value that is not a number", self.where())
+        try:
+            out = f(*vals, **kw)
+        except Exception as e:
+            raise Unsupported(f"numpy.{f.__name__} raised {type(e).__name__} at capture time", self.where())
+        if getattr(out, "ndim", 1) != 0:
+            raise Unsupported(f"numpy.{f.__name__} returned {type(out).__name__}", self.where())
+        return ConstV(out)
 
     def call_registered_op(self, op, args: list[V], kwargs: dict) -> V:
         """An operator of torch's dispatcher (`torch.ops.ns.op`, an ATen op, or a `torch.library.custom_op`): one
@@ -348,7 +371,9 @@ class Calls:
 
     def construct(self, cls_v: V, cls: type, args: list[V], kwargs: dict) -> V:
         if issubclass(cls, torch.nn.Module):
-            raise Unsupported(f"creating a module ({cls.__name__}) inside a compiled function", self.where())
+            return self.construct_stateless_module(cls, args, kwargs)
+        if cls.__module__ == "numpy" and getattr(cls, "ndim", None) is not None and issubclass(cls, numbers.Number):
+            return self.numpy_on_numbers(cls, args, kwargs)   # a numpy scalar (np.float32(0.1)) of a number
         if is_namedtuple_cls(cls):
             fields = list(cls._fields)
             defaults = getattr(cls, "_field_defaults", {})
@@ -380,6 +405,23 @@ class Calls:
         if dataclasses.is_dataclass(cls) and getattr(cls, "__post_init__", None) is None:
             pass
         return obj
+
+    def construct_stateless_module(self, cls: type, args: list[V], kwargs: dict) -> V:
+        """A module made inside the program (transformers' `ACT2FN[name](x)` builds its activation on every call):
+        built at capture when its arguments are constants and it holds no parameters, buffers or submodules, so
+        calling it is its forward on constants. The capture's instance stands for each call's new one (its
+        identity is the only difference; assigning it to a module is a break). Else a break."""
+        if not all(isinstance(a, ConstV) for a in [*args, *kwargs.values()]):
+            raise Unsupported(f"creating a module ({cls.__name__}) from values known only when it runs", self.where())
+        try:
+            with torch.random.fork_rng(devices=[]):   # initializing parameters draws random numbers: not at capture
+                mod = cls(*[a.value for a in args], **{k: v.value for k, v in kwargs.items()})
+        except Exception as e:
+            raise Unsupported(f"creating a module ({cls.__name__}) raised {type(e).__name__}", self.where())
+        if mod._parameters or mod._buffers or mod._modules:
+            raise Unsupported(f"creating a module with state ({cls.__name__}) inside a compiled function",
+                              self.where())
+        return ObjV(mod)
 
     def construct_dict_dataclass(self, cls, args, kwargs) -> V:
         """A dataclass that is also a dict of its non-None fields (transformers' ModelOutput): a DictV of cls."""

@@ -303,6 +303,8 @@ def python_value(v: Any, tensor_fn: Callable[[TensorV], Any]) -> Any:
     if isinstance(v, TensorV):
         return tensor_fn(v)
     if isinstance(v, ConstV):
+        if type(v.value).__module__ == "numpy" and getattr(v.value, "ndim", None) == 0:
+            return v.value.item()   # a numpy scalar: the Python number torch takes it as (fx cannot print it)
         return v.value
     if isinstance(v, TupleV):
         items = [python_value(x, tensor_fn) for x in v.items]

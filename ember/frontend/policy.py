@@ -137,6 +137,20 @@ AT_CAPTURE = {
 }
 
 
+def marked_constant(f) -> bool:
+    """A function torch._dynamo.assume_constant_result marked (transformers marks its install and version probes,
+    `is_torch_greater_or_equal`, the same way without importing torch): its result is fixed for the process, so
+    on constant arguments it is called at capture, unguarded, as torch.compile does."""
+    return getattr(f, "_dynamo_marked_constant", False) is True or \
+        getattr(getattr(f, "__wrapped__", None), "_dynamo_marked_constant", False) is True
+
+
+def is_numpy_ufunc(f) -> bool:
+    """numpy's elementwise functions (np.sqrt, np.lcm...): on Python numbers or numpy scalars they are pure, so they
+    are evaluated at capture (reformer's, ctrl's `np.sqrt(d_model)`); on anything else they are a break."""
+    return type(f).__name__ == "ufunc" and type(f).__module__ == "numpy"
+
+
 def overrides_torch_function(cls: type) -> bool:
     """Whether torch calls on tensors of this class go through Python (`__torch_function__`: a subclass's own, or
     Tensor's default, which makes results of the subclass); nn.Parameter and torch's internal tensors switch it
