@@ -43,7 +43,6 @@ KNOWN_GAPS = {
         _INNER_FUNCTION,
     "test_breaks_flow.py::test_side_effect_order_across_breaks[se_print_order_with_nested_prints-<lambda>]":
         _INNER_FUNCTION,
-    "test_python.py::test_python_program[p_deque_counter]": "collections.deque is not modeled: it breaks the graph",
 }
 NOT_STRICT = {"test_breaks_flow.py::test_generator_program[g_zip_generators]"}  # passes on Python 3.12
 

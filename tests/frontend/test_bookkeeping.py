@@ -176,3 +176,26 @@ def test_a_plain_subclass_keeps_its_type():
         out = ember.compile(f, backend=backend)(x, y)
         assert type(out) is Sub
         torch.testing.assert_close(out, f(x, y))
+
+
+def test_torch_state_queries_do_not_recompile_and_a_changed_flag_does():
+    from tests.frontend.harness import Recorder, compile, reset
+
+    def f(x):
+        flags = (torch._C._is_torch_function_mode_enabled(), torch._C._len_torch_function_stack() > 0,
+                 torch._C._is_torch_function_enabled(), torch.are_deterministic_algorithms_enabled(),
+                 torch._C._get_cudnn_enabled(), torch.is_inference_mode_enabled())
+        return x + flags.count(True)
+    reset()
+    rec = Recorder()
+    cf = compile(f, rec)
+    x = rand(2)
+    for _ in range(3):
+        torch.testing.assert_close(cf(x), f(x))
+    assert rec.graphs == 1
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.testing.assert_close(cf(x), f(x))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert rec.graphs == 2

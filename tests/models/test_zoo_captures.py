@@ -99,3 +99,17 @@ def test_mixtral_train_gradients_through_the_custom_ops_autograd():
     rec = _compare(model, (ids,), {"labels": ids}, backend="aot_eager", train_loss=lambda out: out.loss,
                    rtol=1e-5, atol=1e-6)
     assert len(rec.graphs) == 1
+
+
+def test_mamba_activation_built_in_forward_one_graph():
+    """Mamba's mixer calls ACT2FN[name](x): a new activation module on every call, built at capture. Its default
+    use_associative_scan=True takes torch._higher_order_ops.associative_scan under a compiler, a torch.compile-only
+    higher-order op ember does not capture (8 graphs; torch.compile 1 graph of 397 ops): the sequential scan here."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=100, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                                   conv_kernel=4, use_cache=False, use_associative_scan=False)
+    model = transformers.MambaForCausalLM(cfg).eval()
+    rec = _compare(model, (torch.randint(0, 100, (2, 8)),))
+    # torch.compile: 1 graph, 289 ops
+    assert len(rec.graphs) == 1 and rec.ops == 289
