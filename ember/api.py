@@ -6,6 +6,7 @@ attribute reads and writes) and compiles only the call.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -15,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from ember.backends import backend_name, lookup_backend, with_mode
+from ember.frontend.policy import MODULE_WRAPPERS
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 VALID_OPTIONS = ("model", "fullgraph", "dynamic", "backend", "mode", "options", "disable")
@@ -77,10 +79,10 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     def wrap(m: Callable):
         if disable:
             return m
-        if isinstance(m, torch.nn.Module):
-            return CompiledModule(m, cfg)
         if isinstance(m, (CompiledFunction, CompiledModule)):
             return m
+        if isinstance(m, torch.nn.Module):
+            return CompiledModule(m, cfg)
         if isinstance(m, (types.FunctionType, types.MethodType)) or (callable(m) and not isinstance(m, type)):
             return CompiledFunction(m, cfg)
         raise TypeError(f"ember.compile expects a function, a bound method or an nn.Module, "
@@ -114,10 +116,19 @@ class CompiledFunction:
         return f"ember.compile({self._fn!r}, backend={self._cfg.backend_name!r})"
 
 
-class CompiledModule:
-    """Looks like the original module: attribute reads, writes and methods go to it, calls are compiled."""
+class CompiledModule(torch.nn.Module):
+    """The original module with its calls compiled: an nn.Module (isinstance, DDP, trainers) that stands for it.
+
+    Every nn.Module method is the original's (its class's overrides included), returning the wrapper where the
+    original returns itself; nn.Module's state (`_parameters`, `_modules`, hook dicts, `training`) is the
+    original's, read through properties, so code reaching into it sees the same dicts; attribute reads and writes
+    go to the original. So `state_dict()` keys have no prefix (torch.compile's OptimizedModule adds `_orig_mod.`):
+    a state_dict saved from the compiled model loads into the uncompiled one, and back. Hooks registered on
+    either are the original's, run once by the compiled call.
+    """
 
     def __init__(self, mod: torch.nn.Module, cfg: Config):
+        # nn.Module.__init__ is not called: the state it would make is the original's (the properties below)
         object.__setattr__(self, "_orig_mod", mod)
         object.__setattr__(self, "_ember_call", CompiledFunction(_call_module, cfg))
 
@@ -128,14 +139,11 @@ class CompiledModule:
         return self._ember_call(self._orig_mod, *args, **kwargs)
 
     def __getattr__(self, name: str):
+        if name in ("_orig_mod", "_ember_call"):  # not set yet (a half-built copy): no recursion through them
+            raise AttributeError(name)
         attr = getattr(self._orig_mod, name)
         if isinstance(attr, types.MethodType) and attr.__self__ is self._orig_mod:
-            # Module methods that return the module (.to, .train, .eval, .cuda, .float...) return the wrapper.
-            @functools.wraps(attr)
-            def method(*args, **kwargs):
-                out = attr(*args, **kwargs)
-                return self if out is self._orig_mod else out
-            return method
+            return _returning_wrapper(self, attr)
         return attr
 
     def __setattr__(self, name: str, value):
@@ -147,13 +155,64 @@ class CompiledModule:
     def __dir__(self):
         return dir(self._orig_mod)
 
+    def __len__(self):
+        return len(self._orig_mod)
+
     def __repr__(self):
         return f"CompiledModule({self._orig_mod!r})"
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """The original's load_state_dict; a state_dict saved from torch.compile's wrapper (every key prefixed
+        `_orig_mod.`) loads too, its prefix dropped."""
+        prefix = "_orig_mod."
+        if state_dict and all(k.startswith(prefix) for k in state_dict) and \
+                not isinstance(getattr(self._orig_mod, "_modules", {}).get("_orig_mod"), torch.nn.Module):
+            state_dict = type(state_dict)((k[len(prefix):], v) for k, v in state_dict.items()) \
+                if isinstance(state_dict, dict) else {k[len(prefix):]: v for k, v in state_dict.items()}
+        return self._orig_mod.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __deepcopy__(self, memo):
+        # a copy of the model, compiled anew with the same options (an EMA copy of a compiled model)
+        return CompiledModule(copy.deepcopy(self._orig_mod, memo), self._ember_call._cfg)
 
     def __reduce_ex__(self, protocol):
         raise TypeError(f"cannot pickle an ember-compiled module: save the original module instead "
                         f"(torch.save(model) or torch.save(model.state_dict()) on the {type(self._orig_mod).__name__} "
                         f"you passed to ember.compile), and compile again after loading.")
+
+
+def _returning_wrapper(wrapper: CompiledModule, method: types.MethodType) -> Callable:
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        out = method(*args, **kwargs)
+        return wrapper if out is wrapper._orig_mod else out
+    return call
+
+
+def _original_method(name: str) -> Callable:
+    def method(self, *args, **kwargs):
+        out = getattr(self._orig_mod, name)(*args, **kwargs)
+        return self if out is self._orig_mod else out
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = getattr(torch.nn.Module, name).__doc__
+    return method
+
+
+def _original_state(name: str) -> property:
+    return property(lambda self: getattr(self._orig_mod, name))
+
+
+# nn.Module's methods that stay the wrapper's own: the call (compiled), the attribute protocol (to the original),
+# and the extra-state hooks nn.Module finds by class (state_dict itself is the original's)
+_OWN_METHODS = {"__call__", "_call_impl", "_wrapped_call_impl", "_slow_forward", "get_extra_state", "set_extra_state"}
+for _name, _value in vars(torch.nn.Module).items():
+    if callable(_value) and not _name.startswith("__") and _name not in _OWN_METHODS and \
+            _name not in vars(CompiledModule):
+        setattr(CompiledModule, _name, _original_method(_name))
+for _name in vars(torch.nn.Module()):
+    setattr(CompiledModule, _name, _original_state(_name))
+del _name, _value
+MODULE_WRAPPERS.add(CompiledModule)
 
 
 def _call_module(mod, *args, **kwargs):

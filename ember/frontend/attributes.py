@@ -317,6 +317,13 @@ class Attributes:
                 isinstance(value, ConstV) and value.value is None:
             self.cap.grad_writes[id(obj)] = (obj, value)
             return
+        if isinstance(obj, DictV) and obj.source is None and dataclasses.is_dataclass(obj.cls) and \
+                name in obj.items and not self.is_none(value) and \
+                lookup_static(obj.cls, "__setattr__") not in (object.__setattr__, dict.__setattr__):
+            # a field of a dict dataclass made in the capture (transformers' ModelOutput, clip's
+            # `outputs.pooler_output = ...`), present as an item: its __setattr__ sets the item as well
+            obj.items[name] = value
+            return
         raise Unsupported(f"setting attribute {name!r} of {self.type_name(obj)}", self.where())
 
 

@@ -255,6 +255,8 @@ def _iter(fr, args, kwargs):
 
 def builtin_next(fr: Frame, args: list[V], kwargs: dict) -> V:
     it = args[0]
+    if isinstance(it, IterV) and it.view:   # a dict view is not an iterator: Python raises TypeError
+        raise Unsupported("next() of a dict view", fr.where())
     if not isinstance(it, IterV):
         it = IterV(fr.iterate(it))
     if it.pos >= len(it.items):

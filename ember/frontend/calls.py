@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import types
 from typing import TYPE_CHECKING
 
@@ -11,12 +12,13 @@ import torch
 
 from ember.errors import Unsupported
 from ember.frontend.attributes import attr_source
+from ember.frontend.autograd_functions import apply_function, function_applied
 from ember.frontend.builtin_functions import BUILTIN_HANDLERS
 from ember.frontend.modes import AUTOCAST_CLASSES
 from ember.frontend.policy import (
-    COMPILING_PROBES, DYNAMO_WRAPPER_FILE, FACTORIES, IGNORED_CALLS, MATH_FUNCS, MODULE_TRAVERSALS, OPERATOR_FUNCS,
-    OUTPUT_MODULES, PURE_BUILTIN_FUNCS, PURE_METHODS, STATE_PROBES, TORCH_DISABLED_CODE, TORCH_OP_OBJS, TORCH_OPS,
-    TORCH_PURE_CONST,
+    AT_CAPTURE, DYNAMO_WRAPPER_FILE, FACTORIES, MATH_FUNCS, MODULE_TRAVERSALS, OPERATOR_FUNCS, OUTPUT_MODULES,
+    PURE_BUILTIN_FUNCS, PURE_METHODS, TORCH_DISABLED_CODE, TORCH_OP_OBJS, TORCH_OPS, AtCapture, is_numpy_ufunc,
+    marked_constant,
 )
 from ember.frontend.py_float import has_py_float, optim_helpers
 from ember.frontend.python_objects import (
@@ -108,17 +110,20 @@ class Calls:
     def call_value(self, fn_v: V, f, args: list[V], kwargs: dict[str, V]) -> V:
         if getattr(f, "__ember_disable__", False) or getattr(getattr(f, "__func__", None), "__ember_disable__", False):
             raise Unsupported(f"{getattr(f, '__qualname__', f)} is marked ember.disable", self.where())
+        rule = AT_CAPTURE.get(f) if hashable(f) else None
+        if rule is not None and not (rule.rule == "pure" and (_any_tensor(args) or _any_tensor(list(kwargs.values())))):
+            return self.at_capture(f, rule, args, kwargs)
         if id(f) in TORCH_OPS and TORCH_OP_OBJS.get(id(f)) is f:
             return self.call_torch(f, TORCH_OPS[id(f)], args, kwargs)
+        if isinstance(f, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch.library.CustomOpDef)):
+            return self.call_registered_op(f, args, kwargs)
+        if is_numpy_ufunc(f):
+            return self.numpy_on_numbers(f, args, kwargs)
+        if marked_constant(f) and all(isinstance(a, ConstV) for a in [*args, *kwargs.values()]):
+            return self.concrete(f, args, kwargs)
         handler = BUILTIN_HANDLERS.get(f) if hashable(f) else None
         if handler is not None:
             return handler(self, args, kwargs)
-        if f in COMPILING_PROBES:
-            return ConstV(True)  # libraries take their compile-friendly paths, as under torch.compile
-        if f in STATE_PROBES:
-            return self.concrete(f, args, kwargs)
-        if f in IGNORED_CALLS:
-            return ConstV(None)
         if isinstance(f, types.FunctionType) and f.__code__ is TORCH_DISABLED_CODE:
             raise Unsupported(f"{f.__qualname__} is marked torch._disable_dynamo: it runs in Python", self.where())
         if isinstance(f, types.FunctionType) and f.__code__.co_filename.endswith(DYNAMO_WRAPPER_FILE) \
@@ -157,6 +162,9 @@ class Calls:
             pkw = {k: self.cap.wrap(a, f"{fn_v.source}.keywords[{k!r}]" if fn_v.source else None)
                    for k, a in f.keywords.items()}
             return self.call(inner, pargs + args, {**pkw, **kwargs})
+        applied = function_applied(f) if isinstance(f, types.BuiltinMethodType) else None
+        if applied is not None:
+            return apply_function(self, applied, args, kwargs)
         if isinstance(f, types.FunctionType):
             if (f.__module__ or "").split(".")[0] in OUTPUT_MODULES:
                 raise Unsupported(f"{f.__module__}.{f.__qualname__} writes output: it runs in Python", self.where())
@@ -231,8 +239,10 @@ class Calls:
     def call_builtin_method(self, owner: V, descr, args: list[V], kwargs: dict) -> V:
         """A C method of a builtin base class (dict.get on a dict subclass...): read-only ones run at capture
         time, and their result is guarded by calling them again."""
-        if descr.__name__ not in PURE_METHODS or kwargs or not isinstance(owner, ObjV) or \
-                not all(isinstance(a, ConstV) for a in args):
+        # arguments: constants, or classes and functions (a pytree's node types: identity-hashed, guarded by it)
+        if descr.__name__ not in PURE_METHODS or kwargs or not isinstance(owner, ObjV) or not all(
+                isinstance(a, ConstV) or isinstance(a, ObjV) and isinstance(a.value, (type, types.FunctionType))
+                for a in args):
             raise Unsupported(f"{descr.__qualname__} on {self.type_name(owner)}", self.where())
         vals = [a.value for a in args]
         try:
@@ -250,14 +260,65 @@ class Calls:
         has_tensor = _any_tensor(args) or _any_tensor(list(kwargs.values()))
         if has_tensor or name in FACTORIES:
             return self.cap.record("call_function", f, tuple(args), kwargs, self.where())
-        if name in TORCH_PURE_CONST:
-            return self.concrete(f, args, kwargs)
         if isinstance(f, types.FunctionType):  # a Python helper of torch's own (torch._none_or_dtype...)
             return self.inline(f.__code__, f.__globals__, tuple(ConstV(d) for d in f.__defaults__ or ()),
                                {k: ConstV(d) for k, d in (f.__kwdefaults__ or {}).items()},
                                tuple(CellV(self.cap.wrap(c.cell_contents, None)) for c in f.__closure__ or ()),
                                args, kwargs, f.__qualname__)
         raise Unsupported(f"torch.{name} is not captured (no tensor argument)", self.where())
+
+    def at_capture(self, f, rule: AtCapture, args: list[V], kwargs: dict) -> V:
+        """A call policy.AT_CAPTURE answers at capture time, by its rule."""
+        if rule.rule == "skip":
+            return ConstV(None)
+        if rule.rule == "answer":
+            return ConstV(rule.answer)
+        out = self.concrete(f, args, kwargs)
+        if rule.rule == "guarded":
+            if not isinstance(out, ConstV):
+                raise Unsupported(f"{_callable_name(f)} returned {self.type_name(out)} at capture", self.where())
+            c = self.cap.consts
+            call_args = [c.key(self.const_value(a)) for a in args]
+            call_args += [f"{k}={c.key(self.const_value(v))}" for k, v in kwargs.items()]
+            value = out.value
+            if value is None or isinstance(value, bool):
+                expected = f"is {value!r}"
+            else:
+                expected = f"{'is' if isinstance(value, torch.dtype) else '=='} {c.ref(value)}"
+            self.cap.guards.add(f"{c.ref(f)}({', '.join(call_args)}) {expected}", 1)
+        return out
+
+    def numpy_on_numbers(self, f, args: list[V], kwargs: dict) -> V:
+        """A numpy ufunc on numbers: its numpy scalar result at capture (numpy's own semantics kept)."""
+        vals = [a.value if isinstance(a, ConstV) else a for a in args]
+        kw = {k: v.value if isinstance(v, ConstV) else v for k, v in kwargs.items()}
+        if not all(isinstance(v, (int, float, complex)) or type(v).__module__ == "numpy" and getattr(v, "ndim", 1) == 0
+                   for v in [*vals, *kw.values()]):
+            raise Unsupported(f"numpy.{f.__name__} of a value that is not a number", self.where())
+        try:
+            out = f(*vals, **kw)
+        except Exception as e:
+            raise Unsupported(f"numpy.{f.__name__} raised {type(e).__name__} at capture time", self.where())
+        if getattr(out, "ndim", 1) != 0:
+            raise Unsupported(f"numpy.{f.__name__} returned {type(out).__name__}", self.where())
+        return ConstV(out)
+
+    def call_registered_op(self, op, args: list[V], kwargs: dict) -> V:
+        """An operator of torch's dispatcher (`torch.ops.ns.op`, an ATen op, or a `torch.library.custom_op`): one
+        graph op, its result's metadata from its fake (or Meta) kernel, as torch.compile records it. An op that
+        writes its arguments (a mutable schema) is left to Python, and so is one with no fake kernel (the fake run
+        fails: a break)."""
+        if isinstance(op, torch.library.CustomOpDef):
+            op = op._opoverload
+        overloads = [op]
+        if isinstance(op, torch._ops.OpOverloadPacket):   # the overload is picked at the call: any but an out= one
+            overloads = [getattr(op, name) for name in op.overloads()]
+            overloads = [o for o in overloads if not any(a.is_out for a in o._schema.arguments)]
+        if "out" in kwargs or any(o._schema.is_mutable for o in overloads):
+            raise Unsupported(f"{op} writes its arguments (a mutable schema)", self.where())
+        if not (_any_tensor(args) or _any_tensor(list(kwargs.values()))):
+            raise Unsupported(f"{op} without a tensor argument", self.where())
+        return self.cap.record("call_function", op, tuple(args), kwargs, self.where())
 
     def call_module(self, mod_v: V, mod: torch.nn.Module, args: list[V], kwargs: dict) -> V:
         from torch.nn.modules import module as module_mod
@@ -310,7 +371,9 @@ class Calls:
 
     def construct(self, cls_v: V, cls: type, args: list[V], kwargs: dict) -> V:
         if issubclass(cls, torch.nn.Module):
-            raise Unsupported(f"creating a module ({cls.__name__}) inside a compiled function", self.where())
+            return self.construct_stateless_module(cls, args, kwargs)
+        if cls.__module__ == "numpy" and getattr(cls, "ndim", None) is not None and issubclass(cls, numbers.Number):
+            return self.numpy_on_numbers(cls, args, kwargs)   # a numpy scalar (np.float32(0.1)) of a number
         if is_namedtuple_cls(cls):
             fields = list(cls._fields)
             defaults = getattr(cls, "_field_defaults", {})
@@ -342,6 +405,23 @@ class Calls:
         if dataclasses.is_dataclass(cls) and getattr(cls, "__post_init__", None) is None:
             pass
         return obj
+
+    def construct_stateless_module(self, cls: type, args: list[V], kwargs: dict) -> V:
+        """A module made inside the program (transformers' `ACT2FN[name](x)` builds its activation on every call):
+        built at capture when its arguments are constants and it holds no parameters, buffers or submodules, so
+        calling it is its forward on constants. The capture's instance stands for each call's new one (its
+        identity is the only difference; assigning it to a module is a break). Else a break."""
+        if not all(isinstance(a, ConstV) for a in [*args, *kwargs.values()]):
+            raise Unsupported(f"creating a module ({cls.__name__}) from values known only when it runs", self.where())
+        try:
+            with torch.random.fork_rng(devices=[]):   # initializing parameters draws random numbers: not at capture
+                mod = cls(*[a.value for a in args], **{k: v.value for k, v in kwargs.items()})
+        except Exception as e:
+            raise Unsupported(f"creating a module ({cls.__name__}) raised {type(e).__name__}", self.where())
+        if mod._parameters or mod._buffers or mod._modules:
+            raise Unsupported(f"creating a module with state ({cls.__name__}) inside a compiled function",
+                              self.where())
+        return ObjV(mod)
 
     def construct_dict_dataclass(self, cls, args, kwargs) -> V:
         """A dataclass that is also a dict of its non-None fields (transformers' ModelOutput): a DictV of cls."""

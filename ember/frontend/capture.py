@@ -20,7 +20,7 @@ from ember.errors import Unsupported
 from ember.frontend.dynamic_dims import DimPolicy
 from ember.frontend.guards import Guards
 from ember.frontend.modes import autocast_state
-from ember.frontend.policy import CONST_TYPES
+from ember.frontend.policy import CONST_TYPES, MODULE_WRAPPERS, overrides_torch_function
 from ember.frontend.python_objects import is_key, is_namedtuple_cls, is_structseq_cls
 from ember.frontend.symbolic import SYM_TYPES, Symbols, check_no_unbacked, log_dynamic, symbols_of
 from ember.frontend.values import (
@@ -86,6 +86,8 @@ class Capture:
         return v
 
     def _wrap(self, value, source):
+        if type(value) in MODULE_WRAPPERS:  # a compiled module called from compiled code: its original, inlined
+            return self.wrap(value._orig_mod, None if source is None else f"{source}._orig_mod")
         g = self.guards
         if isinstance(value, torch.Tensor):
             if id(value) in self.by_id:
@@ -93,6 +95,11 @@ class Capture:
                 if source is not None:
                     g.add(f"{source} is {known.source}" if known.source else f"{source} is {self.consts.ref(value)}", 0)
                 return known
+            if overrides_torch_function(type(value)):  # its torch calls run Python: the graph's ops would skip it
+                if source is not None:
+                    g.add(f"type({source}) is {self.consts.ref(type(value))}", 0)
+                raise Unsupported(f"a {type(value).__name__}: a tensor subclass whose torch calls go through "
+                                  f"__torch_function__")
             if source is None:
                 return self.tensor_constant(value)
             dims = self.dims.dims(value, source) if self.dims is not None else {}
@@ -177,7 +184,7 @@ class Capture:
             return self.by_id[id(value)]
         if source is not None:
             if _guard_by_identity(value):
-                g.add(f"{source} is {self.consts.ref(value)}", 0)
+                g.add(f"{source} {'==' if _bound_anew(value) else 'is'} {self.consts.ref(value)}", 0)
             else:
                 g.add(f"type({source}) is {self.consts.ref(type(value))}", 0)
         v = ObjV(value, source)
@@ -273,6 +280,13 @@ def _guard_by_identity(value) -> bool:
                               types.WrapperDescriptorType, types.MethodDescriptorType))
 
 
+def _bound_anew(value) -> bool:
+    # a method bound on each attribute read (Fn.apply: a C classmethod bound to Fn): equal to the one captured
+    # (same function, same object), never identical
+    return isinstance(value, (types.MethodType, types.MethodWrapperType)) or isinstance(
+        value, types.BuiltinMethodType) and not isinstance(value.__self__, (types.ModuleType, type(None)))
+
+
 def _contains_tensor(x) -> bool:
     if isinstance(x, torch.Tensor):
         return True
@@ -346,6 +360,8 @@ def python_value(v: Any, tensor_fn: Callable[[TensorV], Any]) -> Any:
     if isinstance(v, TensorV):
         return tensor_fn(v)
     if isinstance(v, ConstV):
+        if type(v.value).__module__ == "numpy" and getattr(v.value, "ndim", None) == 0:
+            return v.value.item()   # a numpy scalar: the Python number torch takes it as (fx cannot print it)
         return v.value
     if isinstance(v, TupleV):
         items = [python_value(x, tensor_fn) for x in v.items]

@@ -295,10 +295,16 @@ class FrameCompiler:
             for g in break_guards:
                 cap.guards.add(g, 1)
             local_vars = {}
-            for name, param, value in zip(self.argnames, self.params, frame_args[1:] if self.shared else frame_args):
-                n = self.private_iters.get(name)
-                local_vars[name] = wrap_private_iter(cap, value, param, n) if n is not None else \
-                    wrap_argument(cap, value, param)
+            try:
+                for name, param, value in zip(self.argnames, self.params,
+                                              frame_args[1:] if self.shared else frame_args):
+                    n = self.private_iters.get(name)
+                    local_vars[name] = wrap_private_iter(cap, value, param, n) if n is not None else \
+                        wrap_argument(cap, value, param)
+            except Unsupported as u:   # an argument ember does not capture (a __torch_function__ subclass)
+                if self.cfg.fullgraph:
+                    raise GraphBreakError(_break_message(u.reason, where(self.code, 0))) from None
+                return self.fallback_entry(cap, u.reason)
             cells = {}
             clo = (frame_args[0] if self.shared else self.fn.__closure__) or ()
             clo_source = "___clo" if self.shared else consts.ref(clo)

@@ -67,8 +67,9 @@ class Items:
                 return self.getattr(obj, keys[i])
         if isinstance(obj, (ObjV, NewObjV)):
             m = self.getattr(obj, "__getitem__")
-            if isinstance(m, BoundV) and isinstance(m.func, types.FunctionType):
-                return self.call(m, [idx], {})
+            if isinstance(m, BoundV) and isinstance(m.func, (types.FunctionType, types.MethodDescriptorType,
+                                                             types.WrapperDescriptorType)):
+                return self.call(m, [idx], {})   # Python, or a read-only C method run at capture (call_bound)
         if isinstance(obj, ObjV) and isinstance(obj.value, type):
             return ObjV(obj.value[self.type_arg(idx)])  # typing generics like list[int], list[Tensor]
         raise Unsupported(f"indexing {self.type_name(obj)}", self.where())

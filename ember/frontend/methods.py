@@ -89,11 +89,11 @@ def list_method(frame: Frame, self_v: ListV, name: str, args: list[V], kwargs: d
 def dict_method(frame: Frame, self_v: DictV, name: str, args: list[V], kwargs: dict) -> V:
     d = self_v.items
     if name == "items":
-        return IterV([TupleV([frame.key_v(k), v]) for k, v in d.items()])
+        return IterV([TupleV([frame.key_v(k), v]) for k, v in d.items()], view=True)
     if name == "keys":
-        return IterV([frame.key_v(k) for k in d])
+        return IterV([frame.key_v(k) for k in d], view=True)
     if name == "values":
-        return IterV(list(d.values()))
+        return IterV(list(d.values()), view=True)
     if name == "get":
         k = frame.key(args[0])
         return d.get(k, args[1] if len(args) > 1 else ConstV(None))

@@ -5,6 +5,8 @@ or builtin starts here.
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
 import operator
 import types
@@ -27,17 +29,6 @@ FACTORIES = {"zeros", "ones", "empty", "full", "arange", "linspace", "logspace",
              "rand", "randint", "randperm", "normal", "eye", "scalar_tensor", "empty_strided", "zeros_like",
              "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "bernoulli",
              "tril_indices", "triu_indices", "complex", "polar"}
-# torch functions of no tensor argument whose result depends only on their arguments or guarded global state.
-TORCH_PURE_CONST = {"is_grad_enabled", "get_default_dtype", "is_tensor", "is_floating_point", "is_complex",
-                    "is_autocast_enabled", "is_inference_mode_enabled", "result_type", "promote_types",
-                    "can_cast", "is_storage", "numel", "typename", "finfo", "iinfo", "is_nonzero_",
-                    "_get_tracing_state", "is_scripting", "is_anomaly_enabled", "is_deterministic_algorithms_warn_only_enabled",
-                    "are_deterministic_algorithms_enabled", "broadcast_shapes", "_has_torch_function",
-                    "_has_torch_function_unary", "_has_torch_function_variadic", "get_autocast_gpu_dtype",
-                    "is_autocast_cpu_enabled",
-                    # torch.overrides' checks on arguments that hold no tensor: False for plain Python values (a
-                    # bool in torch._assert), so the library code after them is captured
-                    "has_torch_function", "has_torch_function_unary", "has_torch_function_variadic"}
 # Device types whose losses' backward() joins the graph (Frame.tensor_backward): on CUDA a training step becomes
 # one graph and one CUDA-graph replay, faster; on the CPU one graph measured slower than a separate backward
 # (docs/evidence.md). Read as policy.BACKWARD_IN_GRAPH_DEVICES, so tests can widen it.
@@ -72,20 +63,101 @@ TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "functools", "itertools"
                            "numbers", "typing", "enum", "dataclasses", "warnings", "inspect", "abc", "copy")
 # builtins without side effects: evaluated at capture time on constant arguments
 PURE_BUILTIN_FUNCS = {abs, round, divmod, pow, hash, chr, ord, hex, oct, bin, repr, ascii, format, callable, id}
-# bookkeeping calls with no effect on the program's values or output (torch's API-usage telemetry): skipped, as
-# torch.compile skips them, so a library op that logs its use (torchvision's stochastic depth) is captured
-IGNORED_CALLS = {getattr(torch._C, n) for n in ("_log_api_usage_once", "_log_api_usage_metadata")
-                 if hasattr(torch._C, n)}
-# torch.compiler.is_compiling() and friends: True, so libraries take their compile-friendly paths
-COMPILING_PROBES = {getattr(torch.compiler, n) for n in ("is_compiling", "is_dynamo_compiling", "is_exporting")
-                    if hasattr(torch.compiler, n)} - {getattr(torch.compiler, "is_exporting", None)}
-# torch._C queries of global state that is fixed for the capture or guarded: evaluated at capture time
-STATE_PROBES = {getattr(torch._C, n) for n in ("_is_tracing", "_get_tracing_state", "_get_cudnn_enabled",
-                                               "_get_mkldnn_enabled", "is_grad_enabled", "_is_torch_function_enabled",
-                                               "_is_functional_tensor",
-                                               # fixed once set (torch.utils.rename_privateuse1_backend): asked by
-                                               # torch.optim when it picks the foreach implementation
-                                               "_get_privateuse1_backend_name") if hasattr(torch._C, n)}
+# module wrappers (ember.compile's CompiledModule, added by ember.api) that compiled code sees as the module they
+# wrap (their `_orig_mod`): the inner compile is inlined into the outer graph, as torch.compile inlines its own
+MODULE_WRAPPERS: set[type] = set()
+# Calls ember neither records nor inlines: each is answered at capture time, by one of five rules.
+#   pure:    a function of its arguments: evaluated (when no argument holds a tensor: with one, it is recorded)
+#   mode:    follows the grad or autocast mode, which the entry guards and the capture tracks through the
+#            program's own switches (`with torch.no_grad()`): evaluated, no guard of its own
+#   guarded: a process setting that programs change outside compiled code: evaluated, and the entry guards its
+#            value (a later change recompiles)
+#   answer:  answered with a fixed value, as torch.compile answers it
+#   skip:    no effect on values or output: not called, None
+# Anything in neither this table nor the other sets of this file is recorded (a torch op), inlined (Python) or a
+# graph break logged with the user's file:line.
+@dataclasses.dataclass(frozen=True)
+class AtCapture:
+    rule: str
+    why: str
+    answer: object = None
+
+
+def _resolve(path: str):
+    obj = importlib.import_module(path.split(".")[0])
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _entries(rule: str, why: str, names: tuple[str, ...], answer: object = None) -> dict:
+    return {f: AtCapture(rule, why, answer) for f in map(_resolve, names) if f is not None}
+
+
+AT_CAPTURE = {
+    **_entries("pure", "a function of its arguments", (
+        "torch.is_tensor", "torch.is_storage", "torch.is_floating_point", "torch.is_complex", "torch.result_type",
+        "torch.promote_types", "torch.can_cast", "torch.numel", "torch.typename", "torch.finfo", "torch.iinfo",
+        "torch.broadcast_shapes")),
+    **_entries("pure", "on arguments holding no tensor: False for plain Python values (a bool in torch._assert), so "
+                       "the library code after the check is captured; torch.compile answers the same", (
+        "torch.overrides.has_torch_function", "torch.overrides.has_torch_function_unary",
+        "torch.overrides.has_torch_function_variadic")),
+    **_entries("mode", "the grad mode: guarded at the entry, tracked through the program's switches", (
+        "torch.is_grad_enabled", "torch._C.is_grad_enabled")),
+    **_entries("mode", "the autocast state: guarded at the entry, tracked through the program's autocast blocks", (
+        "torch.is_autocast_enabled", "torch.is_autocast_cpu_enabled", "torch.get_autocast_gpu_dtype",
+        "torch.get_autocast_cpu_dtype", "torch.get_autocast_dtype", "torch._C._is_any_autocast_enabled")),
+    **_entries("guarded", "a process setting: its value at capture, guarded", (
+        "torch.get_default_dtype", "torch.is_inference_mode_enabled", "torch.is_anomaly_enabled",
+        "torch.is_anomaly_check_nan_enabled", "torch.are_deterministic_algorithms_enabled",
+        "torch.is_deterministic_algorithms_warn_only_enabled", "torch._C._get_cudnn_enabled",
+        "torch._C._get_mkldnn_enabled", "torch.backends.mha.get_fastpath_enabled",
+        "torch._C._get_privateuse1_backend_name", "torch._C._is_torch_function_enabled",
+        "torch._C._is_torch_function_mode_enabled", "torch._C._len_torch_function_stack")),
+    **_entries("guarded", "TorchScript tracing (torch.jit.trace of a compiled function): None, guarded", (
+        "torch._C._get_tracing_state", "torch._C._is_tracing")),
+    **_entries("guarded", "the TorchDispatchMode stack the caller runs the program under (torch's own "
+                          "`_get_current_dispatch_mode_stack` reads its length): empty on a plain call, guarded", (
+        "torch._C._len_torch_dispatch_stack",)),
+    **_entries("pure", "is this object a functionalization wrapper: on a Python value", (
+        "torch._C._is_functional_tensor",)),
+    **_entries("answer", "True, so libraries take their compile-friendly paths, as under torch.compile", (
+        "torch.compiler.is_compiling", "torch.compiler.is_dynamo_compiling", "torch._utils.is_compiling"),
+        answer=True),
+    **_entries("answer", "ember captures, it does not export (torch.export)", ("torch.compiler.is_exporting",),
+               answer=False),
+    **_entries("answer", "True, as torch.compile answers it: nn.MultiheadAttention then takes its decomposable path "
+                         "(its fused `_native_multi_head_attention` fast path has no decomposition), the graph "
+                         "torch.compile captures", ("torch.nn.modules.activation._is_make_fx_tracing",), answer=True),
+    **_entries("skip", "torch's API-usage telemetry (torchvision's ops log their use): skipped, as torch.compile "
+                       "skips it", ("torch._C._log_api_usage_once", "torch._C._log_api_usage_metadata")),
+}
+
+
+def marked_constant(f) -> bool:
+    """A function torch._dynamo.assume_constant_result marked (transformers marks its install and version probes,
+    `is_torch_greater_or_equal`, the same way without importing torch): its result is fixed for the process, so
+    on constant arguments it is called at capture, unguarded, as torch.compile does."""
+    return getattr(f, "_dynamo_marked_constant", False) is True or \
+        getattr(getattr(f, "__wrapped__", None), "_dynamo_marked_constant", False) is True
+
+
+def is_numpy_ufunc(f) -> bool:
+    """numpy's elementwise functions (np.sqrt, np.lcm...): on Python numbers or numpy scalars they are pure, so they
+    are evaluated at capture (reformer's, ctrl's `np.sqrt(d_model)`); on anything else they are a break."""
+    return type(f).__name__ == "ufunc" and type(f).__module__ == "numpy"
+
+
+def overrides_torch_function(cls: type) -> bool:
+    """Whether torch calls on tensors of this class go through Python (`__torch_function__`: a subclass's own, or
+    Tensor's default, which makes results of the subclass); nn.Parameter and torch's internal tensors switch it
+    off. Such a tensor is not captured (the graph's ops would skip that Python): the call runs in Python."""
+    return cls is not torch.Tensor and getattr(cls, "__torch_function__", None) is not \
+        torch._C._disabled_torch_function_impl
+
 
 # The wrapper torch._disable_dynamo puts around torch functions torch.compile must not trace (Optimizer.zero_grad,
 # state_dict...): ember runs them as Python too rather than interpreting torch._dynamo's own code.

@@ -87,7 +87,8 @@ class PythonSemantics:
             return list(v.items)
         if isinstance(v, IterV):
             items = v.remaining()
-            v.pos = len(v.items)
+            if not v.view:
+                v.pos = len(v.items)
             return items
         if isinstance(v, DictV):
             return [self.const_v(k) if not isinstance(k, (type, enum.Enum)) else ObjV(k) for k in v.items]
@@ -195,6 +196,16 @@ class PythonSemantics:
             return any(self.const_value(x) == needle if isinstance(x, ConstV) else x is item for x in container.items)
         if isinstance(container, ConstV):
             return self.const_value(item) in container.value
+        if isinstance(container, IterV):
+            # an iterator is consumed up to the item found (all of it when none is); a dict view is not consumed
+            for i, x in enumerate(container.remaining()):
+                if self.contains(TupleV([x]), item):
+                    if not container.view:
+                        container.pos += i + 1
+                    return True
+            if not container.view:
+                container.pos = len(container.items)
+            return False
         if isinstance(container, ObjV) and isinstance(container.value, torch.nn.ModuleDict):
             return self.const_value(item) in container.value._modules
         if isinstance(container, (ObjV, NewObjV)):
@@ -217,6 +228,8 @@ class PythonSemantics:
             raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__} at capture time", self.where())
         if isinstance(r, SYM_TYPES):   # an int computed from symbolic sizes stays symbolic (ember.frontend.symbolic)
             return ConstV(sym_value(r))
+        if type(r).__module__ == "numpy" and getattr(r, "ndim", None) == 0:
+            return ConstV(r)   # a numpy scalar: a constant with numpy's own arithmetic
         return self.const_v(r) if isinstance(r, (tuple, *CONST_TYPES)) else self.from_python(r)
 
     def from_python(self, r) -> V:

@@ -157,6 +157,7 @@ class IterV(V):
     items: list
     pos: int = 0
     source: str | None = None
+    view: bool = False   # a dict's keys()/values()/items(): iterating it or `in` does not consume it
 
     def python_type(self):
         return type(iter([]))

@@ -31,7 +31,6 @@ KNOWN_GAPS = {
     "test_breaks.py::test_data_dependent_both_directions[middle-item]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[callee-item]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[callee-tolist]": _FLOAT_SPECIALIZED,
-    "test_python.py::test_python_program[p_deque_counter]": "collections.deque is not modeled: it breaks the graph",
 }
 NOT_STRICT: set[str] = set()
 

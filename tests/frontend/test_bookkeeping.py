@@ -1,11 +1,13 @@
-"""Bookkeeping calls are not graph breaks (frontend/policy.py): torch._assert on a Python bool, torch.overrides'
-has_torch_function checks on plain Python values, torch's API-usage logging. Counts as torch.compile's
+"""Bookkeeping calls are not graph breaks (frontend/policy.py AT_CAPTURE): torch._assert on a Python bool,
+torch.overrides' has_torch_function checks on plain Python values, torch's API-usage logging, queries of state that
+is fixed for the call (evaluated at capture, process settings guarded); nn.MultiheadAttention and a small
+VisionTransformer as one graph; a __torch_function__ subclass argument runs in Python. Counts as torch.compile's
 (EMBER_TEST_BASELINE=torch runs the same tests through it)."""
 import pytest
 import torch
 from torch.overrides import has_torch_function, has_torch_function_unary, has_torch_function_variadic
 
-from tests.frontend.harness import BASELINE, check, rand
+from tests.frontend.harness import BASELINE, assert_same, check, rand
 
 
 def test_assert_on_a_python_bool_is_decided_at_capture():
@@ -44,3 +46,156 @@ def test_api_usage_logging_is_skipped_like_torch_compile():
         return torchvision.ops.stochastic_depth(x.relu(), 0.5, "row", training=False) + 1
     r = check(f, rand(4, 8))
     assert r.graphs == 1 and r.ops == [2]
+
+
+# ------------------------------------------------------------------ state probes (policy.AT_CAPTURE)
+
+class _SelfAttention(torch.nn.Module):
+    def __init__(self, batch_first: bool, need_weights: bool):
+        super().__init__()
+        self.mha = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+        self.need_weights = need_weights
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=self.need_weights)
+
+
+# (batch_first, need_weights) -> ops of torch.compile's one graph, with grad mode on (eval or train) and off (eval:
+# the fast path's checks, torch.is_grad_enabled() included, run; the decomposable path is taken, as torch.compile
+# takes it, and its batch-first output made contiguous, as the fast path's is)
+MHA_OPS = {(False, False): (2, 2), (False, True): (3, 3), (True, False): (4, 5), (True, True): (5, 6)}
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("mode", ["train", "eval", "eval-no-grad"])
+def test_multihead_attention_one_graph_as_torch_compile(batch_first, need_weights, mode):
+    from tests.frontend.harness import check_module
+    torch.manual_seed(0)
+    m = _SelfAttention(batch_first, need_weights).train(mode == "train")
+    with torch.set_grad_enabled(mode != "eval-no-grad"):
+        r = check_module(m, rand(3, 5, 8), _rtol=1e-5, _atol=1e-5)
+    assert r.graphs == 1 and r.ops == [MHA_OPS[batch_first, need_weights][mode == "eval-no-grad"]], r.describe()
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_small_vision_transformer_one_graph_as_torch_compile(grad):
+    vision_transformer = pytest.importorskip("torchvision.models.vision_transformer")
+    from tests.frontend.harness import check_module
+    torch.manual_seed(0)
+    m = vision_transformer.VisionTransformer(image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=16,
+                                             mlp_dim=32, num_classes=10).eval()
+    from tests.frontend.harness import Recorder, compile
+    rec = Recorder()
+    cm = compile(m, rec)
+    with torch.set_grad_enabled(grad):
+        for _ in range(2):
+            x = rand(2, 3, 32, 32)
+            assert_same(m(x), cm(x), rtol=1e-5, atol=1e-5)
+    assert rec.graphs == 1 and rec.ops == [38 if grad else 40], rec.describe()
+
+
+def test_dispatch_mode_stack_read_at_capture():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    def f(x):
+        if _get_current_dispatch_mode_stack():
+            return x - 1
+        return x.sin() + 1
+    r = check(f, rand(3))
+    assert r.graphs == 1 and r.ops == [2]
+
+
+def test_a_process_setting_read_in_the_program_is_guarded():
+    from tests.frontend.harness import compile, Recorder, reset
+
+    def f(x):
+        if torch.backends.mha.get_fastpath_enabled() and torch.get_default_dtype() is torch.float32:
+            return x.sin()
+        return x.cos()
+    reset()
+    rec = Recorder()
+    cf = compile(f, rec)
+    x = rand(3)
+    torch.testing.assert_close(cf(x), x.sin())
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        torch.testing.assert_close(cf(x), x.cos())   # the setting changed: captured again
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    torch.testing.assert_close(cf(x), x.sin())
+    assert rec.graphs == 2
+
+
+class _LoggingTensor(torch.Tensor):
+    """A subclass whose torch calls run Python (records each function)."""
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.skipif(BASELINE, reason="torch.compile inlines a subclass's __torch_function__ into its graph")
+def test_a_torch_function_subclass_argument_runs_in_python():
+    from tests.frontend.harness import compile, Recorder, reset
+
+    def f(x, w):
+        return torch.nn.functional.linear(x, w).relu() + 1
+    reset()
+    rec = Recorder()
+    cf = compile(f, rec)
+    x, w = rand(3, 4).as_subclass(_LoggingTensor), rand(5, 4)
+    for _ in range(2):
+        _LoggingTensor.seen.clear()
+        expected = f(x, w)
+        eager_seen = list(_LoggingTensor.seen)
+        _LoggingTensor.seen.clear()
+        out = cf(x, w)
+        assert _LoggingTensor.seen == eager_seen == ["linear", "relu", "add"]
+        assert type(out) is type(expected) is _LoggingTensor
+        torch.testing.assert_close(out, expected)
+    assert rec.graphs == 0
+    y = rand(3, 4)   # a plain tensor is captured
+    torch.testing.assert_close(cf(y, w), f(y, w))
+    assert rec.graphs == 1
+
+
+@pytest.mark.skipif(BASELINE, reason="torch.compile traces a subclass with Tensor's __torch_function__")
+def test_a_plain_subclass_keeps_its_type():
+    class Sub(torch.Tensor):
+        pass
+
+    def f(x, y):
+        return (x + y).sin()
+    x, y = rand(3), rand(3).as_subclass(Sub)
+    for backend in ("eager", "ember"):
+        import ember
+        ember.reset()
+        out = ember.compile(f, backend=backend)(x, y)
+        assert type(out) is Sub
+        torch.testing.assert_close(out, f(x, y))
+
+
+def test_torch_state_queries_do_not_recompile_and_a_changed_flag_does():
+    from tests.frontend.harness import Recorder, compile, reset
+
+    def f(x):
+        flags = (torch._C._is_torch_function_mode_enabled(), torch._C._len_torch_function_stack() > 0,
+                 torch._C._is_torch_function_enabled(), torch.are_deterministic_algorithms_enabled(),
+                 torch._C._get_cudnn_enabled(), torch.is_inference_mode_enabled())
+        return x + flags.count(True)
+    reset()
+    rec = Recorder()
+    cf = compile(f, rec)
+    x = rand(2)
+    for _ in range(3):
+        torch.testing.assert_close(cf(x), f(x))
+    assert rec.graphs == 1
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.testing.assert_close(cf(x), f(x))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert rec.graphs == 2

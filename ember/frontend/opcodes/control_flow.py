@@ -79,7 +79,7 @@ def jump_if_false_or_pop(frame: Frame, inst: dis.Instruction) -> None:
 @opcode("GET_ITER", "GET_YIELD_FROM_ITER")
 def get_iter(frame: Frame, inst: dis.Instruction) -> None:
     v = frame.pop()
-    frame.push(v if isinstance(v, IterV) else IterV(frame.iterate(v)))
+    frame.push(v if isinstance(v, IterV) and not v.view else IterV(frame.iterate(v)))
 
 
 @opcode("FOR_ITER")

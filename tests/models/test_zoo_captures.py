@@ -1,0 +1,115 @@
+"""Models whose capture needed issue 26's items 2 and 3: torchvision vit_b_16 (nn.MultiheadAttention's fast-path
+checks), transformers bloom (a torch.autograd.Function in train mode) and mixtral (a torch.library custom op for
+its grouped expert matmul). Tiny configs, random weights; outputs (and in train mode every parameter's gradient)
+equal to eager; graphs and ops next to torch.compile(backend=Recorder())'s, measured with torch 2.14.1 (CPU),
+transformers 5.24.0, torchvision 0.29.1.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+import ember
+from model_zoo import Recorder, assert_same
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _compare(model, args, kwargs=None, backend=None, train_loss=None, rtol=None, atol=None):
+    """Compile a copy of model with a recording backend; outputs (and gradients of train_loss(output)) equal."""
+    kwargs = kwargs or {}
+    eager = copy.deepcopy(model)
+    ember.reset()
+    rec = Recorder(None if backend is None else ember.backends.lookup_backend(backend))
+    compiled = ember.compile(model, backend=rec)
+    for _ in range(2):
+        torch.manual_seed(0)
+        expected = eager(*args, **kwargs)
+        torch.manual_seed(0)
+        actual = compiled(*args, **kwargs)
+        if train_loss is None:
+            assert_same(expected, actual)
+            continue
+        torch.testing.assert_close(train_loss(actual), train_loss(expected), rtol=rtol, atol=atol)
+        train_loss(expected).backward()
+        train_loss(actual).backward()
+        for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=rtol, atol=atol, msg=lambda m: f"{name}.grad: {m}")
+    return rec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_vit_b_16_one_graph_as_torch_compile(grad):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.vit_b_16(image_size=32).eval()
+    with torch.set_grad_enabled(grad):
+        rec = _compare(model, (torch.randn(2, 3, 32, 32),))
+    # torch.compile: 1 graph, 178 ops (190 under no_grad: MultiheadAttention's output made contiguous)
+    assert len(rec.graphs) == 1 and rec.ops == (178 if grad else 190)
+
+
+def _bloom():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BloomConfig(vocab_size=100, hidden_size=16, n_layer=2, n_head=2, use_cache=False,
+                                   hidden_dropout=0.0, attention_dropout=0.0)
+    return transformers.BloomForCausalLM(cfg).train()
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager"], ids=["graph", "aot_eager"])
+def test_bloom_train_gelu_function_gradients_equal_eager(backend):
+    model = _bloom()
+    ids = torch.randint(0, 100, (2, 8))
+    rec = _compare(model, (ids,), {"labels": ids}, backend=backend, train_loss=lambda out: out.loss,
+                   rtol=1e-5, atol=1e-6)
+    # torch.compile: 1 graph, 101 ops (each GeLUFunction.apply a higher-order op and a getitem)
+    assert len(rec.graphs) == 1 and rec.ops == 97
+
+
+def _mixtral(train: bool):
+    transformers = pytest.importorskip("transformers")
+    moe = pytest.importorskip("transformers.integrations.moe")
+    if not hasattr(torch.ops.transformers, "grouped_mm_fallback"):
+        pytest.skip(f"transformers {transformers.__version__} has no grouped_mm custom op ({moe.__name__})")
+    torch.manual_seed(0)
+    cfg = transformers.MixtralConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+                                     num_experts_per_tok=2, use_cache=False, max_position_embeddings=64)
+    return transformers.MixtralForCausalLM(cfg).train(train)
+
+
+def test_mixtral_grouped_mm_custom_op_in_the_graph():
+    model = _mixtral(train=False)
+    ids = torch.randint(0, 100, (2, 8))
+    rec = _compare(model, (ids,))
+    targets = [n.target for g in rec.graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.transformers.grouped_mm_fallback) == 4   # gate-up and down, 2 layers
+    # torch.compile: 1 graph, 249 ops
+    assert len(rec.graphs) == 1 and rec.ops == 248
+
+
+def test_mixtral_train_gradients_through_the_custom_ops_autograd():
+    model = _mixtral(train=True)
+    ids = torch.randint(0, 100, (2, 8))
+    rec = _compare(model, (ids,), {"labels": ids}, backend="aot_eager", train_loss=lambda out: out.loss,
+                   rtol=1e-5, atol=1e-6)
+    assert len(rec.graphs) == 1
+
+
+def test_mamba_activation_built_in_forward_one_graph():
+    """Mamba's mixer calls ACT2FN[name](x): a new activation module on every call, built at capture. Its default
+    use_associative_scan=True takes torch._higher_order_ops.associative_scan under a compiler, a torch.compile-only
+    higher-order op ember does not capture (8 graphs; torch.compile 1 graph of 397 ops): the sequential scan here."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=100, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                                   conv_kernel=4, use_cache=False, use_associative_scan=False)
+    model = transformers.MambaForCausalLM(cfg).eval()
+    rec = _compare(model, (torch.randint(0, 100, (2, 8)),))
+    # torch.compile: 1 graph, 289 ops
+    assert len(rec.graphs) == 1 and rec.ops == 289
