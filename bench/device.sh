@@ -13,6 +13,7 @@
 #                                       # ROWS2=, COLUMNS2= a second set, e.g. with Inductor's column)
 #   bash bench/device.sh workers        # ember's cold compile of the training row without, then with, Triton's
 #                                       # worker processes
+#   bash bench/device.sh dynamic        # bench/dynamic.py: loops whose sizes change, eager / Inductor / ember
 #   bash bench/device.sh run SCRIPT [ARGS]   # any bench script with this set-up, e.g.
 #                                       # run bench/gpu.py --only "train step" --columns ember --phases
 #                                       # run bench/tools/gpu_kernel_configs.py gpt2
@@ -44,6 +45,9 @@ table)   # every row, then the training row with Inductor's column (its compile 
   timeout 285 python3 bench/gpu.py --rounds 3 --only "train step" --columns eager,inductor-train,ember \
     --json "$OUT/train.json" > "$OUT/train.log" 2>&1
   grep -E "^\||rounds|Error" "$OUT/train.log" | tail -8 ;;
+dynamic)
+  timeout 570 python3 bench/dynamic.py --device cuda --timeout 240 2>&1 | tee "$OUT/dynamic.log" \
+    | grep -E "^\||^[a-z0-9]+:|^bench" ;;
 final)   # the training row without Inductor's column: its compile alone takes ~3.5 minutes (`train` measures it)
   timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton.py tests/runtime \
     tests/frontend/test_optimizers.py tests/codegen/test_hfuse.py ${EXTRA_TESTS:-} 2>&1 \
