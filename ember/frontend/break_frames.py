@@ -11,6 +11,7 @@ serves every call, as the original objects would. A generator called at a break 
 from __future__ import annotations
 
 import dis
+import sys
 import threading
 import types
 import weakref
@@ -244,7 +245,11 @@ def drive(fc: Callable, args: tuple, kwargs: dict, frame_args: tuple):
 
 
 def compilable_generator(code: types.CodeType) -> bool:
-    """A generator whose yields are in no try/with block and that delegates to no other (`yield from`)."""
+    """A generator whose yields are in no try/with block and that delegates to no other (`yield from`). Python
+    3.11 only: 3.12 wraps a generator's whole body in a handler (StopIteration -> RuntimeError), which the resume
+    code's layout does not have yet, so generators there run as Python."""
+    if sys.version_info >= (3, 12):
+        return False
     insts, _index = instructions(code)
     if any(i.opname in ("SEND", "GET_YIELD_FROM_ITER") for i in insts):
         return False

@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from tests.frontend.harness import BASELINE, reset
@@ -32,7 +34,12 @@ KNOWN_GAPS = {
     "test_breaks.py::test_data_dependent_both_directions[callee-item]": _FLOAT_SPECIALIZED,
     "test_breaks.py::test_data_dependent_both_directions[callee-tolist]": _FLOAT_SPECIALIZED,
 }
-NOT_STRICT: set[str] = set()
+if sys.version_info >= (3, 12):   # (break_frames.compilable_generator: generators compile on 3.11 only)
+    _GENERATORS_AS_PYTHON = "a generator holding a break runs as Python on 3.12 (its resume code is 3.11's)"
+    KNOWN_GAPS.update({f"test_breaks_flow.py::test_generator_program[{name}]": _GENERATORS_AS_PYTHON for name in (
+        "g_generator_expression_with_item", "g_zip_generators", "g_next_then_break", "g_consume_printing_generator",
+        "g_list_of_generator_with_break")})
+NOT_STRICT: set[str] = {k for k in KNOWN_GAPS if "test_generator_program" in k}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -693,6 +693,8 @@ def test_validation_and_cache():
         bg.resume_offsets(coro.__code__)
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="generator resume code is built on Python 3.11 only "
+                    "(break_frames.compilable_generator)")
 def test_generator_resumes_after_a_yield():
     """A generator's resume code is a generator: called, it continues after the yield with the value sent in."""
     def gen(x, n):
