@@ -160,7 +160,7 @@ def child(loop: str, compiler: str, device: str) -> dict:
 
 def run_child(loop: str, compiler: str, device: str, timeout: float) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", f"{loop}:{compiler}", "--device", device]
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
