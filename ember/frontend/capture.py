@@ -112,8 +112,8 @@ class Capture:
             else:
                 g.tensor(source, value)
                 fake = fake_of_real(self.fake_mode, value)
-                if fake is None:
-                    fake = self.fake_mode.from_tensor(value)
+                if fake is None:   # (static: with a ShapeEnv, from_tensor would give each dim a symbol of its own)
+                    fake = self.fake_mode.from_tensor(value, static_shapes=True)
             node = self.graph.placeholder(f"l_{len(self.inputs)}_" + _ident(source))
             node.meta["val"] = fake
             node.meta["source"] = source
@@ -204,7 +204,7 @@ class Capture:
         self.tensor_constants[id(value)] = value
         node = self.graph.get_attr(name)
         node.meta["tensor"] = value
-        fake = self.fake_mode.from_tensor(value)
+        fake = self.fake_mode.from_tensor(value, static_shapes=True)   # (a constant: its sizes are fixed)
         node.meta["val"] = fake
         v = TensorV(node, fake, None)
         self.by_id[id(value)] = v

@@ -360,3 +360,31 @@ def test_reset_forgets_the_sizes_seen():
     x = rand(6, 3)
     assert_same(pointwise(x), cf(x))
     assert rec.graphs == 3 and not symbol_placeholders(rec.gms[2]), rec   # static again, as a first capture
+
+
+def test_a_module_buffer_read_beside_a_symbolic_input_stays_static():
+    """A buffer sliced by a symbolic length (BERT's position_ids[:, :seq]) keeps its own sizes static: with a
+    ShapeEnv, a fake made without saying so gave each of its dims a symbol no input's size gives, the symbolic
+    capture failed, and every new length compiled again."""
+    class WithPositions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("position_ids", torch.arange(64).expand((1, -1)), persistent=False)
+            self.emb = torch.nn.Embedding(64, 8)
+
+        def forward(self, x):
+            return x.unsqueeze(-1) * self.emb(self.position_ids[:, :x.shape[1]])
+
+    torch.manual_seed(0)
+    m = WithPositions()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    f = ember.compile(m, backend=counting)
+    with torch.no_grad():
+        for n in (16, 28, 40, 52):
+            x = torch.randn(2, n)
+            torch.testing.assert_close(f(x), m(x))
+    assert len(graphs) == 2
