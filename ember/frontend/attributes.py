@@ -86,12 +86,7 @@ def object_attribute(frame: Frame, obj: ObjV, name: str) -> V:
         if name == "training":
             return cap.wrap(value.training, f"{obj.source}.training" if obj.source else None)
     if isinstance(value, types.ModuleType):
-        try:
-            attr = getattr(value, name)
-        except AttributeError:
-            raise frame.no_attribute(obj, name, f"module {value.__name__} has no attribute {name!r}")
-        trusted = value.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
-        return cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))
+        return _read_through(frame, obj, name, value.__name__, f"module {value.__name__} has no attribute {name!r}")
     if isinstance(value, type):
         if is_namedtuple_cls(value) and name == "_make":
             return BoundV(obj, "_make")
@@ -102,12 +97,8 @@ def object_attribute(frame: Frame, obj: ObjV, name: str) -> V:
             return ObjV(static.__func__)
         if isinstance(static, types.FunctionType):
             return ObjV(static)
-        try:
-            attr = getattr(value, name)
-        except AttributeError:
-            raise frame.no_attribute(obj, name, f"type object {value.__name__!r} has no attribute {name!r}")
-        trusted = value.__module__.split(".")[0] in TRUSTED_MODULE_PREFIXES
-        return cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))
+        return _read_through(frame, obj, name, value.__module__,
+                             f"type object {value.__name__!r} has no attribute {name!r}")
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstV(getattr(value, name))
@@ -339,3 +330,15 @@ ATTRIBUTE_READERS = {
     ConstV: constant_attribute, GradModeCtxV: grad_mode_attribute, ClosureV: closure_attribute,
     IterV: iterator_attribute,
 }
+
+
+def _read_through(frame, obj, name: str, module: str, missing: str) -> V:
+    """getattr on a module or class object, wrapped: a trusted library's attribute needs no guard of its own (its
+    value is the library's), any other is read again from its source by the guards."""
+    value = obj.value
+    try:
+        attr = getattr(value, name)
+    except AttributeError:
+        raise frame.no_attribute(obj, name, missing)
+    trusted = module.split(".")[0] in TRUSTED_MODULE_PREFIXES
+    return frame.cap.wrap(attr, None if trusted or obj.source is None else attr_source(obj.source, name))

@@ -179,6 +179,7 @@ class FrameCompiler:
     # -- the hot path ------------------------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict):
         frame_args = args if len(args) == self.n_positional and not kwargs else self.bind(*args, **kwargs)
+        # (run_bound's body, inlined: one Python call less on every compiled call)
         for e in self.entries:
             r = e.fn(*frame_args)
             if r is not MISS:

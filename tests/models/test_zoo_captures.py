@@ -83,9 +83,13 @@ def _mixtral(train: bool):
     return transformers.MixtralForCausalLM(cfg).train(train)
 
 
-@pytest.mark.xfail(strict=False, reason="passes alone and with this file; in the whole suite (make test, -n 2) "
-                   "transformers took its torch grouped_mm path instead of the custom op once (4 graphs): an "
-                   "order dependence not found yet (issue 26's note)")
+# passes alone and with this file; in two whole-suite runs (make test, -n 2) transformers took torch's grouped_mm
+# path instead of the custom op (4 graphs): an order dependence not found yet
+_ORDER_DEPENDENT = pytest.mark.xfail(strict=False, reason="order-dependent in the whole suite: transformers' MoE "
+                                     "path differed (issue 26's note)")
+
+
+@_ORDER_DEPENDENT
 def test_mixtral_grouped_mm_custom_op_in_the_graph():
     model = _mixtral(train=False)
     ids = torch.randint(0, 100, (2, 8))
@@ -96,9 +100,7 @@ def test_mixtral_grouped_mm_custom_op_in_the_graph():
     assert len(rec.graphs) == 1 and rec.ops == 248
 
 
-@pytest.mark.xfail(strict=False, reason="passes alone and with this file; in the whole suite (make test, -n 2) "
-                   "transformers took its torch grouped_mm path instead of the custom op once (4 graphs): an "
-                   "order dependence not found yet (issue 26's note)")
+@_ORDER_DEPENDENT
 def test_mixtral_train_gradients_through_the_custom_ops_autograd():
     model = _mixtral(train=True)
     ids = torch.randint(0, 100, (2, 8))
