@@ -27,8 +27,9 @@ from ember.frontend.values import ConstV, ObjV, TensorV, TupleV, V
 if TYPE_CHECKING:
     from ember.frontend.interpreter import Frame
 
-# Function.apply: a classmethod of the C base class; `Fn.apply` is it bound to Fn
-FUNCTION_APPLY = torch._C._FunctionBase.__dict__["apply"]
+# torch's own Function.apply (`Fn.apply` is it bound to Fn): the C base class's classmethod, which Function takes
+# as it is on newer torch and wraps in a Python classmethod (functorch checks, then the C one) on torch 2.11
+FUNCTION_APPLIES = tuple({torch._C._FunctionBase.__dict__["apply"], torch.autograd.Function.__dict__["apply"]})
 
 
 class InlineCtx:
@@ -64,9 +65,16 @@ def function_applied(f) -> type | None:
     """The torch.autograd.Function subclass whose `apply` f is (Fn.apply, not overridden), or None."""
     cls = getattr(f, "__self__", None)
     if isinstance(cls, type) and issubclass(cls, torch.autograd.Function) and cls is not torch.autograd.Function \
-            and getattr(f, "__name__", None) == "apply" and lookup_static(cls, "apply") is FUNCTION_APPLY:
+            and getattr(f, "__name__", None) == "apply" \
+            and any(_is_apply(lookup_static(cls, "apply"), f, a) for a in FUNCTION_APPLIES):
         return cls
     return None
+
+
+def _is_apply(static, f, torch_apply) -> bool:
+    # the class's `apply` is torch's, and f is it (a C classmethod binds as itself; a Python one binds its function)
+    return static is torch_apply and (
+        not isinstance(static, classmethod) or getattr(f, "__func__", None) is static.__func__)
 
 
 @functools.lru_cache(maxsize=None)

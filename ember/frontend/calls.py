@@ -60,6 +60,11 @@ def call_bound(frame: Frame, fn: BoundV, args: list[V], kwargs: dict[str, V]) ->
         return frame.call_method(fn.self_v, fn.func, args, kwargs)
     if isinstance(fn.func, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         return frame.call_builtin_method(fn.self_v, fn.func, args, kwargs)
+    if isinstance(fn.self_v, ObjV) and isinstance(fn.self_v.value, type) and \
+            getattr(fn.func, "__name__", "") == "apply":
+        applied = function_applied(types.MethodType(fn.func, fn.self_v.value))   # a Python classmethod `apply`
+        if applied is not None:
+            return apply_function(frame, applied, args, kwargs)
     if isinstance(fn.self_v, ObjV) and isinstance(fn.self_v.value, torch.nn.Module) and \
             fn.func is getattr(torch.nn.Module, fn.func.__name__, None) and fn.func.__name__ in MODULE_TRAVERSALS:
         return frame.module_traversal(fn.self_v, fn.func.__name__, args, kwargs)
@@ -153,6 +158,9 @@ class Calls:
             return GradModeCtxV(bool(enabled), None, prev)
         if isinstance(f, torch.nn.Module):
             return self.call_module(fn_v, f, args, kwargs)
+        applied = function_applied(f) if isinstance(f, (types.BuiltinMethodType, types.MethodType)) else None
+        if applied is not None:
+            return apply_function(self, applied, args, kwargs)
         if isinstance(f, types.MethodType):
             return self.call(ObjV(f.__func__), [self.cap.wrap(f.__self__, attr_source(fn_v.source, "__self__"))] + args,
                              kwargs)
@@ -162,9 +170,6 @@ class Calls:
             pkw = {k: self.cap.wrap(a, f"{fn_v.source}.keywords[{k!r}]" if fn_v.source else None)
                    for k, a in f.keywords.items()}
             return self.call(inner, pargs + args, {**pkw, **kwargs})
-        applied = function_applied(f) if isinstance(f, types.BuiltinMethodType) else None
-        if applied is not None:
-            return apply_function(self, applied, args, kwargs)
         if isinstance(f, types.FunctionType):
             if (f.__module__ or "").split(".")[0] in OUTPUT_MODULES:
                 raise Unsupported(f"{f.__module__}.{f.__qualname__} writes output: it runs in Python", self.where())

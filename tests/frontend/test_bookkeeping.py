@@ -3,6 +3,8 @@ torch.overrides' has_torch_function checks on plain Python values, torch's API-u
 is fixed for the call (evaluated at capture, process settings guarded); nn.MultiheadAttention and a small
 VisionTransformer as one graph; a __torch_function__ subclass argument runs in Python. Counts as torch.compile's
 (EMBER_TEST_BASELINE=torch runs the same tests through it)."""
+import inspect
+
 import pytest
 import torch
 from torch.overrides import has_torch_function, has_torch_function_unary, has_torch_function_variadic
@@ -64,6 +66,8 @@ class _SelfAttention(torch.nn.Module):
 # the fast path's checks, torch.is_grad_enabled() included, run; the decomposable path is taken, as torch.compile
 # takes it, and its batch-first output made contiguous, as the fast path's is)
 MHA_OPS = {(False, False): (2, 2), (False, True): (3, 3), (True, False): (4, 5), (True, True): (5, 6)}
+# (torch before 2.12 has no such `contiguous` in MultiheadAttention.forward: one op fewer there, for both compilers)
+_MHA_FAST_PATH_LAYOUT = "fast_path_blocked_by_tracing" in inspect.getsource(torch.nn.MultiheadAttention.forward)
 
 
 @pytest.mark.parametrize("batch_first", [False, True])
@@ -75,7 +79,9 @@ def test_multihead_attention_one_graph_as_torch_compile(batch_first, need_weight
     m = _SelfAttention(batch_first, need_weights).train(mode == "train")
     with torch.set_grad_enabled(mode != "eval-no-grad"):
         r = check_module(m, rand(3, 5, 8), _rtol=1e-5, _atol=1e-5)
-    assert r.graphs == 1 and r.ops == [MHA_OPS[batch_first, need_weights][mode == "eval-no-grad"]], r.describe()
+    no_grad = mode == "eval-no-grad"
+    expected = MHA_OPS[batch_first, need_weights][no_grad] - (no_grad and batch_first and not _MHA_FAST_PATH_LAYOUT)
+    assert r.graphs == 1 and r.ops == [expected], r.describe()
 
 
 @pytest.mark.parametrize("grad", [True, False])
