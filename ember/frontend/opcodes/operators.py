@@ -91,7 +91,8 @@ def binary_slice(frame: Frame, inst: dis.Instruction) -> None:
     end = frame.pop()
     start = frame.pop()
     obj = frame.pop()
-    frame.push(frame.getitem(obj, ConstV(slice(frame.const_value(start), frame.const_value(end)))))
+    frame.push(frame.getitem(obj, ConstV(slice(frame.const_value(start, symbolic=True),
+                                               frame.const_value(end, symbolic=True)))))   # as BUILD_SLICE
 
 
 @opcode("STORE_SUBSCR")
@@ -108,7 +109,8 @@ def store_slice(frame: Frame, inst: dis.Instruction) -> None:
     start = frame.pop()
     obj = frame.pop()
     value = frame.pop()
-    frame.setitem(obj, ConstV(slice(frame.const_value(start), frame.const_value(end))), value)
+    frame.setitem(obj, ConstV(slice(frame.const_value(start, symbolic=True), frame.const_value(end, symbolic=True))),
+                  value)
 
 
 @opcode("DELETE_SUBSCR")
