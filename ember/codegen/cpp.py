@@ -377,9 +377,10 @@ def _x0_step(off):
     [S, C] index their rows as x0 // C and x0 % C, linear in x0 only within each run of C rows."""
     if _step(off, X0) == 1:
         return 1
-    zero = {v: 0 for v in off.free_symbols if v != X0}
+    # loop indices at 0, size symbols at the example's sizes (at 0, `x0 % s0` would divide by zero)
+    at = {v: symbols.HINTS.get(v, 0) for v in off.free_symbols if v != X0}
     try:
-        return int(off.subs({**zero, X0: 1})) - int(off.subs({**zero, X0: 0}))
+        return int(off.subs({**at, X0: 1})) - int(off.subs({**at, X0: 0}))
     except (TypeError, ValueError):
         return None
 

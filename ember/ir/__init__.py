@@ -104,7 +104,9 @@ def bounds(e, ranges: dict) -> tuple | None:
     if e.is_Integer:
         return int(e), int(e)
     if e.is_Symbol:
-        return (0, _num(ranges[e]) - 1) if e in ranges else None
+        if e in ranges:
+            return 0, _num(ranges[e]) - 1
+        return (e, e) if e in symbols.HINTS else None   # a size symbol is its own bound; others are unknown
     if isinstance(e, sympy.Add):
         lo = hi = 0
         for a in e.args:
@@ -115,6 +117,11 @@ def bounds(e, ranges: dict) -> tuple | None:
         return lo, hi
     if isinstance(e, sympy.Mul):
         c, rest = e.as_coeff_Mul()
+        if c == 1:   # no number in front (a size times an index): bounded where every factor is nonnegative
+            bs = [bounds(a, ranges) for a in e.args]
+            if any(b is None or not symbols.is_nonnegative(b[0]) for b in bs):
+                return None
+            return math.prod(b[0] for b in bs), math.prod(b[1] for b in bs)
         b = bounds(rest, ranges)
         if b is None or not c.is_Integer:
             return None
