@@ -1,7 +1,7 @@
 """The Triton backend: an ATen graph on CUDA tensors -> lowered, scheduled and printed (ember.codegen.triton)
 -> a host program launching the kernels. All kernels of a graph are compiled concurrently on first use (threads,
 and worker processes for many kernels); the source module is cached on disk by content hash and Triton caches
-its binaries. A graph that also computes on CPU 0-d tensors is split (host_scalars)."""
+its binaries. A graph that also computes on CPU tensors is split (host_scalars)."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -147,12 +147,13 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     """Compile a functional ATen-level fx graph (node.meta['val'] set) on CUDA tensors into Triton kernels.
     The same contract as ember.backends.cpp_backend.compile_aten."""
     t0 = time.perf_counter()
+    host_scalars.fold_constants(gm)   # CPU values made from no input: computed once, the device given a copy
     devices = {v.device.type for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
                if isinstance(v, torch.Tensor)} | {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     devices.discard("meta")     # shape-only values some graphs carry
     if devices - {"cuda"} and not (os.environ.get("TRITON_INTERPRET") == "1" and devices == {"cpu"}) and \
             not host_scalars.cpu_values_pass_through(gm):
-        # e.g. torch.optim's step counters, kept on the CPU unless capturable=True: the CPU scalars are computed
+        # e.g. torch.optim's step counters, kept on the CPU unless capturable=True: the CPU values are computed
         # by the C++ backend and reach the kernels in one copy (host_scalars)
         if devices == {"cpu", "cuda"}:
             # under mode="reduce-overhead" the device part is replayed as a CUDA graph (cudagraphs.aot_compilers)
