@@ -427,7 +427,9 @@ class Worker:
     """A `zoo.py --worker` process; a task that outlasts its timeout kills it (and its session), a new one follows."""
 
     def __init__(self, log):
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
+        # (the repository first, then what the caller's PYTHONPATH holds: the device machine's installed wheels)
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
+                   PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=env,
                                      cwd=ROOT, start_new_session=True)

@@ -168,7 +168,7 @@ def _check_compiles_and_matches(model: torch.nn.Module, make_inputs, train: bool
 @pytest.mark.skipif(not CUDA, reason="a graph mixing CPU and CUDA tensors needs a GPU")
 @pytest.mark.parametrize("train", [False, True])
 def test_index_built_on_the_host_indexing_a_cuda_table_compiles_and_matches_eager(train):
-    _check_compiles_and_matches(HostIndexedBias(), lambda: [torch.randn(2, 8, 8, device="cuda")], train)
+    _check_compiles_and_matches(HostIndexedBias(), lambda: [torch.randn(2, 4, 8, 8, device="cuda")], train)
 
 
 @pytest.mark.skipif(not CUDA, reason="a graph mixing CPU and CUDA tensors needs a GPU")
