@@ -105,8 +105,8 @@ def _device_type(n: fx.Node) -> str | None:
 
 def fold_constants(gm: fx.GraphModule) -> int:
     """Compute gm's CPU values that depend on no graph input once, now, with the ATen ops eager runs (the same
-    values to the bit, on the CPU); a CUDA node reading one reads a device copy of it instead (a constant of gm),
-    others the CPU value. Random ops are never folded (each call draws anew). Returns the number of nodes
+    values to the bit, on the CPU); a CUDA node ember generates code for reads a device copy of it instead (a
+    constant of gm), others the CPU value. Random ops are never folded (each call draws anew). Returns the number of nodes
     folded away; gm is changed in place."""
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -135,9 +135,11 @@ def fold_constants(gm: fx.GraphModule) -> int:
         for u in list(n.users):
             if u in values:
                 continue
-            on_host = u.op == "output" or _device_type(u) == "cpu"
+            # the host, an output and a library call (eager's kernel: see cpu_values_pass_through) read the CPU
+            # value, a generated kernel a device copy
+            on_host = u.op == "output" or _device_type(u) == "cpu" or _library_call(u)
             if n.op == "get_attr" and on_host:
-                continue      # a constant the host reads stays as it is
+                continue      # a constant read as it is
             key = (n, on_host)
             if key not in made:
                 value = values[n] if on_host else values[n].to(device)
@@ -169,12 +171,6 @@ def cpu_values_pass_through(gm: torch.fx.GraphModule) -> bool:
     """Whether every CPU tensor of a CUDA graph only travels between library calls, inputs and outputs, so no
     generated kernel reads one: e.g. the philox seed and offset (CPU scalars) that CUDA attention with dropout
     returns and its backward takes."""
-    from ember.decomp.table import EXTERN, TABLE
-
-    def library_call(n: torch.fx.Node) -> bool:
-        return n.op == "call_function" and (n.target in EXTERN or (
-            isinstance(n.target, torch._ops.OpOverload) and n.target not in TABLE))
-
     def on_cpu(n: torch.fx.Node) -> bool:
         v = n.meta.get("val")
         return isinstance(v, torch.Tensor) and v.device.type == "cpu"
@@ -183,11 +179,19 @@ def cpu_values_pass_through(gm: torch.fx.GraphModule) -> bool:
         if not on_cpu(n):
             continue
         made_by = n.args[0] if n.target is operator.getitem else n
-        if not (n.op == "placeholder" or library_call(made_by)):
+        if not (n.op in ("placeholder", "get_attr") or _library_call(made_by)):
             return False
-        if not all(u.op == "output" or library_call(u) for u in n.users):
+        if not all(u.op == "output" or _library_call(u) for u in n.users):
             return False
     return True
+
+
+def _library_call(n: torch.fx.Node) -> bool:
+    """Whether n stays an ATen call in the compiled graph (no generated kernel reads its arguments): eager's
+    kernel takes CPU arguments as it always does."""
+    from ember.decomp.table import EXTERN, TABLE
+    return n.op == "call_function" and (n.target in EXTERN or (
+        isinstance(n.target, torch._ops.OpOverload) and n.target not in TABLE))
 
 
 def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | None:
