@@ -110,7 +110,7 @@ def scalar_loss(out):
     total = 0
     for i, t in enumerate(ts):
         w = torch.randn(t.shape, generator=torch.Generator().manual_seed(1000 + i), dtype=torch.float64)
-        term = t * w.to(t.dtype)
+        term = t * w.to(t.device, t.dtype)
         total = total + (term.mean() if t.dtype == torch.float64 else term.float().mean())
     return total
 

@@ -188,9 +188,11 @@ def cpu_values_pass_through(gm: torch.fx.GraphModule) -> bool:
 
 def _library_call(n: torch.fx.Node) -> bool:
     """Whether n stays an ATen call in the compiled graph (no generated kernel reads its arguments): eager's
-    kernel takes CPU arguments as it always does."""
+    kernel takes CPU arguments as it always does. (Not an op the lowering makes its own choice for: a
+    concatenation, addmm's bias add, may become kernels.)"""
+    from ember.codegen.lower import CHOICES
     from ember.decomp.table import EXTERN, TABLE
-    return n.op == "call_function" and (n.target in EXTERN or (
+    return n.op == "call_function" and n.target not in CHOICES and (n.target in EXTERN or (
         isinstance(n.target, torch._ops.OpOverload) and n.target not in TABLE))
 
 

@@ -10,6 +10,7 @@ import os
 import time
 from typing import Callable
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 
@@ -143,6 +144,24 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
     return call
 
 
+def _no_kernel_reads_cpu(low, example_inputs: list) -> None:
+    """Raise CannotLower where a generated kernel would read a CPU tensor (an input or constant the graph passes
+    through to library calls, which take CPU arguments; a kernel cannot): that graph runs eagerly."""
+    cpu = {b.name for b, t in zip(low.inputs, example_inputs) if b is not None and isinstance(t, torch.Tensor)
+           and t.device.type == "cpu"} | {k for k, t in low.constants.items() if t.device.type == "cpu"}
+    if not cpu:
+        return
+    for b in low.buffers:
+        if isinstance(b, (schedule.Pointwise, schedule.Reduction)):
+            idx = [sympy.Symbol(f"c{i}", integer=True) for i in range(len(b.size))]
+            body = b.fn(idx) if isinstance(b, schedule.Pointwise) else \
+                b.fn(idx, [sympy.Symbol(f"r{i}", integer=True) for i in range(len(b.rsize))])
+            read = schedule.reads_of(body) & cpu
+            if read:
+                raise CannotLower(f"a kernel ({b.name}, from {', '.join(b.origins) or '?'}) would read the CPU "
+                                  f"tensor {sorted(read)[0]}")
+
+
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
     """Compile a functional ATen-level fx graph (node.meta['val'] set) on CUDA tensors into Triton kernels.
     The same contract as ember.backends.cpp_backend.compile_aten."""
@@ -175,6 +194,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         with lower.LOWERING_LOCK:
             low, out_spec, _ = lower.lower(gm, example_inputs, target="gpu")
             mutations = gm.meta.get("ember_input_mutations")
+            if os.environ.get("TRITON_INTERPRET") != "1":   # (there every kernel reads CPU tensors)
+                _no_kernel_reads_cpu(low, example_inputs)
             sched = split_few_row_groups(schedule.schedule(low, mutations=mutations, across=True))
             schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
             # after it: what it inlines must not be written
