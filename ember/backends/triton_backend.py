@@ -144,6 +144,15 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
     return call
 
 
+def _device_of(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device:
+    """The device a graph's kernels run on: its first input's, or value's, off the CPU (a graph may pass CPU
+    tensors through to library calls, its first input one); the CPU only under TRITON_INTERPRET."""
+    values = [t for t in example_inputs if isinstance(t, torch.Tensor)] + \
+        [v for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val")) if isinstance(v, torch.Tensor)]
+    return next((t.device for t in values if t.device.type not in ("cpu", "meta")),
+                next((t.device for t in values), torch.device("cuda")))
+
+
 def _no_kernel_reads_cpu(low, example_inputs: list) -> None:
     """Raise CannotLower where a generated kernel would read a CPU tensor (an input or constant the graph passes
     through to library calls, which take CPU arguments; a kernel cannot): that graph runs eagerly."""
@@ -204,7 +213,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             if not (options or {}).get("max_autotune"):   # (the matmul templates print their epilogues' stores)
                 registers_for_private_values(sched)
                 overwrite_dying_inputs(sched)
-            device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
+            device = _device_of(gm, example_inputs)
             if (options or {}).get("max_autotune"):
                 sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
             call = compile_schedule(sched, lambda args: gm(*args), device, not gm.meta.get("ember_guarded", False))
