@@ -106,8 +106,8 @@ def _device_type(n: fx.Node) -> str | None:
 def fold_constants(gm: fx.GraphModule) -> int:
     """Compute gm's CPU values that depend on no graph input once, now, with the ATen ops eager runs (the same
     values to the bit, on the CPU); a CUDA node ember generates code for reads a device copy of it instead (a
-    constant of gm), others the CPU value. Random ops are never folded (each call draws anew). Returns the number of nodes
-    folded away; gm is changed in place."""
+    constant of gm), others the CPU value. Random ops are never folded (each call draws anew). Returns the
+    number of ops folded away; gm is changed in place."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     nodes = list(gm.graph.nodes)
@@ -327,8 +327,8 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
         "packs": [(dtype, [at_host_node[m] for m in members]) for dtype, members in packs.items()],
         # per pack of values the host graph computes for the device: dtype, positions among its outputs
         "sent_packs": [(dtype, [at_sent[m] for m in members]) for dtype, members in sent_packs.items()],
-        # per heavy value the device reads: ("input", position among the host inputs) / ("host", host output),
-        # and whether it is sent dense (else made contiguous)
+        # per heavy value the device reads: "input", its position among the host inputs / "host", its position
+        # among the host graph's outputs; then its dtype, size and strides on the device (_sent_layout)
         "tensors_sent": [(*(("input", at_host_node[n]) if n.op == "placeholder" else ("host", at_from_host[n])),
                           n.meta["val"].dtype, *_sent_layout(n.meta["val"])) for n in tensors_sent],
         # per pack: the device output holding its next values, or None; the device outputs before those
