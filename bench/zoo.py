@@ -686,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in json.loads(pathlib.Path(f).read_text())["rows"]:
                 by_key[r["name"], r["mode"]] = r
         rows = list(by_key.values())
+        DEVICE = rows[0].get("device", "cpu") if rows else "cpu"   # (torch.compile's counts of that device)
         cached = load_counts()
         for r in rows:  # rows run with --no-torch take torch.compile's counts from the cache
             if not r.get("torch") and f"{r['name']}/{r['mode']}" in cached:
