@@ -195,3 +195,23 @@ def test_cpu_tensor_input_and_cpu_scalar_constant_in_a_cuda_graph_compile_and_ma
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
     assert triton_backend.STATS["eager_graphs"] == before
+
+
+def test_a_generated_kernel_that_would_read_a_cpu_tensor_is_refused():
+    """The Triton backend's last check: a graph whose kernel would read a CPU input (a value passed through to
+    library calls, read by a generated kernel after all) raises CannotLower, and the graph runs eagerly; the
+    same kernels without the CPU input pass."""
+    pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+    from ember.backends.triton_backend import _no_kernel_reads_cpu
+    from ember.codegen import lower
+    from ember.errors import CannotLower
+    from tests.codegen.aten_trace import trace_aten
+    x, idx = torch.randn(4, 8, device="meta"), torch.randint(0, 4, (3,))
+    examples = [x, idx]
+    gm, _ = trace_aten(lambda x, i: (x.sin(), i * 2), [x, torch.empty(3, dtype=torch.long, device="meta")])
+    low, _, _ = lower.lower(gm, examples, target="gpu")
+    with pytest.raises(CannotLower, match="CPU tensor arg1"):
+        _no_kernel_reads_cpu(low, examples)
+    gm, _ = trace_aten(lambda x: (x.sin(),), [x])
+    low, _, _ = lower.lower(gm, [x], target="gpu")
+    _no_kernel_reads_cpu(low, [x])
