@@ -14,6 +14,10 @@
 #   bash bench/device.sh workers        # ember's cold compile of the training row without, then with, Triton's
 #                                       # worker processes
 #   bash bench/device.sh dynamic        # bench/dynamic.py: loops whose sizes change, eager / Inductor / ember
+#   bash bench/device.sh zoo [ARGS]     # bench/zoo.py --device cuda (eval and training rows, each against eager and
+#                                       # float64), JOBS rows at once (4), no row started after BUDGET s (470), each
+#                                       # row at most ROW_TIMEOUT s (90): fits one command; ARGS go to zoo.py, e.g.
+#                                       # --models hf_beit,resnet18 or --shard 2/4 (then zoo.py --merge the JSONs)
 #   bash bench/device.sh run SCRIPT [ARGS]   # any bench script with this set-up, e.g.
 #                                       # run bench/gpu.py --only "train step" --columns ember --phases
 #                                       # run bench/tools/gpu_kernel_configs.py gpt2
@@ -81,11 +85,16 @@ workers)   # without: WORKERS_FROM past every graph's kernel count
 import ember.backends.triton_backend as t; t.WORKERS_FROM = $from; print('WORKERS_FROM', t.WORKERS_FROM)
 runpy.run_path('bench/gpu.py', run_name='__main__')" 2>&1 | tee -a "$OUT/workers.log" | grep -E "^\||WORKERS|cold|Error"
   done ;;
+zoo)
+  shift
+  timeout 590 python3 bench/zoo.py --device cuda --no-torch --jobs "${JOBS:-4}" --budget "${BUDGET:-470}" \
+    --timeout "${ROW_TIMEOUT:-90}" --json "$OUT/zoo.json" --log "$OUT/zoo_workers.log" "$@" > "$OUT/zoo.log" 2>&1
+  grep -v -E "^  [^ ]+ (eval|train): " "$OUT/zoo.log" | cut -c1-220 | tail -60 ;;
 run)
   shift
   name=$(basename "${1:?usage: bash bench/device.sh run SCRIPT [ARGS]}" .py)
   timeout 580 python3 "$@" 2>&1 | tee "$OUT/$name.log" | grep -v -i warn | tail -40 ;;
 *)
-  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|run SCRIPT [ARGS]" >&2
+  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|run SCRIPT [ARGS]" >&2
   exit 2 ;;
 esac

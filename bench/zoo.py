@@ -2,7 +2,8 @@
 50+ transformers architectures (bench/zoo_models.py), in eval and train mode.
 
     .venv/bin/python bench/zoo.py [--models sub,...] [--mode eval|train|both] [--backend ember|eager]
-                                  [--shard i/n] [--timeout S] [--recount-torch] [--json FILE]
+                                  [--device cpu|cuda] [--shard i/n] [--jobs N] [--budget S] [--timeout S]
+                                  [--recount-torch] [--json FILE]
     .venv/bin/python bench/zoo.py --merge a.json b.json ...     # one table and summary from shards' JSON
 
 Each (model, mode) row:
@@ -21,9 +22,18 @@ Each (model, mode) row:
   with the same structure passes if it is at most twice as far from a float64 eager run as eager float32 is, plus
   1e-5 of the largest float64 value (within_f64); such rows say "yes (vs float64)". Large outputs need it:
   random-weight resnet34's logits reach 42, and a different summation order is off by 4e-5 there.
+- f64 ratio (every row, both modes): ember's error against a float64 run of the same model (same weights and
+  inputs, TF32 off for it) over eager float32's, err = max|x - f64| over the floating outputs (train: the larger
+  of that and the gradients' 2-norm error ratio of check_grads); eager's error is floored at 1e-6 of the largest
+  float64 value, so an output eager gets exactly does not divide by zero. The rule: ember passes when the ratio
+  is at most F64_RATIO (2): as close to the exact result as eager float32 is, within a factor of two. The table
+  has it per row, the summary its distribution and the rows over it. On CUDA, eager and ember both run under
+  torch's default TF32 settings (cuDNN convolutions in TF32), which is what the ratio measures against.
 - --backend ember (default): the whole pipeline (autograd, decompositions, codegen); --backend eager: ember's
   frontend alone (its captured graphs run as they are), fast, for counts.
-Every row runs in a worker process with a per-row timeout: a crash or timeout is a row, not an abort.
+Every row runs in a worker process with a per-row timeout: a crash or timeout is a row, not an abort; --jobs
+runs that many workers at once (a GPU machine's cores compile in parallel), --budget stops starting rows after
+that many seconds (the rows not run are listed), so a shard fits a time limit.
 """
 from __future__ import annotations
 
@@ -100,7 +110,7 @@ def scalar_loss(out):
     total = 0
     for i, t in enumerate(ts):
         w = torch.randn(t.shape, generator=torch.Generator().manual_seed(1000 + i), dtype=torch.float64)
-        term = t * w.to(t.dtype)
+        term = t * w.to(t.device, t.dtype)
         total = total + (term.mean() if t.dtype == torch.float64 else term.float().mean())
     return total
 
@@ -113,6 +123,39 @@ def within_f64(actual, eager32, f64) -> tuple[bool, str]:
     scale = f64.abs().max().item()
     ok = err_e <= 2 * err_32 + 1e-5 * scale
     return ok, f"err {err_e:.2e} vs eager32 {err_32:.2e} (max|f64| {scale:.2e})"
+
+
+F64_RATIO = 2.0      # ember passes when its error against float64 is at most this multiple of eager float32's
+F64_FLOOR = 1e-6     # eager's error floored at this fraction of the largest float64 value (module doc)
+
+
+def f64_ratio(actual, eager32, f64) -> float | None:
+    """ember's error against float64 over eager float32's, over the floating output tensors (the worst), or None
+    when there is none to compare."""
+    worst = None
+    for a, e32, e64 in zip(tensors(actual), tensors(eager32), tensors(f64)):
+        if not (a.is_floating_point() and e64.is_floating_point()) or a.shape != e64.shape or a.numel() == 0:
+            continue
+        e64 = e64.detach()
+        err_e = (a.detach().double() - e64).abs().max().item()
+        err_32 = (e32.detach().double() - e64).abs().max().item()
+        ratio = err_e / max(err_32, F64_FLOOR * e64.abs().max().item(), 1e-30)
+        worst = ratio if worst is None or not ratio <= worst else worst   # (a NaN error is the worst)
+    return worst
+
+
+def run_f64(model, kwargs, fn=None):
+    """The model's output (or fn(model, kwargs)'s) in float64: a copy cast, floating inputs cast, TF32 off."""
+    import torch
+    m64 = model if next(model.parameters(), torch.empty(0)).dtype == torch.float64 else copy.deepcopy(model).double()
+    kw64 = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        torch.manual_seed(100)
+        return m64(**kw64) if fn is None else fn(m64, kw64)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
 
 
 def values_vs_f64(actual, eager32, f64) -> str | None:
@@ -154,12 +197,12 @@ def first_ember_break(explained) -> str:
     return f"{b.reason.strip().splitlines()[0][:200]} at {where}"
 
 
-def _build(name: str, train: bool):
+def _build(name: str, train: bool, device: str = "cpu"):
     import torch
     import zoo_models
     torch.manual_seed(0)
     model, kwargs = zoo_models.all_models()[name]()
-    return model.train(train), kwargs
+    return model.to(device).train(train), {k: v.to(device) for k, v in kwargs.items()}
 
 
 def _skip_reason(name: str) -> str | None:
@@ -168,12 +211,12 @@ def _skip_reason(name: str) -> str | None:
     return f"{n / 1e6:.0f}M parameters > {zoo_models.MAX_PARAMS / 1e6:.0f}M" if n > zoo_models.MAX_PARAMS else None
 
 
-def torch_counts(name: str, mode: str) -> dict:
+def torch_counts(name: str, mode: str, device: str = "cpu") -> dict:
     """torch.compile(backend="eager")'s graphs, breaks and ops on the model, as torch._dynamo.explain reports them."""
     import torch
     import torch._dynamo
     train = mode == "train"
-    model, kwargs = _build(name, train)
+    model, kwargs = _build(name, train, device)
     torch._dynamo.reset()
     with torch.set_grad_enabled(train):
         torch.manual_seed(100)
@@ -182,13 +225,13 @@ def torch_counts(name: str, mode: str) -> dict:
                 calls=sum(op_count(g, all_calls=True) for g in ex.graphs), first_break=first_torch_break(ex))
 
 
-def ember_row(name: str, mode: str, backend: str, check_train: bool = True) -> dict:
-    """ember's counts (ember.explain with `backend`) and whether its results equal eager's (train mode: only when
-    check_train; else forward and backward run, unchecked)."""
+def ember_row(name: str, mode: str, backend: str, check_train: bool = True, device: str = "cpu") -> dict:
+    """ember's counts (ember.explain with `backend`), whether its results equal eager's (train mode: only when
+    check_train; else forward and backward run, unchecked) and its float64 error ratio (f64_ratio)."""
     import torch
     import ember
     train = mode == "train"
-    model, kwargs = _build(name, train)
+    model, kwargs = _build(name, train, device)
     ember.reset()
     if not train:
         eager = copy.deepcopy(model)
@@ -199,12 +242,17 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True) -> d
             ex = ember.explain(model, backend=backend)(**kwargs)
         row = counts(ex)
         diff = same(expected, ex.result)
-        if diff is not None and same(skeleton(expected), skeleton(ex.result)) is None:
+        out64 = None
+        if same(skeleton(expected), skeleton(ex.result)) is None:
+            try:
+                with torch.no_grad():
+                    out64 = run_f64(eager, kwargs)
+            except Exception as e:  # noqa: BLE001 - a model that cannot run in float64: no ratio
+                row["f64_error"] = f"{type(e).__name__}: {str(e)[:80]}"
+        if out64 is not None:
+            row["f64_ratio"] = f64_ratio(ex.result, expected, out64)
+        if diff is not None and out64 is not None:
             # values only: ember's rounding against float64's, as large as eager float32's
-            with torch.no_grad():
-                torch.manual_seed(100)
-                out64 = copy.deepcopy(eager).double()(**{k: v.double() if v.is_floating_point() else v
-                                                          for k, v in kwargs.items()})
             bad = values_vs_f64(ex.result, expected, out64)
             diff = None if bad is None else f"{diff}; {bad}"
             row["vs_f64"] = diff is None
@@ -216,7 +264,6 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True) -> d
         scalar_loss(ex.result).backward()
         return dict(counts(ex), equal="not checked")
     m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
-    kwargs64 = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
     torch.manual_seed(100)
     out32 = m32(**kwargs)
     scalar_loss(out32).backward()
@@ -224,14 +271,20 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True) -> d
     ex = ember.explain(model, backend=backend)(**kwargs)
     row = counts(ex)
     scalar_loss(ex.result).backward()
+
+    def forward_backward(m, kw):
+        out = m(**kw)
+        scalar_loss(out).backward()
+        return out
     try:
-        torch.manual_seed(100)
-        out64 = m64(**kwargs64)
-        scalar_loss(out64).backward()
+        out64 = run_f64(m64, kwargs, forward_backward)
     except Exception as e:  # noqa: BLE001 - a model that cannot run in float64: gradients against eager float32
         out64, note = None, f"(no float64 run: {type(e).__name__}) "
     else:
         note = ""
+        ratios = [r for r in (f64_ratio(ex.result, out32, out64), grad_norm_ratio(model, m32, m64)) if r is not None]
+        if ratios:
+            row["f64_ratio"] = max(ratios, key=lambda r: (r != r, r))   # (NaN the worst)
     problems = []
     # outputs and buffers: assert_close against eager float32, else the float64 criterion
     diff = same(out32, ex.result)
@@ -302,6 +355,24 @@ def check_grads(model, m32, m64) -> str | None:
     return None
 
 
+def grad_norm_ratio(model, m32, m64) -> float | None:
+    """check_grads' whole-model measure as a ratio: ||ember - f64|| / ||eager32 - f64|| over every gradient
+    together (eager's floored as f64_ratio's, at F64_FLOOR of the float64 gradients' norm)."""
+    p32, p64 = dict(m32.named_parameters()), dict(m64.named_parameters())
+    e = e32 = n64 = 0.0
+    for name, p in model.named_parameters():
+        g, g32, g64 = p.grad, p32[name].grad, p64[name].grad
+        if g is None or g32 is None or g64 is None:
+            continue
+        g64 = g64.detach()
+        e += ((g.detach().double() - g64) ** 2).sum().item()
+        e32 += ((g32.detach().double() - g64) ** 2).sum().item()
+        n64 += (g64 ** 2).sum().item()
+    if n64 == 0:
+        return None
+    return e ** 0.5 / max(e32 ** 0.5, F64_FLOOR * n64 ** 0.5, 1e-30)
+
+
 def counts(ex) -> dict:
     return dict(graphs=ex.graph_count, breaks=ex.graph_break_count, ops=sum(op_count(g) for g in ex.graphs),
                 calls=sum(op_count(g, all_calls=True) for g in ex.graphs), first_break=first_ember_break(ex))
@@ -316,9 +387,10 @@ def run_task(task: dict) -> dict:
         if skip:
             out["skipped"] = skip
         elif task["kind"] == "torch":
-            out["counts"] = torch_counts(task["name"], task["mode"])
+            out["counts"] = torch_counts(task["name"], task["mode"], task.get("device", "cpu"))
         else:
-            out["counts"] = ember_row(task["name"], task["mode"], task["backend"], task["check_train"])
+            out["counts"] = ember_row(task["name"], task["mode"], task["backend"], task["check_train"],
+                                      task.get("device", "cpu"))
     except Exception as e:  # noqa: BLE001 - a failure is a row
         tb = traceback.extract_tb(e.__traceback__)
         where = f" at {short_path(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
@@ -355,7 +427,9 @@ class Worker:
     """A `zoo.py --worker` process; a task that outlasts its timeout kills it (and its session), a new one follows."""
 
     def __init__(self, log):
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=str(ROOT))
+        # (the repository first, then what the caller's PYTHONPATH holds: the device machine's installed wheels)
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
+                   PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=env,
                                      cwd=ROOT, start_new_session=True)
@@ -388,9 +462,12 @@ class Worker:
         self.proc.wait()
 
 
+DEVICE = "cpu"   # the device the rows run on (--device): torch.compile's counts are cached per device
+
+
 def counts_file() -> pathlib.Path:
     import torch
-    return COUNTS_DIR / f"torch-{torch.__version__.split('+')[0]}.json"
+    return COUNTS_DIR / f"torch-{torch.__version__.split('+')[0]}{'' if DEVICE == 'cpu' else '-' + DEVICE}.json"
 
 
 def versions() -> dict:
@@ -461,12 +538,32 @@ def report(rows: list[dict]) -> str:
         if "error" in t:
             brk = (brk + " | " if brk else "") + f"torch.compile: {t['error']}"
         out.append([r["name"], r["mode"], col(ec, "graphs"), col(ec, "breaks"), col(ec, "ops"),
-                    col(tc, "graphs"), col(tc, "breaks"), col(tc, "ops"), equal[:60], brk])
+                    col(tc, "graphs"), col(tc, "breaks"), col(tc, "ops"), ratio_cell(ec), equal[:60], brk])
     lines.append(table(["model", "mode", "ember graphs", "breaks", "ops", "torch.compile graphs", "breaks", "ops",
-                        "equal", "ember's first break"], out))
+                        "f64 ratio", "equal", "ember's first break"], out))
     lines.append("")
     lines += summary(rows)
     return "\n".join(lines)
+
+
+def ratio_cell(ec: dict | None) -> str:
+    r = (ec or {}).get("f64_ratio")
+    return "-" if r is None else f"{r:.2f}" + ("" if r <= F64_RATIO else " !")
+
+
+def ratio_summary(rs: list[dict]) -> str:
+    """The f64 ratios' distribution over rows: quantiles, how many within F64_RATIO, the rows over it."""
+    ratios = sorted(((r["ember"]["counts"]["f64_ratio"], r["name"]) for r in rs
+                     if r.get("ember", {}).get("counts", {}).get("f64_ratio") is not None),
+                    key=lambda x: (x[0] != x[0], x[0]))
+    if not ratios:
+        return "  f64 ratio: none measured"
+    vals = [v for v, _ in ratios]
+    q = lambda f: vals[min(int(f * len(vals)), len(vals) - 1)]  # noqa: E731
+    over = [f"{name} {v:.2f}" for v, name in ratios if not v <= F64_RATIO]
+    return (f"  f64 ratio (ember's error / eager float32's, vs float64) over {len(vals)} rows: min {vals[0]:.2f}, "
+            f"median {q(0.5):.2f}, p90 {q(0.9):.2f}, max {vals[-1]:.2f}; within {F64_RATIO:g}: "
+            f"{sum(v <= F64_RATIO for v in vals)}/{len(vals)}" + (f"; over: {', '.join(over)}" if over else ""))
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -492,6 +589,7 @@ def summary(rows: list[dict]) -> list[str]:
             f"({len(by_f64)} of them against float64; {len(rs) - len(ran)} errors or timeouts); "
             f"graphs <= torch.compile's and ops >= 98% of its: {len(goal)}/{len(both)}; "
             f"captured ops ember {e_ops} vs torch.compile {t_ops} ({100 * e_ops / max(t_ops, 1):.1f}%)")
+        lines.append(ratio_summary(ran))
     return lines
 
 
@@ -511,6 +609,8 @@ def misses(rows: list[dict]) -> list[str]:
                 why.append(f"equal: {ec.get('equal')}")
             if tc and not meets_goal(ec, tc):
                 why.append(f"graphs {ec['graphs']} vs {tc['graphs']}, ops {ec['ops']} vs {tc['ops']}")
+            if ec.get("f64_ratio") is not None and not ec["f64_ratio"] <= F64_RATIO:
+                why.append(f"f64 ratio {ec['f64_ratio']:.2f} > {F64_RATIO:g}")
         if why:
             brk = ec.get("first_break") if ec else ""
             out.append(f"{r['name']} ({r['mode']}): {'; '.join(why)}" + (f"; first break: {brk}" if brk else ""))
@@ -559,7 +659,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default="both", choices=["eval", "train", "both"])
     p.add_argument("--backend", default="ember", help="ember's backend: ember (the whole pipeline) or eager "
                    "(its frontend's graphs run as captured: capture-only counts)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where models, inputs and the float64 run live")
     p.add_argument("--shard", default="1/1", help="i/n: the i-th of n interleaved slices of the models (1-based)")
+    p.add_argument("--jobs", type=int, default=1, help="rows run at once, each in its own worker process")
+    p.add_argument("--budget", type=float, default=0, help="seconds after which no new row starts (0: none); the "
+                   "rows not run are listed")
     p.add_argument("--timeout", type=float, default=300, help="seconds per row and compiler")
     p.add_argument("--recount-torch", action="store_true", help="measure torch.compile's counts again")
     p.add_argument("--no-torch", action="store_true", help="leave torch.compile's counts out where not cached")
@@ -572,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="print the model names and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    global DEVICE
+    DEVICE = a.device
     if a.worker:
         return worker()
     if a.merge:
@@ -580,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in json.loads(pathlib.Path(f).read_text())["rows"]:
                 by_key[r["name"], r["mode"]] = r
         rows = list(by_key.values())
+        DEVICE = rows[0].get("device", "cpu") if rows else "cpu"   # (torch.compile's counts of that device)
         cached = load_counts()
         for r in rows:  # rows run with --no-torch take torch.compile's counts from the cache
             if not r.get("torch") and f"{r['name']}/{r['mode']}" in cached:
@@ -602,8 +709,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     modes = ["eval", "train"] if a.mode == "both" else [a.mode]
     cached = {} if a.recount_torch else load_counts()
-    print(f"ember zoo: {len(names)} models x {modes}, backend {a.backend}, shard {a.shard}\n{machine()}",
-          flush=True)
+    print(f"ember zoo: {len(names)} models x {modes}, backend {a.backend}, device {a.device}, shard {a.shard}\n"
+          f"{machine()}", flush=True)
 
     header = machine()
     log = open(a.log, "a")
@@ -615,41 +722,72 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for w in workers:
             w.kill()
+    rows.sort(key=lambda r: (names.index(r["name"]), modes.index(r["mode"])))
     print(report(rows))
     ms = misses(rows)
     if ms:
         print("\nmisses:\n" + "\n".join(ms))
+    not_run = [f"{n}/{m}" for n in names for m in modes if not any(r["name"] == n and r["mode"] == m for r in rows)]
+    if not_run:
+        print(f"\nnot run (--budget {a.budget:g} s spent): {len(not_run)} rows: {', '.join(not_run)}")
     return 0
 
 
 def run_rows(a, names, modes, cached, workers: list, log, header: str, rows: list) -> None:
-    """Each (model, mode) row into `rows`: ember's task, then torch.compile's where not cached."""
+    """Each (model, mode) row into `rows`: ember's task, then torch.compile's where not cached; --jobs rows at
+    once, each thread with its own worker process; no row starts once --budget seconds have passed."""
+    import queue
+    import threading
+    todo: queue.Queue = queue.Queue()
     for name in names:
         for mode in modes:
-            row = {"name": name, "mode": mode, "backend": a.backend}
-            key = f"{name}/{mode}"
-            jobs = [("ember", dict(kind="ember", name=name, mode=mode, backend=a.backend,
-                                   check_train=not a.no_train_check))]
-            if key in cached:
-                row["torch"] = cached[key]
-            elif not a.no_torch:
-                jobs.append(("torch", dict(kind="torch", name=name, mode=mode)))
-            for who, task in jobs:
-                if not workers or not workers[-1].alive():
-                    workers.append(Worker(log))
-                res = workers[-1].run(task, a.timeout)
-                row[who] = {k: res[k] for k in ("counts", "error", "skipped", "seconds") if k in res}
-                if who == "torch" and "timeout" not in res.get("error", ""):  # a timeout may pass on a freer machine
-                    save_count(key, row["torch"])
-                if "skipped" in res:
-                    row["torch"] = row.get("torch") or {"skipped": res["skipped"]}
-                    break
+            todo.put((name, mode))
+    t0, lock = time.monotonic(), threading.Lock()
+
+    def one_row(name: str, mode: str, mine: list) -> None:
+        row = {"name": name, "mode": mode, "backend": a.backend, "device": a.device}
+        key = f"{name}/{mode}"
+        jobs = [("ember", dict(kind="ember", name=name, mode=mode, backend=a.backend, device=a.device,
+                               check_train=not a.no_train_check))]
+        if key in cached:
+            row["torch"] = cached[key]
+        elif not a.no_torch:
+            jobs.append(("torch", dict(kind="torch", name=name, mode=mode, device=a.device)))
+        for who, task in jobs:
+            if not mine or not mine[-1].alive():
+                mine.append(Worker(log))
+                with lock:
+                    workers.append(mine[-1])
+            res = mine[-1].run(task, a.timeout)
+            row[who] = {k: res[k] for k in ("counts", "error", "skipped", "seconds") if k in res}
+            if who == "torch" and "timeout" not in res.get("error", ""):  # a timeout may pass on a freer machine
+                save_count(key, row["torch"])
+            if "skipped" in res:
+                row["torch"] = row.get("torch") or {"skipped": res["skipped"]}
+                break
+        e = row["ember"]
+        with lock:
             rows.append(row)
-            e = row["ember"]
             print(f"  {name} {mode}: {e.get('seconds', '?')} s, "
-                  f"{e.get('skipped') or e.get('error') or e['counts'].get('equal')}", file=sys.stderr, flush=True)
+                  f"{e.get('skipped') or e.get('error') or e['counts'].get('equal')}"
+                  f"{'' if 'counts' not in e else ', f64 ratio ' + ratio_cell(e['counts'])}", file=sys.stderr,
+                  flush=True)
             if a.json:
                 pathlib.Path(a.json).write_text(json.dumps({"machine": header, "rows": rows}, indent=1))
+
+    def loop() -> None:
+        mine: list = []
+        while not (a.budget and time.monotonic() - t0 > a.budget):
+            try:
+                name, mode = todo.get_nowait()
+            except queue.Empty:
+                return
+            one_row(name, mode, mine)
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(max(a.jobs, 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 if __name__ == "__main__":

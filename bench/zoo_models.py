@@ -186,6 +186,8 @@ HF: dict[str, tuple[str, str, Callable[[], dict], dict]] = {
     "vit": ("ViTConfig", "ViTForImageClassification", image(), VIT),
     "deit": ("DeiTConfig", "DeiTForImageClassification", image(), VIT),
     "beit": ("BeitConfig", "BeitForImageClassification", image(), VIT),
+    "data2vec_vision": ("Data2VecVisionConfig", "Data2VecVisionForImageClassification", image(),
+                        d(VIT, use_relative_position_bias=True)),
     "dinov2": ("Dinov2Config", "Dinov2Model", image(), VIT),
     "swin": ("SwinConfig", "SwinForImageClassification", image(),
              dict(image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4,

@@ -80,8 +80,9 @@ def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     bias = attn_mask
     if bias is not None:
         if not _known_multiple(key.shape[-2], 16 // query.element_size()):
-            # the kernel needs the bias rows 16-byte aligned; eager pads a view for it, but the code generator
-            # may hand the extern call a compact copy instead: leave such shapes to the math path (a symbolic
+            # the kernel needs the bias rows 16-byte aligned; eager pads a view for it, and so does the code
+            # generator (codegen.layout.ALIGNED_ARGUMENTS), but this graph also runs as it is where it is not
+            # compiled, and the expanded bias below is compact: such shapes take torch's own path (a symbolic
             # length too, unless the guards say it is a multiple: deciding would guard on its remainder)
             return None
         if bias.dtype == torch.bool:

@@ -20,8 +20,13 @@ An optimizer's step counters change by `+ 1` each call, on the CPU and (recomput
 device graph also returns the new counters, stacked, and the next call passes that tensor as the pack when
 the CPU counters still hold exactly the values the host graph wrote (one C comparison), with no transfer.
 
-A CPU node that reads a CUDA value (a device-to-host copy, e.g. `.item()`) or a CPU value that is not a 0-d
-tensor gives up the split: the caller runs the graph eagerly.
+CPU values that are not 0-d (a mask or positions built on the host from an input) are not recomputed on the
+device, nor is anything made from them: the host graph computes them and each is sent as a tensor of its own,
+as eager copies it (`.to(device)`, or a CUDA op reading CPU indices). Before any split, fold_constants computes
+once, at compile time and on the CPU as eager does, the CPU values made from no input (a relative-position index
+built with arange and meshgrid, a bucket table, a constant tensor) and hands the device its copy of them.
+A CPU node that reads a CUDA value (a device-to-host copy, e.g. `.item()`) gives up the split: the caller runs
+the graph eagerly.
 A graph whose CPU tensors only travel between library calls (cpu_values_pass_through) needs no split.
 """
 from __future__ import annotations
@@ -98,16 +103,74 @@ def _device_type(n: fx.Node) -> str | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
+def fold_constants(gm: fx.GraphModule) -> int:
+    """Compute gm's CPU values that depend on no graph input once, now, with the ATen ops eager runs (the same
+    values to the bit, on the CPU); a CUDA node ember generates code for reads a device copy of it instead (a
+    constant of gm), others the CPU value. Random ops are never folded (each call draws anew). Returns the
+    number of ops folded away; gm is changed in place."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    nodes = list(gm.graph.nodes)
+    devices = [v.device for n in nodes for v in pytree.tree_leaves(n.meta.get("val"))
+               if isinstance(v, torch.Tensor) and v.device.type != "cpu"]
+    # (the meta device only where nothing else is: tests stand it in for CUDA)
+    device = next((d for d in devices if d.type != "meta"), devices[0] if devices else None)
+    if device is None:
+        return 0
+    values: dict = {}
+    for n in nodes:
+        if n.op == "get_attr" and _device_type(n) == "cpu":
+            values[n] = _attr(gm, n.target)
+        elif n.op == "call_function" and _device_type(n) == "cpu" and (
+                n.target is operator.getitem or isinstance(n.target, torch._ops.OpOverload)) and \
+                torch.Tag.nondeterministic_seeded not in getattr(n.target, "tags", ()) and \
+                all(a in values for a in n.all_input_nodes):
+            args, kwargs = pytree.tree_map(lambda a: values[a] if isinstance(a, fx.Node) else a, (n.args, n.kwargs))
+            with _disable_current_modes(), torch.no_grad():
+                values[n] = n.target(*args, **kwargs)
+    folded = 0
+    made: dict = {}
+    first = next(n for n in nodes if n.op != "placeholder")
+    for n in [n for n in nodes if n in values]:
+        for u in list(n.users):
+            if u in values:
+                continue
+            # the host, an output and a library call (eager's kernel: see cpu_values_pass_through) read the CPU
+            # value, a generated kernel a device copy
+            on_host = u.op == "output" or _device_type(u) == "cpu" or _library_call(u)
+            if n.op == "get_attr" and on_host:
+                continue      # a constant read as it is
+            key = (n, on_host)
+            if key not in made:
+                value = values[n] if on_host else values[n].to(device)
+                name = f"_ember_folded_{sum(k.startswith('_ember_folded_') for k in gm._buffers)}"
+                gm.register_buffer(name, value)
+                with gm.graph.inserting_before(first):
+                    made[key] = gm.graph.get_attr(name)
+                with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                    made[key].meta["val"] = mode.from_tensor(value)
+            u.replace_input_with(n, made[key])
+    for n in reversed(nodes):
+        if n in values and not n.users:
+            gm.graph.erase_node(n)
+            folded += n.op == "call_function"
+    if made:
+        gm.graph.lint()
+        gm.recompile()
+    return folded
+
+
+def _attr(gm: fx.GraphModule, target: str):
+    t = gm
+    for part in target.split("."):
+        t = getattr(t, part)
+    return t
+
+
 def cpu_values_pass_through(gm: torch.fx.GraphModule) -> bool:
     """Whether every CPU tensor of a CUDA graph only travels between library calls, inputs and outputs, so no
     generated kernel reads one: e.g. the philox seed and offset (CPU scalars) that CUDA attention with dropout
     returns and its backward takes."""
-    from ember.decomp.table import EXTERN, TABLE
-
-    def library_call(n: torch.fx.Node) -> bool:
-        return n.op == "call_function" and (n.target in EXTERN or (
-            isinstance(n.target, torch._ops.OpOverload) and n.target not in TABLE))
-
     def on_cpu(n: torch.fx.Node) -> bool:
         v = n.meta.get("val")
         return isinstance(v, torch.Tensor) and v.device.type == "cpu"
@@ -116,25 +179,40 @@ def cpu_values_pass_through(gm: torch.fx.GraphModule) -> bool:
         if not on_cpu(n):
             continue
         made_by = n.args[0] if n.target is operator.getitem else n
-        if not (n.op == "placeholder" or library_call(made_by)):
+        if not (n.op in ("placeholder", "get_attr") or _library_call(made_by)):
             return False
-        if not all(u.op == "output" or library_call(u) for u in n.users):
+        if not all(u.op == "output" or _library_call(u) for u in n.users):
             return False
     return True
 
 
+def _library_call(n: torch.fx.Node) -> bool:
+    """Whether n stays an ATen call in the compiled graph (no generated kernel reads its arguments): eager's
+    kernel takes CPU arguments as it always does. (Not an op the lowering makes its own choice for: a
+    concatenation, addmm's bias add, may become kernels.)"""
+    from ember.codegen.lower import CHOICES
+    from ember.decomp.table import EXTERN, TABLE
+    return n.op == "call_function" and n.target not in CHOICES and (n.target in EXTERN or (
+        isinstance(n.target, torch._ops.OpOverload) and n.target not in TABLE))
+
+
 def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | None:
-    """(host graph, device graph, how to call them) for a graph whose CPU values are 0-d tensors, else None."""
+    """(host graph, device graph, how to call them) for a graph whose CPU values are made on the CPU, else None."""
     nodes = list(gm.graph.nodes)
     output = nodes[-1]
-    host = {n for n in nodes if n.op in ("placeholder", "call_function") and _device_type(n) == "cpu"}
+    host = {n for n in nodes if n.op in ("placeholder", "call_function", "get_attr") and _device_type(n) == "cpu"}
     if not host:
         return None
     for n in host:
         if any(a not in host for a in n.all_input_nodes):
             return None      # a CPU value made from a device value: a device-to-host copy, which must wait
-        if not (isinstance(n.meta["val"], torch.Tensor) and n.meta["val"].ndim == 0):
-            return None      # eager CUDA kernels take CPU tensors only as 0-d scalars
+        if not isinstance(n.meta["val"], torch.Tensor):
+            return None
+    # CPU values that are not 0-d, and what is made from them: computed on the host only (module doc)
+    heavy: set = set()
+    for n in nodes:
+        if n in host and (n.meta["val"].ndim > 0 or any(a in heavy for a in n.all_input_nodes)):
+            heavy.add(n)
     device = next(v.device for n in nodes if n not in host and n.op != "output"
                   for v in pytree.tree_leaves(n.meta.get("val")) if isinstance(v, torch.Tensor))
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -144,7 +222,12 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
     dev_outs = [x for x in out_leaves if isinstance(x, fx.Node) and x not in host]
     packs: dict[torch.dtype, list[fx.Node]] = {}
     for n in host_inputs:
-        packs.setdefault(n.meta["val"].dtype, []).append(n)
+        if n not in heavy:
+            packs.setdefault(n.meta["val"].dtype, []).append(n)
+    # heavy values a device node reads: each sent as a tensor, an input's as it comes, others from the host graph
+    tensors_sent = [n for n in nodes if n in heavy and any(u not in host and u.op != "output" for u in n.users)]
+    if any(n.op == "get_attr" for n in tensors_sent):
+        return None          # (fold_constants hands the device its copy of a constant first)
 
     # CPU values the device reads that are made with a libdevice function (Adam's bias corrections
     # `1 - beta ** step`): computed once by the host graph and sent, not recomputed in every kernel reading them
@@ -160,7 +243,8 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
     for n in nodes:
         if n in host:
             henv[n] = hg.node_copy(n, henv.__getitem__)
-    hg.output(tuple(henv[x] for x in host_outs + sent))
+    from_host = [n for n in tensors_sent if n.op != "placeholder"]
+    hg.output(tuple(henv[x] for x in host_outs + sent + from_host))
     hg.eliminate_dead_code()
 
     # device graph: its inputs, then one pack per dtype whose elements stand for the CPU inputs; CPU nodes
@@ -179,8 +263,14 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
             for j, m in enumerate(members):
                 denv[m] = dg.call_function(aten.select.int, (p, 0, j))
                 denv[m].meta["val"] = torch.empty((), dtype=dtype, device=device)
+        for i, n in enumerate(tensors_sent):
+            denv[n] = dg.placeholder(f"host_tensor_{i}")
+            denv[n].meta["val"] = torch.empty_strided(*_sent_layout(n.meta["val"]), dtype=n.meta["val"].dtype,
+                                                      device=device)
         for n in nodes:
-            if n.op != "call_function" or n in costly:
+            if n.op == "get_attr" and n not in heavy:   # (a CPU one: its device copy is fold_constants' there)
+                denv[n] = dg.node_copy(n, denv.__getitem__)
+            if n.op != "call_function" or n in costly or n in heavy:
                 continue
             new = denv[n] = dg.node_copy(n, denv.__getitem__)
             if n in host:
@@ -227,8 +317,9 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
                                         if out_leaves[o] in once and i in at_dev_in]
     at_host_node = _positions(host_inputs)
     at_sent = {n: len(host_outs) + k for k, n in enumerate(sent)}
+    at_from_host = {n: len(host_outs) + len(sent) + k for k, n in enumerate(from_host)}
     # the values sent are gathered into a pack as soon as the host part returns: kept from call to call
-    host_gm.meta["ember_consumed_outputs"] = frozenset(at_sent.values())
+    host_gm.meta["ember_consumed_outputs"] = frozenset(at_sent.values()) | frozenset(at_from_host.values())
     plan = {
         "host_inputs": inputs_host,
         "device_inputs": inputs_dev,
@@ -236,6 +327,10 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
         "packs": [(dtype, [at_host_node[m] for m in members]) for dtype, members in packs.items()],
         # per pack of values the host graph computes for the device: dtype, positions among its outputs
         "sent_packs": [(dtype, [at_sent[m] for m in members]) for dtype, members in sent_packs.items()],
+        # per heavy value the device reads: "input", its position among the host inputs / "host", its position
+        # among the host graph's outputs; then its dtype, size and strides on the device (_sent_layout)
+        "tensors_sent": [(*(("input", at_host_node[n]) if n.op == "placeholder" else ("host", at_from_host[n])),
+                          n.meta["val"].dtype, *_sent_layout(n.meta["val"])) for n in tensors_sent],
         # per pack: the device output holding its next values, or None; the device outputs before those
         "next_packs": mirrors, "device_outputs": len(dev_outs),
         "device": device,
@@ -252,6 +347,17 @@ LINKED_ON_DEVICE = {aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Sca
 # ... in graphs of more nodes than this. An optimizer step alone fuses its updates into a few kernels, where
 # recomputing costs less than the transfer each call; a training step with its backward fuses them into hundreds.
 SENT_FROM_HOST_ABOVE = 1000
+
+
+def _sent_layout(v: torch.Tensor) -> tuple[tuple, tuple]:
+    """(size, strides) a CPU tensor is sent to the device in: contiguous (made so on the CPU first)."""
+    return tuple(v.shape), torch.empty(v.shape, device="meta").stride()
+
+
+def _in_order(tensors_sent: list, from_inputs: list, from_host: list) -> list:
+    """The tensors sent, in the device graph's order, from the two lists each source's were sent in."""
+    a, b = iter(from_inputs), iter(from_host)
+    return [next(a) if where == "input" else next(b) for where, *_ in tensors_sent]
 
 
 def _positions(items: list) -> dict:
@@ -325,11 +431,14 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
         return None
     host_gm, dev_gm, plan = parts
     host_idx, dev_idx, device = plan["host_inputs"], plan["device_inputs"], plan["device"]
-    has_host_outputs = any(where == "host" for where, _ in plan["outputs"]) or bool(plan["sent_packs"])
+    tensors_sent = plan["tensors_sent"]
+    from_host = any(where == "host" for where, *_ in tensors_sent)
+    has_host_outputs = any(where == "host" for where, _ in plan["outputs"]) or bool(plan["sent_packs"]) or from_host
     host_fn = compile_host(host_gm, [example_inputs[i] for i in host_idx]) if has_host_outputs else None
     host = _eager_while_building(host_fn, host_gm) if host_fn is not None else None
     dev_examples = [example_inputs[i] for i in dev_idx] + \
-        [torch.empty((len(pos),), dtype=dt, device=device) for dt, pos in plan["packs"] + plan["sent_packs"]]
+        [torch.empty((len(pos),), dtype=dt, device=device) for dt, pos in plan["packs"] + plan["sent_packs"]] + \
+        [torch.empty_strided(size, stride, dtype=dt, device=device) for *_, dt, size, stride in tensors_sent]
     dev_fn = compile_device(dev_gm, dev_examples)
     packs = [_Pack(dt, pos, device) for dt, pos in plan["packs"]]
     sent_packs = [_Pack(dt, pos, device) for dt, pos in plan["sent_packs"]]
@@ -341,7 +450,8 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
     host_of, dev_of = picker(host_idx), picker(dev_idx)
     # the output leaves, picked from (*device outputs, *host outputs, *values sent, *constants) in one C call
     n_dev = sum(where == "device" for where, _ in outputs)
-    n_host = sum(where == "host" for where, _ in outputs) + sum(len(pos) for _, pos in plan["sent_packs"])
+    n_host = sum(where == "host" for where, _ in outputs) + sum(len(pos) for _, pos in plan["sent_packs"]) + \
+        sum(where == "host" for where, *_ in tensors_sent)
     consts = tuple(k for where, k in outputs if where == "const")
     at, c = [], 0
     for where, k in outputs:
@@ -349,14 +459,21 @@ def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callab
         c += where == "const"
     leaves_of = picker(at)
 
+    def send_tensors(host_args: list, h, where_from: str) -> list:
+        # (a pageable CPU tensor is staged by the time `.to` returns: the host may write it again at once)
+        return [(host_args[k] if where == "input" else h[k]).contiguous().to(device, non_blocking=True)
+                for where, k, *_ in tensors_sent if where == where_from] if tensors_sent else []
+
     def run(*args):
         host_args = host_of(args)
-        if sent_packs:   # the host graph first: the device reads values it computes (the old inputs are packed)
-            old = [p.send(host_args) for p in packs]
+        if sent_packs or from_host:   # the host graph first: the device reads values it computes (the old
+            old = [p.send(host_args) for p in packs]                     # inputs are packed or sent first)
+            inputs_sent = send_tensors(host_args, None, "input")
             h = host[0](*host_args)
-            d = dev_fn(*dev_of(args), *old, *[p.send(h) for p in sent_packs])
+            d = dev_fn(*dev_of(args), *old, *[p.send(h) for p in sent_packs], *_in_order(
+                tensors_sent, inputs_sent, send_tensors(host_args, h, "host")))
         else:
-            d = dev_fn(*dev_of(args), *[p.send(host_args) for p in packs])
+            d = dev_fn(*dev_of(args), *[p.send(host_args) for p in packs], *send_tensors(host_args, None, "input"))
             h = host[0](*host_args) if has_host_outputs else ()
         if mirrored:
             for p, at in mirrored:

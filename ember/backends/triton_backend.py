@@ -1,7 +1,7 @@
 """The Triton backend: an ATen graph on CUDA tensors -> lowered, scheduled and printed (ember.codegen.triton)
 -> a host program launching the kernels. All kernels of a graph are compiled concurrently on first use (threads,
 and worker processes for many kernels); the source module is cached on disk by content hash and Triton caches
-its binaries. A graph that also computes on CPU 0-d tensors is split (host_scalars)."""
+its binaries. A graph that also computes on CPU tensors is split (host_scalars)."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -10,6 +10,7 @@ import os
 import time
 from typing import Callable
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 
@@ -143,16 +144,44 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
     return call
 
 
+def _device_of(gm: torch.fx.GraphModule, example_inputs: list) -> torch.device:
+    """The device a graph's kernels run on: its first input's, or value's, off the CPU (a graph may pass CPU
+    tensors through to library calls, its first input one); the CPU only under TRITON_INTERPRET."""
+    values = [t for t in example_inputs if isinstance(t, torch.Tensor)] + \
+        [v for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val")) if isinstance(v, torch.Tensor)]
+    return next((t.device for t in values if t.device.type not in ("cpu", "meta")),
+                next((t.device for t in values), torch.device("cuda")))
+
+
+def _no_kernel_reads_cpu(low, example_inputs: list) -> None:
+    """Raise CannotLower where a generated kernel would read a CPU tensor (an input or constant the graph passes
+    through to library calls, which take CPU arguments; a kernel cannot): that graph runs eagerly."""
+    cpu = {b.name for b, t in zip(low.inputs, example_inputs) if b is not None and isinstance(t, torch.Tensor)
+           and t.device.type == "cpu"} | {k for k, t in low.constants.items() if t.device.type == "cpu"}
+    if not cpu:
+        return
+    for b in low.buffers:
+        if isinstance(b, (schedule.Pointwise, schedule.Reduction)):
+            idx = [sympy.Symbol(f"c{i}", integer=True) for i in range(len(b.size))]
+            body = b.fn(idx) if isinstance(b, schedule.Pointwise) else \
+                b.fn(idx, [sympy.Symbol(f"r{i}", integer=True) for i in range(len(b.rsize))])
+            read = schedule.reads_of(body) & cpu
+            if read:
+                raise CannotLower(f"a kernel ({b.name}, from {', '.join(b.origins) or '?'}) would read the CPU "
+                                  f"tensor {sorted(read)[0]}")
+
+
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
     """Compile a functional ATen-level fx graph (node.meta['val'] set) on CUDA tensors into Triton kernels.
     The same contract as ember.backends.cpp_backend.compile_aten."""
     t0 = time.perf_counter()
+    host_scalars.fold_constants(gm)   # CPU values made from no input: computed once, the device given a copy
     devices = {v.device.type for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
                if isinstance(v, torch.Tensor)} | {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     devices.discard("meta")     # shape-only values some graphs carry
     if devices - {"cuda"} and not (os.environ.get("TRITON_INTERPRET") == "1" and devices == {"cpu"}) and \
             not host_scalars.cpu_values_pass_through(gm):
-        # e.g. torch.optim's step counters, kept on the CPU unless capturable=True: the CPU scalars are computed
+        # e.g. torch.optim's step counters, kept on the CPU unless capturable=True: the CPU values are computed
         # by the C++ backend and reach the kernels in one copy (host_scalars)
         if devices == {"cpu", "cuda"}:
             # under mode="reduce-overhead" the device part is replayed as a CUDA graph (cudagraphs.aot_compilers)
@@ -174,6 +203,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         with lower.LOWERING_LOCK:
             low, out_spec, _ = lower.lower(gm, example_inputs, target="gpu")
             mutations = gm.meta.get("ember_input_mutations")
+            if os.environ.get("TRITON_INTERPRET") != "1":   # (there every kernel reads CPU tensors)
+                _no_kernel_reads_cpu(low, example_inputs)
             sched = split_few_row_groups(schedule.schedule(low, mutations=mutations, across=True))
             schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
             # after it: what it inlines must not be written
@@ -182,7 +213,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             if not (options or {}).get("max_autotune"):   # (the matmul templates print their epilogues' stores)
                 registers_for_private_values(sched)
                 overwrite_dying_inputs(sched)
-            device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cuda"))
+            device = _device_of(gm, example_inputs)
             if (options or {}).get("max_autotune"):
                 sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
             call = compile_schedule(sched, lambda args: gm(*args), device, not gm.meta.get("ember_guarded", False))

@@ -8,6 +8,9 @@ then walk C innermost, see schedule.loop_order), so no layout changes happen bet
 and arguments of ATen fallbacks get eager's strides back (a copy). Training graphs keep eager's layouts: their
 saved activations would be converted at every forward/backward boundary; so does a training step in one graph
 (see wants_channels_last).
+
+Some library kernels check their arguments' layouts instead of copying what does not suit them
+(ALIGNED_ARGUMENTS): such an argument is handed over in a layout they take (Graph.aligned in lower.py).
 """
 from __future__ import annotations
 
@@ -20,6 +23,53 @@ from ember.ir import FloorDiv, ModIndex, TensorBox, symbols
 CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten._convolution.default)
 aten = torch.ops.aten
 CHANNELS_LAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Library kernels that read tensor arguments with 16-byte vector loads and raise on a layout that does not allow
+# them (ATen's fused CUDA attention: "attn_bias is not correctly aligned (strideH). attn_bias.stride(1) = 38809,
+# and should be a multiple of 4" for a 197x197 relative-position bias stored compact), by op: the positions of
+# those arguments. Each is handed over with a dense last dim and its other strides and its offset multiples of
+# 16 bytes, as eager's scaled_dot_product_attention pads a bias for them (preprocess_mask) and Inductor's
+# sdpa_constraint does. Matrix products and convolutions need no entry: ATen copies an operand cuBLAS, cuDNN or
+# oneDNN cannot take.
+ALIGN_BYTES = 16
+ALIGNED_ARGUMENTS = {op: positions for name, positions in (
+    ("_scaled_dot_product_efficient_attention", (0, 1, 2, 3)),
+    ("_scaled_dot_product_efficient_attention_backward", (0, 1, 2, 3, 4, 5)),
+    ("_scaled_dot_product_flash_attention", (0, 1, 2)),
+    ("_scaled_dot_product_flash_attention_backward", (0, 1, 2, 3, 4)),
+    ("_scaled_dot_product_cudnn_attention", (0, 1, 2, 3)),
+    ("_scaled_dot_product_cudnn_attention_backward", (0, 1, 2, 3, 4, 8)),
+) if hasattr(aten, name) for op in (getattr(aten, name).default,)}
+
+
+def _multiple(e, k: int) -> bool:
+    """Whether size expression e is a multiple of k at every size."""
+    return int(e) % k == 0 if symbols.is_static(e) else sympy.Mod(e, k) == 0
+
+
+def is_aligned(size, stride, offset, dtype: torch.dtype) -> bool:
+    """Whether a strided view suits ALIGNED_ARGUMENTS' kernels: its last dim dense, every other stride and its
+    offset a multiple of ALIGN_BYTES (a dim of size 1 takes no step; a broadcast dim's stride 0 is a multiple)."""
+    k = max(ALIGN_BYTES // ir.itemsize(dtype), 1)
+    if size and not symbols.same(size[-1], 1) and not symbols.same(stride[-1], 1):
+        return False
+    return _multiple(offset, k) and all(symbols.same(n, 1) or _multiple(s, k) for n, s in zip(size[:-1], stride[:-1]))
+
+
+def aligned_strides(size, dtype: torch.dtype, broadcast=()) -> tuple:
+    """Row-major strides for a static `size` whose rows (the last dim) start ALIGN_BYTES apart: the last dim padded
+    to a multiple of 16 bytes, as eager pads an attention bias; dims in `broadcast` (never the last) get stride 0,
+    their value stored once."""
+    k = max(ALIGN_BYTES // ir.itemsize(dtype), 1)
+    out, acc = [0] * len(size), 1
+    for d in reversed(range(len(size))):
+        if d in broadcast and d != len(size) - 1:
+            continue
+        out[d] = acc
+        acc *= int(size[d])
+        if d == len(size) - 1:
+            acc = -(-acc // k) * k
+    return tuple(out)
 
 
 def channels_last_strides(size) -> tuple:

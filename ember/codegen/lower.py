@@ -27,8 +27,8 @@ from ember.errors import CannotLower
 from ember import ir
 from ember.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, TensorArg, TensorBox, symbols
 from ember.codegen.cat_chains import lower_cat, plan_cat_chains
-from ember.codegen.layout import CONVOLUTIONS, channels_last_strides, is_dense, same_strides, value_key, \
-    wants_channels_last
+from ember.codegen.layout import ALIGNED_ARGUMENTS, CONVOLUTIONS, aligned_strides, channels_last_strides, \
+    is_aligned, is_dense, same_strides, value_key, wants_channels_last
 from ember.codegen.matmul import addmm, lower_sibling_product, mm, plan_sibling_products
 from ember.codegen.onednn import LinearFusion, lower_conv_fusion, lower_linear_fusion, plan_conv_fusions, \
     plan_linear_fusions
@@ -89,6 +89,7 @@ class Graph:
         self.fallbacks: list[str] = []
         self.extern_inputs: dict = {}  # value_key -> a buffer made for a library call's argument (realize(share))
         self.symbolic = is_symbolic(gm)  # sizes are sympy expressions over the ShapeEnv's symbols (dynamic.md)
+        self.op_name = ""  # the ATen op being lowered (for messages)
 
     @contextlib.contextmanager
     def lowering_as(self, val):
@@ -180,6 +181,27 @@ class Graph:
         return self.realize(TensorBox(x.size, x.dtype, x.loader),
                             stride=want if want is not None else ir.contiguous_strides(x.size))
 
+    def aligned(self, x: TensorBox) -> TensorBox:
+        """x in a layout ALIGNED_ARGUMENTS' kernels take: itself where it is one, else stored with its rows 16 bytes
+        apart (layout.aligned_strides); a dim x's value does not vary along (a bias broadcast over the batch)
+        keeps stride 0, the value stored once."""
+        if x.strided is not None and is_aligned(x.size, *x.strided[1:], x.dtype):
+            return x
+        if not all(symbols.is_static(n) for n in x.size):
+            raise CannotLower(f"an argument of {self.op_name} needs a padded layout of symbolic size")
+        idx = [sympy.Symbol(f"a{i}", integer=True, nonnegative=True) for i in range(x.ndim)]
+        read = set()
+        for e in x.loader(idx).walk():
+            for a in e.args:
+                if isinstance(a, sympy.Basic):
+                    read |= a.free_symbols
+        broadcast = {d for d in range(x.ndim - 1) if int(x.size[d]) != 1 and idx[d] not in read}
+        once = tuple(sympy.Integer(1) if d in broadcast else n for d, n in enumerate(x.size))
+        stored = self.realize(TensorBox(once, x.dtype, lambda i: x.loader(
+            [sympy.Integer(0) if d in broadcast else i[d] for d in range(x.ndim)])),
+            stride=aligned_strides(once, x.dtype))
+        return P.as_strided(stored, x.size, aligned_strides(x.size, x.dtype, broadcast))
+
     def extern(self, target, args, kwargs, fallback: bool, channels_last: bool = False, out_stride=None):
         """A library call / kept ATen op on materialized arguments; returns boxes shaped like its meta value.
         channels_last: its 4-D arguments and results are channels-last (convolutions of a channels-last graph
@@ -196,21 +218,26 @@ class Graph:
                 return x
             args = pytree.tree_map(to_cl, args, is_leaf=lambda x: isinstance(x, TensorBox))
 
-        def arg(x):
+        def arg(x, align: bool = False):
             if isinstance(x, TensorBox):
                 if fallback:
                     x = self._eager_layout(x)
                 # an ATen op sees the layout eager gives it (some kernels assume what their callers ensure);
                 # a channels-last convolution's input and weight are channels-last (above)
                 want = None if (conv_cl and x.ndim == 4) or out_stride is not None else getattr(x, "eager_stride", None)
+                if align and want is not None and not is_aligned(x.size, want, 0, x.dtype):
+                    want = None   # (a layout the kernel refuses: aligned below)
                 if want is not None and (x.strided is None or not same_strides(x.size, x.strided[1], want)):
                     x = self.realize(x, stride=want, share=True) if x.strided is None else \
                         self.realize(TensorBox(x.size, x.dtype, x.loader), stride=want, share=True)
-                x = self.realize(x, share=True)
+                x = self.realize(self.aligned(x) if align else x, share=True)
                 buf, stride, offset = x.strided
                 reads.append(buf.name)
                 return TensorArg(buf.name, symbols.ints(x.size), symbols.ints(stride), symbols.ints((offset,))[0])
             return x
+        aligned = ALIGNED_ARGUMENTS.get(target, ())
+        args = tuple(arg(a, align=True) if i in aligned and isinstance(a, TensorBox) else a
+                     for i, a in enumerate(args))
         args, kwargs = pytree.tree_map(arg, (args, kwargs), is_leaf=lambda x: isinstance(x, TensorBox))
         val = self.val
         leaves, spec = pytree.tree_flatten(val)

@@ -398,8 +398,9 @@ def substitute(e: Expr, subst: dict, ranges: dict) -> Expr:
             ind = {s: IndirectSymbol(go(s.value)) for s in indirect_symbols(x.args[1])}
             off = x.args[1].xreplace({**subst, **ind}) if ind else index(x.args[1])
             return Expr("load", (x.args[0], off), x.dtype)
-        if x.op == "index":
-            return Expr("index", (index(x.args[0]),), x.dtype)
+        if x.op == "index":   # (an index used as a value, e.g. which piece of a concatenation a gather reads)
+            ind = {s: IndirectSymbol(go(s.value)) for s in indirect_symbols(x.args[0])}
+            return Expr("index", (x.args[0].xreplace({**subst, **ind}) if ind else index(x.args[0]),), x.dtype)
         return None
     return rewrite(e, rule)
 

@@ -1253,3 +1253,13 @@ def test_sibling_linears_on_one_input_are_one_library_product(returned):
     products = src.count("as_strided((32, 32), (32, 1)")   # the input, as each product reads it
     assert products == (1 if not returned else 2), src
     assert "as_strided((32, 96), (1, 32)" in src, src   # the concatenated [N, K] weights, read transposed
+
+
+def test_gather_from_a_concatenation_by_an_index_a_reduction_made():
+    """A relative-position bias (BEiT's): a table concatenated from two pieces, gathered by an index that a
+    reduction made, permuted. The piece test reads the index as a value; substituting the kernel's own index
+    variables must reach inside the index's load too (the kernel read an undefined `r0` before)."""
+    def f(t1, t2, coords):
+        table = torch.cat([t1, t2])
+        return table[coords.sum(-1).view(-1)].view(8, 8, -1).permute(2, 0, 1).contiguous()
+    compile_and_check(f, rand(12, 4), rand(3, 4), torch.randint(0, 7, (8, 8, 2), device=DEV))
