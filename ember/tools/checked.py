@@ -199,10 +199,8 @@ class Report:
         lines = [f"ember check: the graph captured from {self.where} differs from eager: "
                  f"{self.names[self.divergence.index]}: {self.divergence.what}"]
         if self.node is not None:
-            target = self.node.target if isinstance(self.node.target, str) else \
-                getattr(self.node.target, "__qualname__", str(self.node.target))
-            lines.append(f"  first diverging node: {self.node.format_node()}")
-            lines.append(f"    at {self.node.meta.get('where', '?')}: torch {self.node.op} {target}; ATen "
+            lines.append(f"  first diverging node: {describe(self.node)}")
+            lines.append(f"    at {self.node.meta.get('where', '?')}; ATen "
                          f"{', '.join(dict.fromkeys(str(o) for o in self.aten_ops)) or '?'}; "
                          f"{self.node_divergence.what}")
         else:
@@ -210,6 +208,19 @@ class Report:
                          "compiling the whole graph together (a fusion); minify its repro")
         lines.append("  graph:\n" + "\n".join("    " + ln for ln in gm.code.strip().splitlines()))
         return "\n".join(lines)
+
+
+def describe(node: torch.fx.Node) -> str:
+    """A node as the line of Python it stands for: `tanh = torch.tanh(mul_27)`."""
+    args = [str(a) for a in node.args] + [f"{k}={v}" for k, v in node.kwargs.items()]
+    if node.op == "call_method":
+        return f"{node.name} = {args[0]}.{node.target}({', '.join(args[1:])})"
+    target = node.target
+    name = getattr(target, "__name__", str(target))
+    module = getattr(target, "__module__", "") or ""
+    prefix = "torch." if module.startswith("torch") and not isinstance(target, torch._ops.OpOverload) else \
+        f"{module}." if module and module != "builtins" else ""
+    return f"{node.name} = {prefix if node.op == 'call_function' else ''}{name}({', '.join(args)})"
 
 
 def check(gm: torch.fx.GraphModule, inputs: list, rng: tuple, out, after: list, backend: Callable | None

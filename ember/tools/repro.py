@@ -138,8 +138,10 @@ def _input_expr(spec: dict, k: int) -> str:
     how = spec["how"]
     if how == "literal":
         return repr(spec["value"])
-    if how == "saved":
-        return f"saved[{k}]"
+    if how == "saved":   # (a fresh copy per call: the graph may write its inputs)
+        if "shape" not in spec:
+            return f"saved[{k}]"
+        return f"saved[{k}].detach().clone()" + (".requires_grad_()" if spec.get("requires_grad") else "")
     shape, dtype = tuple(spec["shape"]), spec["dtype"]
     if spec["dtype"] == "torch.bool":
         e = f"torch.randint(0, 2, {shape}, generator=g).bool()"
