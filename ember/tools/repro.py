@@ -157,6 +157,7 @@ def _input_expr(spec: dict, k: int) -> str:
 # -- the script --------------------------------------------------------------------------------------------------
 _MAIN = '''
 
+
 def main():
     """Eager, then compiled on the same inputs: raises where the fault shows."""
     os.environ["EMBER_FAIL_SAFE"] = "0"   # an error inside ember raises here instead of running the graph eagerly
@@ -177,8 +178,8 @@ def script(graph: torch.fx.Graph, specs: list[dict], meta: dict) -> str:
     body = code.src.replace("def forward(self, ", "def f(", 1).replace("def forward(self)", "def f()", 1).strip()
     imports = ["import os", "", "import torch", "", "import ember",
                "from ember.tools.checked import assert_as_close_as_eager"]
-    imports += [line for name, obj in sorted(code.globals.items())
-                if (line := _import_line(name, obj)) and line not in imports]
+    imports += [line for name, obj in sorted(code.globals.items()) if re.search(rf"\b{name}\b", body)
+                and (line := _import_line(name, obj)) and line not in imports]
     backend = meta.get("backend")
     if backend is None:
         backend_line = "BACKEND = None   # the backend was not importable (defined in __main__ or a function): set it"
@@ -195,9 +196,9 @@ def script(graph: torch.fx.Graph, specs: list[dict], meta: dict) -> str:
              'Run: python repro.py (exits 1 while the fault is there)."""', *imports, "",
              backend_line, f"MODE = {meta.get('mode')!r}", f"OPTIONS = {meta.get('options')!r}",
              "SAVED = None   # the values of inputs.pt, loaded on first use", "", "", body, "", "",
-             "def make_inputs():", "    global SAVED"]
+             "def make_inputs():"]
     if any(s["how"] == "saved" for s in specs):
-        lines += ["    if SAVED is None:",
+        lines += ["    global SAVED", "    if SAVED is None:",
                   "        SAVED = torch.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'inputs.pt'),",
                   "                           weights_only=False)"]
     lines += ["    saved, g = SAVED, torch.Generator().manual_seed(0)",
