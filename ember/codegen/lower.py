@@ -420,7 +420,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 raise CannotLower(f"fx node kind {node.op} ({node.name})")
     except Exception as e:   # the op ember failed on, for the fail-safe's log line (ember.tools.failsafe)
         if not isinstance(e, CannotLower):
-            e.add_note(f"ember: while lowering {node.format_node()}"
+            e.add_note(f"ember: while lowering {node.name} = {node.target}({', '.join(map(str, node.args))})"
                        + (f" from {node.meta['where']}" if "where" in node.meta else ""))
         raise
     finally:

@@ -63,6 +63,19 @@ def test_fault_at_code_generation_falls_back(monkeypatch, caplog, tmp_path):
     assert any((p / "repro.py").exists() for p in (tmp_path / "repros").iterdir())
 
 
+def test_fault_in_lowering_names_the_op_and_its_line(monkeypatch, caplog):
+    from ember.codegen import lower
+
+    class Choices(dict):   # lowering looks every op up here: a bug in lowering tanh
+        def get(self, op, default=None):
+            if op is torch.ops.aten.tanh.default:
+                raise AssertionError("injected: lowering tanh")
+            return super().get(op, default)
+    monkeypatch.setattr(lower, "CHOICES", Choices(lower.CHOICES))
+    lines = _check_falls_back(caplog, "while compiling", "compile_fallbacks")
+    assert "while lowering tanh_default = aten.tanh.default(" in lines[0] and "test_failsafe.py:32" in lines[0], lines[0]
+
+
 def test_fault_at_the_cpp_build_falls_back(monkeypatch, caplog):
     def failing_build(_source):
         f = concurrent.futures.Future()
