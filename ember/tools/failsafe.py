@@ -96,7 +96,7 @@ def compile_backward(compiler: Callable, gm: torch.fx.GraphModule, example_input
         _fall_back(gm, example_inputs, e, "compiling the backward", target)
         STATS["compile_fallbacks"] += 1
         return gm.forward
-    if compiled is gm.forward:
+    if compiled == gm.forward:   # (a bound method: equal, never the same object)
         return compiled
     gm.meta.setdefault("ember_where", f"the backward of {name}")
     first = FirstCalls(compiled, gm, target, True, 0, written=lambda args: [])

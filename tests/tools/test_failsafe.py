@@ -193,11 +193,14 @@ def test_fault_at_the_triton_compile_falls_back(monkeypatch, caplog):
     import random
 
     import triton.compiler
+    import triton.compiler.compiler
     from triton.compiler.errors import CompilationError
 
     def failing_compile(*_a, **_k):
         raise CompilationError(None, None, "injected: Triton compile")
+    # (a kernel's JITFunction binds triton.compiler.compile when it first compiles: this graph's are new)
     monkeypatch.setattr(triton.compiler, "compile", failing_compile)
+    monkeypatch.setattr(triton.compiler.compiler, "compile", failing_compile)
     scale = 1.0 + random.random()   # a kernel source of its own: nothing in Triton's in-process caches
 
     def f(x, y):
