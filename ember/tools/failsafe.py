@@ -161,6 +161,10 @@ class FirstCalls:
         after = checked.rng_state(args)
         try:
             report = checked.check(self.gm, inputs, rng, out, list(args), self.target.backend)
+        except Exception as e:   # the check must not break the program it checks
+            checked.log.warning("EMBER_CHECK could not check the graph captured from %s: %s: %s",
+                                self.gm.meta.get("ember_where", "?"), type(e).__name__, e)
+            report = None
         finally:
             checked.set_rng_state(after)
         if report is not None:

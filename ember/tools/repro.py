@@ -189,9 +189,12 @@ def script(graph: torch.fx.Graph, specs: list[dict], meta: dict) -> str:
         backend_line = f"BACKEND = {qual}"
     else:
         backend_line = f"BACKEND = {backend!r}"
+    # (the first line of the error, inside the script's docstring)
+    message = [m.replace('"' * 3, "'" * 3).replace(chr(92), "/")
+               for m in (meta.get("message") or "").strip().splitlines()[:1]]
     lines = [f'"""ember repro ({meta["kind"]}): {meta.get("reason", "")}.',
              f"Graph captured from {meta.get('where') or '?'}; written by ember (docs/when_results_differ.md).",
-             f"Error: {meta.get('error')}: {(meta.get('message') or '').splitlines()[0][:300] if meta.get('message') else ''}"
+             f"Error: {meta.get('error')}: {message[0][:300] if message else ''}"
              if meta["kind"] == "crash" else "Fault: compiled further from float64 than eager float32 is.",
              'Run: python repro.py (exits 1 while the fault is there)."""', *imports, "",
              backend_line, f"MODE = {meta.get('mode')!r}", f"OPTIONS = {meta.get('options')!r}",

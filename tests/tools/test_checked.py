@@ -60,15 +60,18 @@ def test_the_tanh_line_is_where_the_test_says():
     assert "torch.tanh" in lines[TANH_LINE - start]
 
 
-def test_checked_mode_finds_the_wrong_node_and_its_line(monkeypatch, caplog, tmp_path):
+@pytest.mark.parametrize("training", [False, True])
+def test_checked_mode_finds_the_wrong_node_and_its_line(monkeypatch, caplog, tmp_path, training):
     monkeypatch.setenv("EMBER_CHECK", "1")
     x, w = _inputs()
+    w.requires_grad_(training)
     with caplog.at_level(logging.WARNING, logger="ember.check"):
         got = ember.compile(long_program, backend=slightly_wrong_tanh)(x, w, "tanh")
-    assert got.shape == long_program(x, w, "tanh").shape
+    assert got.shape == long_program(x, w, "tanh").shape and got.requires_grad == training
     reports = _check_reports(caplog)
     assert len(reports) == 1, reports
-    assert "first diverging node: tanh = torch.tanh(" in reports[0] and f"test_checked.py:{TANH_LINE}" in reports[0], reports[0]
+    assert "first diverging node: tanh = torch.tanh(" in reports[0], reports[0]
+    assert f"test_checked.py:{TANH_LINE}" in reports[0], reports[0]
     assert "aten.tanh" in reports[0] and "repro saved in" in reports[0]
     meta = repro.load(_only_repro(tmp_path))[1]
     assert meta["kind"] == "accuracy" and meta["backend"] == "tests.tools.faulty_backends:slightly_wrong_tanh"
