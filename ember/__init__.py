@@ -6,6 +6,7 @@ from ember.frontend.dynamic_dims import mark_dynamic, mark_static, maybe_mark_dy
 # imported here, not inside a function: importing the submodule ember.explain binds the package's `explain`
 # attribute to the module, which would hide a function of that name after its first call
 from ember.explain import explain
+from ember.tools.minify import minify
 
 
 def reset() -> None:
@@ -15,5 +16,5 @@ def reset() -> None:
 
 
 __all__ = ["compile", "disable", "reset", "explain", "list_backends", "register_backend", "mark_dynamic", "mark_static",
-           "maybe_mark_dynamic",
+           "maybe_mark_dynamic", "minify",
            "BackendCompilerFailed", "EmberError", "GraphBreakError"]

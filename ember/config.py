@@ -9,6 +9,11 @@ Read from the environment at each use, not here (a test may set them with monkey
   EMBER_CACHE_DIR       where kernels, host programs and C extensions are cached (default ~/.cache/ember)
   EMBER_NATIVE_GUARDS   0: tensor and constant guards stay Python checks (the C++ checker is not built)
   EMBER_NATIVE_LAUNCH   0: Triton kernels launch through Triton's own launcher (ember's is not built)
+  EMBER_FAIL_SAFE       0: an error inside ember raises instead of running the graph eagerly (repro scripts, tests)
+  EMBER_CHECK           1: the first EMBER_CHECK_CALLS (2) calls of each graph compiled from then on are checked
+                        against eager and float64, allowed EMBER_CHECK_FACTOR (10) times eager's error
+                        (ember.tools.checked; docs/when_results_differ.md)
+  EMBER_REPRO_DIR       a directory: graphs that crash ember or fail the check are saved there as repros
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from ember.autograd.after_graph import _lifted_getter, finish
 from ember.autograd.trace import lift_parameters, trace_forward, trace_joint
 from ember.autograd.symbolic import SymbolicSignature, placeholder_values, shape_env_of
 from ember.autograd.trace_meta import TraceMeta
-from ember.tools import collector
+from ember.tools import collector, failsafe
 from ember.tools.picker import picker
 from ember.tools.logs import get_logger
 
@@ -96,9 +96,11 @@ class CompiledGraphFunction(torch.autograd.Function):
                     for k, (shape, dtype, device) in zip(art.meta.tangent_of, ctx.tangent_meta)]
         if art.backward is None:
             # the backward's compile, on the first backward: with the cyclic collector paused, as the frontend
-            # pauses it for the forward's (ember.tools.collector says why)
+            # pauses it for the forward's (ember.tools.collector says why); a crash in its compile or first
+            # launch runs the backward graph eagerly (ember.tools.failsafe)
             with collector.paused():
-                art.backward = art.bw_compiler(art.part.backward, [*saved, *tangents])
+                art.backward = failsafe.compile_backward(art.bw_compiler, art.part.backward, [*saved, *tangents],
+                                                         art.name, lambda f: setattr(art, "backward", f))
         return (None, None, *art.backward(*saved, *tangents))
 
 
@@ -177,7 +179,7 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         if sym and symbolic.specialized():
             dynamic_log.info("ember.autograd: graph %r: tracing fixed sizes %s (an op the ShapeEnv guarded on "
                              "their values); other sizes get a graph of their own", name, symbolic.specialized())
-        # an inner compiler's errors are not fallbacks: they reach the caller (the frontend reports them)
+        # an inner compiler's errors are not fallbacks here: they reach the caller (ember.tools.failsafe)
         if not training:
             log.debug("%s: inference graph, %d nodes", name, len(aten_gm.graph.nodes))
             # which outputs are only copied back into inputs: a code generator may write those in place (the
@@ -239,6 +241,13 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     example_key = key_of(example)
     artifacts[example_key] = example_art = build(example, example_key)
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
+
+    def written_inputs(args: list) -> list:
+        """The inputs a call may write (the graph's input mutations): a first launch's fail-safe copies them."""
+        inputs = [*args, *lifted()]
+        return [inputs[m.input_index] for art in artifacts.values() if art is not None for m in art.meta.mutations]
+    if any(art is not None for art in artifacts.values()):   # (none: the graph runs as it is, eagerly)
+        run.written_inputs = written_inputs
     return run
 
 

@@ -28,7 +28,9 @@ from ember.tools.logs import get_logger
 fallback_log = get_logger("fallbacks")
 code_log = get_logger("output_code")
 SYMBOLIC = True   # compiles symbolic ATen graphs (ember_backend routes dynamic graphs only to such backends)
-STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0, "internal_errors": 0}
+STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0}
+# (any other error, a bug in ember, propagates: ember.tools.failsafe runs the captured graph eagerly, one place for
+# every backend)
 
 
 class CompiledGraph:
@@ -128,11 +130,6 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
             return gm.forward
         fallback_log.warning("graph runs eagerly: %s", e)
         STATS["eager_graphs"] += 1
-        return gm.forward
-    except Exception as e:  # a bug in ember must not break the user's program: run eagerly, loudly
-        fallback_log.warning("graph runs eagerly: ember internal error %s: %s", type(e).__name__, e, exc_info=True)
-        STATS["eager_graphs"] += 1
-        STATS["internal_errors"] += 1
         return gm.forward
     STATS["graphs"] += 1
     STATS["kernels"] += len(kernels)

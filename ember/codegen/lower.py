@@ -445,6 +445,11 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                 return LoweredGraph(inputs, g.buffers, outs, g.fallbacks, constants, symbol_inputs), out_spec, g
             else:
                 raise CannotLower(f"fx node kind {node.op} ({node.name})")
+    except Exception as e:   # the op ember failed on, for the fail-safe's log line (ember.tools.failsafe)
+        if not isinstance(e, CannotLower):
+            e.add_note(f"ember: while lowering {node.name} = {node.target}({', '.join(map(str, node.args))})"
+                       + (f" from {node.meta['where']}" if "where" in node.meta else ""))
+        raise
     finally:
         ir.GRAPH = None
     raise CannotLower("graph has no output")

@@ -56,7 +56,7 @@ from ember.frontend.values import (
     BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV,
     PartialV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
 )
-from ember.tools import collector
+from ember.tools import collector, failsafe
 from ember.tools.logs import enabled, get_logger
 
 MISS = object()
@@ -559,7 +559,8 @@ class EntryCodegen:
                                  " and ".join(cap.transient))
                 compiled = gm.forward
             else:
-                compiled = cfg.backend(gm, example_inputs)
+                # (ember's own backends fall back to eager from a crash; EMBER_CHECK=1 wraps the first calls)
+                compiled = failsafe.compile_graph(cfg, gm, example_inputs)
         except Exception as e:
             raise BackendCompilerFailed(cfg.backend_name, e, _code_where(self.fc.code)) from e
         if not callable(compiled):
@@ -886,6 +887,8 @@ class EntryCodegen:
         code = compile(text, filename, "exec")
         ns = dict(self.namespace)
         exec(code, ns)
+        if isinstance(ns.get("___graph"), failsafe.FirstCalls):   # it leaves the entry after its first calls
+            ns["___graph"].slots.append(ns)
         linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
         ns_for_check = dict(ns)
 
