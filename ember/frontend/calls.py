@@ -272,6 +272,10 @@ class Calls:
         if rule.rule == "skip":
             return ConstV(None)
         if rule.rule == "answer":
+            eager = self.concrete(f, args, kwargs)   # (what the function says outside a capture)
+            if self.cap.eager_answers:
+                return eager
+            self.cap.compile_answered |= not (isinstance(eager, ConstV) and eager.value == rule.answer)
             return ConstV(rule.answer)
         out = self.concrete(f, args, kwargs)
         if rule.rule == "guarded":

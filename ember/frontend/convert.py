@@ -68,6 +68,21 @@ CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR, CO_ITERABLE_COROUTINE = 0x20, 0x
 # explain() listens here: one list of events per active recording.
 RECORDERS: list[list] = []
 
+# The programs (their Config, by id) some capture of which gave a compile-only answer (policy.AT_CAPTURE "answer":
+# torch.compiler.is_compiling() True), and those that answer as eager from now on (FrameCompiler.answer_as_eager).
+_COMPILE_ANSWERED: dict[int, weakref.ref] = {}
+_EAGER_ANSWERS: dict[int, weakref.ref] = {}
+
+
+def _holds(programs: dict[int, weakref.ref], cfg) -> bool:
+    ref = programs.get(id(cfg))
+    return ref is not None and ref() is cfg
+
+
+def _add(programs: dict[int, weakref.ref], cfg) -> None:
+    key = id(cfg)
+    programs[key] = weakref.ref(cfg, lambda _ref: programs.pop(key, None))
+
 
 def _emit(kind: str, **info) -> None:
     for rec in RECORDERS:
@@ -289,8 +304,10 @@ class FrameCompiler:
         backward_in_graph = self.cfg.backend_name in BACKWARD_IN_GRAPH_BACKENDS
         symbolic = True   # (False after a symbolic capture failed inside ember: captured again static)
         changed = self.sizes_changed(frame_args)
+        found_before = dict(stop_at), list(break_guards), dict(hints)
         for _attempt in range(64):
             cap = Capture(consts, DimPolicy(self.cfg.dynamic, self.frame_state, changed) if symbolic else None)
+            cap.eager_answers = _holds(_EAGER_ANSWERS, self.cfg)
             cap.backward_in_graph = backward_in_graph
             cap.transient = tuple(break_guards)
             for g in break_guards:
@@ -327,6 +344,11 @@ class FrameCompiler:
             except _GradAfterBackward:
                 backward_in_graph = False
             except Unsupported as u:
+                if u.raises and not cap.eager_answers and (cap.compile_answered or
+                                                           _holds(_COMPILE_ANSWERED, self.cfg)):
+                    self.answer_as_eager(u)   # then capture again from the breaks known before this path
+                    stop_at, break_guards, hints = dict(found_before[0]), list(found_before[1]), dict(found_before[2])
+                    continue
                 inst = frame.current
                 if inst is None or inst.offset in stop_at and stop_at[inst.offset][1] < frame.visits[inst.offset]:
                     return self.fallback_entry(cap, u.reason)
@@ -349,10 +371,24 @@ class FrameCompiler:
                                   self.name, _code_where(self.code), type(e).__name__, str(e)[:300])
                 symbolic = False
             finally:
+                if cap.compile_answered:
+                    _add(_COMPILE_ANSWERED, self.cfg)
                 torch._C._set_grad_enabled(prev_grad)
                 if autocast_state() != prev_autocast:   # a capture stopped inside an autocast block
                     restore_autocast(prev_autocast)
         return self.fallback_entry(Capture(ConstTable()), "too many graph breaks")
+
+    def answer_as_eager(self, u: Unsupported) -> None:
+        """A capture of a program that answered a question as torch.compile does (`torch.compiler.is_compiling()`
+        True: libraries take compile-only paths) met an op that raises (u): eager, which answers False, may not
+        take that path at all. Never wrong: from now on every capture of the program answers as eager does, and
+        the entries captured with torch.compile's answers are dropped (the next call captures them again)."""
+        _add(_EAGER_ANSWERS, self.cfg)
+        for fc in list(FrameCompiler._all):
+            if fc.cfg is self.cfg:
+                fc.entries = []
+        log_breaks.debug("%s: %s (%s) on a path taken for torch.compile's answer to is_compiling(); the program "
+                         "answers as eager from now on", self.name, u.reason, u.where or _code_where(self.code))
 
     def fallback_entry(self, cap: Capture, reason: str) -> Entry:
         """Run the whole function as Python when these guards hold."""
