@@ -220,3 +220,15 @@ def test_arith_with_identity_returns_a_new_tensor():
     assert out is not x
     out.add_(1)
     assert not torch.equal(out, x)
+
+
+def test_is_holds_where_an_op_returns_its_input_itself():
+    """`x.to(x.dtype) is x` is True in eager (to, contiguous and the dtype casts return the tensor itself when
+    nothing changes), and `x + 0 is x` False; torch.compile answers the same."""
+    def f(x, w):
+        y = x.to(x.dtype)
+        same = (y is x, x.to(torch.float32) is x, x.contiguous() is x, x.float() is x, x.double() is x,
+                (x + 0) is x, w.t().contiguous() is w.t(), y.sin() is y)
+        return y.sin(), same
+    r = check(f, rand(3, 2), rand(3, 2))
+    assert r.graphs == 1, r.describe()
