@@ -47,6 +47,7 @@ from ember.frontend.dynamic_dims import DimPolicy
 from ember.frontend.symbolic import log_dynamic
 from ember.frontend.interpreter import Frame, instructions, where
 from ember.frontend.modes import autocast_state, restore_autocast
+from ember.frontend.policy import COMPILE_ANSWERED, EAGER_ANSWERS, add_program, program_in
 from ember.frontend.python_objects import is_namedtuple_cls
 from ember.frontend.recompile_reasons import failed_check, with_sizes
 from ember.frontend.signals import StopCapture
@@ -67,22 +68,6 @@ CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR, CO_ITERABLE_COROUTINE = 0x20, 0x
 
 # explain() listens here: one list of events per active recording.
 RECORDERS: list[list] = []
-
-# The programs (their Config, by id) some capture of which gave a compile-only answer (policy.AT_CAPTURE "answer":
-# torch.compiler.is_compiling() True), and those that answer as eager from now on (FrameCompiler.answer_as_eager).
-_COMPILE_ANSWERED: dict[int, weakref.ref] = {}
-_EAGER_ANSWERS: dict[int, weakref.ref] = {}
-
-
-def _holds(programs: dict[int, weakref.ref], cfg) -> bool:
-    ref = programs.get(id(cfg))
-    return ref is not None and ref() is cfg
-
-
-def _add(programs: dict[int, weakref.ref], cfg) -> None:
-    key = id(cfg)
-    programs[key] = weakref.ref(cfg, lambda _ref: programs.pop(key, None))
-
 
 def _emit(kind: str, **info) -> None:
     for rec in RECORDERS:
@@ -307,7 +292,7 @@ class FrameCompiler:
         found_before = dict(stop_at), list(break_guards), dict(hints)
         for _attempt in range(64):
             cap = Capture(consts, DimPolicy(self.cfg.dynamic, self.frame_state, changed) if symbolic else None)
-            cap.eager_answers = _holds(_EAGER_ANSWERS, self.cfg)
+            cap.eager_answers = program_in(EAGER_ANSWERS, self.cfg)
             cap.backward_in_graph = backward_in_graph
             cap.transient = tuple(break_guards)
             for g in break_guards:
@@ -345,7 +330,7 @@ class FrameCompiler:
                 backward_in_graph = False
             except Unsupported as u:
                 if u.raises and not cap.eager_answers and (cap.compile_answered or
-                                                           _holds(_COMPILE_ANSWERED, self.cfg)):
+                                                           program_in(COMPILE_ANSWERED, self.cfg)):
                     self.answer_as_eager(u)   # then capture again from the breaks known before this path
                     stop_at, break_guards, hints = dict(found_before[0]), list(found_before[1]), dict(found_before[2])
                     continue
@@ -372,21 +357,18 @@ class FrameCompiler:
                 symbolic = False
             finally:
                 if cap.compile_answered:
-                    _add(_COMPILE_ANSWERED, self.cfg)
+                    add_program(COMPILE_ANSWERED, self.cfg)
                 torch._C._set_grad_enabled(prev_grad)
                 if autocast_state() != prev_autocast:   # a capture stopped inside an autocast block
                     restore_autocast(prev_autocast)
         return self.fallback_entry(Capture(ConstTable()), "too many graph breaks")
 
     def answer_as_eager(self, u: Unsupported) -> None:
-        """A capture of a program that answered a question as torch.compile does (`torch.compiler.is_compiling()`
-        True: libraries take compile-only paths) met an op that raises (u): eager, which answers False, may not
-        take that path at all. Never wrong: from now on every capture of the program answers as eager does, and
-        the entries captured with torch.compile's answers are dropped (the next call captures them again)."""
-        _add(_EAGER_ANSWERS, self.cfg)
-        for fc in list(FrameCompiler._all):
-            if fc.cfg is self.cfg:
-                fc.entries = []
+        """An op that raises (u) on a path taken for a compile-only answer (policy.EAGER_ANSWERS): every capture of
+        the program answers as eager from now on; its entries are dropped (the next call captures them again)."""
+        add_program(EAGER_ANSWERS, self.cfg)
+        for fc in [fc for fc in FrameCompiler._all if fc.cfg is self.cfg]:
+            fc.entries = []
         log_breaks.debug("%s: %s (%s) on a path taken for torch.compile's answer to is_compiling(); the program "
                          "answers as eager from now on", self.name, u.reason, u.where or _code_where(self.code))
 
