@@ -69,6 +69,7 @@ CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR, CO_ITERABLE_COROUTINE = 0x20, 0x
 # explain() listens here: one list of events per active recording.
 RECORDERS: list[list] = []
 
+
 def _emit(kind: str, **info) -> None:
     for rec in RECORDERS:
         rec.append((kind, info))
