@@ -28,12 +28,14 @@ class Unsupported(Exception):
     Never escapes to the user: it becomes a graph break or an eager fallback (or GraphBreakError under fullgraph).
     """
 
-    def __init__(self, reason: str, where: str = "", holds_while: tuple[str, ...] = ()):
+    def __init__(self, reason: str, where: str = "", holds_while: tuple[str, ...] = (), raises: bool = False):
         self.reason = reason
         self.where = where
         # guard expressions under which the reason stands (e.g. "an optimizer's state is not created yet"): the
         # entry that breaks here gets them too, so a later call where they fail captures again
         self.holds_while = holds_while
+        # the op itself raises on these inputs (a shape mismatch, not a data-dependent size): run in Python, it will
+        self.raises = raises
         super().__init__(f"{reason} ({where})" if where else reason)
 
 

@@ -102,16 +102,19 @@ def _pad(x, pad, value=0):
 def _as_strided(x, size, stride, storage_offset=None):
     if (x.strided is not None and x.strided[2] != 0) or storage_offset is not None:
         return NotImplemented  # offsets are absolute in the storage, which only eager's tensor knows
-    if ir.GRAPH.reads_layout_changed(x):
-        # it addresses storage: x must be stored in eager's layout (a copy, unless only the strides of size-1
-        # dims differ, as for a channels-last [N, C, 1, 1] mean), or it stays an ATen call
-        want = getattr(x, "eager_stride", None)
-        if want is None:
+    want = getattr(x, "eager_stride", None)
+    static = all(symbols.is_static(v) for v in (*size, *stride, *x.size))
+    if want is not None and static:
+        # it addresses x's storage, which eager lays out by x's strides (a transposed view of a product reads in
+        # the product's order, not the view's): x is stored in eager's layout unless it already is (strides of
+        # size-1 dims aside); a window past x's elements would read storage that only eager's tensor has
+        if sum((int(n) - 1) * int(s) for n, s in zip(size, stride)) >= ir.numel([int(n) for n in x.size]):
             return NotImplemented
-        same = x.strided is not None and x.strided[2] == 0 and tuple(x.strided[0].size) == tuple(x.size) and all(
-            int(a) == int(b) for a, b, n in zip(x.strided[1], want, x.size) if int(n) != 1)
-        if not same:
+        if x.strided is None or not all(int(a) == int(b) for a, b, n in zip(x.strided[1], want, x.size) if int(n) != 1):
             x = ir.GRAPH.realize(TensorBox(x.size, x.dtype, x.loader), stride=want)
+    elif ir.GRAPH.reads_layout_changed(x):
+        # (a channels-last buffer, eager's layout not known: the ATen call)
+        return NotImplemented
     return P.as_strided(x, size, stride, 0)
 
 

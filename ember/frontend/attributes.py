@@ -273,6 +273,20 @@ class Attributes:
             return BoundV(t, name)
         raise self.no_attribute(t, name, f"tensor has no attribute {name!r}")
 
+    def buffer_assignment(self, obj: ObjV, name: str, value: V) -> bool:
+        """Whether `module.name = value` re-registers a buffer as eager's Module.__setattr__ does (name a buffer,
+        value a plain tensor or None, register_buffer torch's own): the entry then makes the same setattr after the
+        graph. torch's global buffer-registration hooks would run there, late: guarded to be none."""
+        module = obj.value
+        hooks = getattr(torch.nn.modules.module, "_global_buffer_registration_hooks", None)
+        if name not in module.__dict__["_buffers"] or hooks is None or hooks or \
+                type(module).register_buffer is not torch.nn.Module.register_buffer:
+            return False
+        if not (isinstance(value, TensorV) and not isinstance(value.fake, torch.nn.Parameter) or self.is_none(value)):
+            return False
+        self.cap.guards.add(f"not {self.cap.consts.ref(hooks)}", 1)
+        return True
+
     def setattr(self, obj: V, name: str, value: V):
         if isinstance(obj, NewObjV):
             static = lookup_static(obj.cls, name)
@@ -292,7 +306,10 @@ class Attributes:
             if is_data_descriptor(static) or lookup_static(type(value_obj), "__setattr__") not in (
                     MISSING, object.__setattr__, torch.nn.Module.__setattr__):
                 raise Unsupported(f"setting attribute {name!r} of {type(value_obj).__name__}", self.where())
-            if isinstance(value_obj, torch.nn.Module):
+            if isinstance(value_obj, torch.nn.Module) and self.buffer_assignment(obj, name, value):
+                value = self.getattr(obj, name) if isinstance(value, TensorV) and \
+                    self.is_same(value, self.getattr(obj, name)) else value   # (the buffer itself: set again)
+            elif isinstance(value_obj, torch.nn.Module):
                 d = value_obj.__dict__
                 if any(name in d[t] for t in ("_parameters", "_buffers", "_modules")) or \
                         (isinstance(value, TensorV) and isinstance(value.fake, torch.nn.Parameter)) or \

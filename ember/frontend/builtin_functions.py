@@ -13,6 +13,7 @@ import types
 from typing import TYPE_CHECKING
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ember.errors import Unsupported
 from ember.frontend.python_objects import MISSING, holds_tensor, lookup_static
@@ -31,11 +32,16 @@ def _isinstance(fr: Frame, args, kwargs):
     classes = classes_of(cls_v)
     t = _static_type(fr, obj)
     if isinstance(obj, TensorV) and t is torch.Tensor:
-        return ConstV(isinstance(obj.fake, classes) if not isinstance(classes, tuple) or torch.Tensor in classes
-                      else any(issubclass(torch.Tensor, c) for c in classes))
+        # the fake answers for what the real tensor is (an nn.Parameter's fake is one), except its own class: the
+        # program's tensor is no FakeTensor (transformers' `is_tracing` asks)
+        return ConstV(any(isinstance(obj.fake, c) and not issubclass(c, FakeTensor) for c in _flat(classes)))
     if isinstance(obj, ObjV):
         return ConstV(isinstance(obj.value, classes))
     return ConstV(issubclass(t, classes))
+
+
+def _flat(classes: type | tuple) -> list[type]:
+    return [c for x in classes for c in _flat(x)] if isinstance(classes, tuple) else [classes]
 
 
 def classes_of(v: V) -> type | tuple:

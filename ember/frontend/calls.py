@@ -33,6 +33,15 @@ if TYPE_CHECKING:
     from ember.frontend.interpreter import Frame
 
 
+def _op_on_numbers(f, args: list, kwargs: dict) -> bool:
+    """An ATen function of torch on Python numbers (`torch.div(n, 2, rounding_mode="trunc")`): eager returns a 0-d
+    tensor, recorded like a factory. Its fake holds the value (fake tensors propagate constants), so it can size a
+    view or a new tensor in the capture, as in eager where such a tensor is read as an index."""
+    return bool(args) and getattr(torch._C._VariableFunctions, getattr(f, "__name__", ""), None) is f and \
+        all(isinstance(v, ConstV) and type(v.value) in (int, float, bool) for v in args) and \
+        all(isinstance(v, ConstV) for v in kwargs.values())
+
+
 def _any_tensor(vs) -> bool:
     for v in vs:
         if isinstance(v, TensorV):
@@ -263,7 +272,7 @@ class Calls:
         if has_py_float(args, kwargs):
             return self.record_py_float_call("call_function", f, name, args, kwargs)
         has_tensor = _any_tensor(args) or _any_tensor(list(kwargs.values()))
-        if has_tensor or name in FACTORIES:
+        if has_tensor or name in FACTORIES or _op_on_numbers(f, args, kwargs):
             return self.cap.record("call_function", f, tuple(args), kwargs, self.where())
         if isinstance(f, types.FunctionType):  # a Python helper of torch's own (torch._none_or_dtype...)
             return self.inline(f.__code__, f.__globals__, tuple(ConstV(d) for d in f.__defaults__ or ()),
@@ -277,6 +286,10 @@ class Calls:
         if rule.rule == "skip":
             return ConstV(None)
         if rule.rule == "answer":
+            eager = self.concrete(f, args, kwargs)   # (what the function says outside a capture)
+            if self.cap.eager_answers:
+                return eager
+            self.cap.compile_answered |= not (isinstance(eager, ConstV) and eager.value == rule.answer)
             return ConstV(rule.answer)
         out = self.concrete(f, args, kwargs)
         if rule.rule == "guarded":

@@ -28,6 +28,10 @@ from ember.frontend.values import (
 )
 from ember.ir.meta import fake_of_real, fast_result
 
+# What an op's own argument checks raise (a shape mismatch, an index out of range): raised by a fake run, the op
+# raises on the real tensors too. Fake tensors' own errors (data-dependent sizes, no fake kernel) are subclasses.
+OP_ERRORS = (RuntimeError, ValueError, IndexError, TypeError)
+
 
 @dataclasses.dataclass
 class GraphInput:
@@ -59,6 +63,10 @@ class Capture:
         self.grad_writes: dict[int, tuple[TensorV, V]] = {}
         self.backward_in_graph = False   # whether `loss.backward()` may join the graph (FrameCompiler.capture)
         self.backward_node: torch.fx.Node | None = None
+        # policy.AT_CAPTURE's "answer" questions (torch.compiler.is_compiling()): torch.compile's answer unless
+        # eager_answers; compile_answered once an answer differed from eager's (FrameCompiler.capture reads both)
+        self.eager_answers = False
+        self.compile_answered = False
         # guards under which a graph break stands that the program itself soon removes (an optimizer's state not
         # made yet): the graph then runs uncompiled (FrameCompiler.capture, EntryCodegen.call_graph)
         self.transient: tuple[str, ...] = ()
@@ -231,7 +239,8 @@ class Capture:
             except Unsupported:
                 raise
             except Exception as e:  # data-dependent shapes, or an error eager would raise too: run it in Python
-                raise Unsupported(f"{_target_name(target)} cannot be captured ({type(e).__name__}: {str(e)[:200]})")
+                raise Unsupported(f"{_target_name(target)} cannot be captured ({type(e).__name__}: {str(e)[:200]})",
+                                  raises=type(e) in OP_ERRORS)
             if self.symbols is not None:
                 check_no_unbacked(out, _target_name(target))
         if not _contains_tensor(out):

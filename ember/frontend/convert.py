@@ -47,6 +47,7 @@ from ember.frontend.dynamic_dims import DimPolicy
 from ember.frontend.symbolic import log_dynamic
 from ember.frontend.interpreter import Frame, instructions, where
 from ember.frontend.modes import autocast_state, restore_autocast
+from ember.frontend.policy import COMPILE_ANSWERED, EAGER_ANSWERS, add_program, program_in
 from ember.frontend.python_objects import is_namedtuple_cls
 from ember.frontend.recompile_reasons import failed_check, with_sizes
 from ember.frontend.signals import StopCapture
@@ -289,8 +290,10 @@ class FrameCompiler:
         backward_in_graph = self.cfg.backend_name in BACKWARD_IN_GRAPH_BACKENDS
         symbolic = True   # (False after a symbolic capture failed inside ember: captured again static)
         changed = self.sizes_changed(frame_args)
+        found_before = dict(stop_at), list(break_guards), dict(hints)
         for _attempt in range(64):
             cap = Capture(consts, DimPolicy(self.cfg.dynamic, self.frame_state, changed) if symbolic else None)
+            cap.eager_answers = program_in(EAGER_ANSWERS, self.cfg)
             cap.backward_in_graph = backward_in_graph
             cap.transient = tuple(break_guards)
             for g in break_guards:
@@ -327,6 +330,11 @@ class FrameCompiler:
             except _GradAfterBackward:
                 backward_in_graph = False
             except Unsupported as u:
+                if u.raises and not cap.eager_answers and (cap.compile_answered or
+                                                           program_in(COMPILE_ANSWERED, self.cfg)):
+                    self.answer_as_eager(u)   # then capture again from the breaks known before this path
+                    stop_at, break_guards, hints = dict(found_before[0]), list(found_before[1]), dict(found_before[2])
+                    continue
                 inst = frame.current
                 if inst is None or inst.offset in stop_at and stop_at[inst.offset][1] < frame.visits[inst.offset]:
                     return self.fallback_entry(cap, u.reason)
@@ -349,10 +357,21 @@ class FrameCompiler:
                                   self.name, _code_where(self.code), type(e).__name__, str(e)[:300])
                 symbolic = False
             finally:
+                if cap.compile_answered:
+                    add_program(COMPILE_ANSWERED, self.cfg)
                 torch._C._set_grad_enabled(prev_grad)
                 if autocast_state() != prev_autocast:   # a capture stopped inside an autocast block
                     restore_autocast(prev_autocast)
         return self.fallback_entry(Capture(ConstTable()), "too many graph breaks")
+
+    def answer_as_eager(self, u: Unsupported) -> None:
+        """An op that raises (u) on a path taken for a compile-only answer (policy.EAGER_ANSWERS): every capture of
+        the program answers as eager from now on; its entries are dropped (the next call captures them again)."""
+        add_program(EAGER_ANSWERS, self.cfg)
+        for fc in [fc for fc in FrameCompiler._all if fc.cfg is self.cfg]:
+            fc.entries = []
+        log_breaks.debug("%s: %s (%s) on a path taken for torch.compile's answer to is_compiling(); the program "
+                         "answers as eager from now on", self.name, u.reason, u.where or _code_where(self.code))
 
     def fallback_entry(self, cap: Capture, reason: str) -> Entry:
         """Run the whole function as Python when these guards hold."""

@@ -10,6 +10,7 @@ import importlib
 import math
 import operator
 import types
+import weakref
 
 import torch
 
@@ -135,6 +136,24 @@ AT_CAPTURE = {
     **_entries("skip", "torch's API-usage telemetry (torchvision's ops log their use): skipped, as torch.compile "
                        "skips it", ("torch._C._log_api_usage_once", "torch._C._log_api_usage_metadata")),
 }
+
+
+# The programs (their Config, by id) a capture of which gave a compile-only answer (an "answer" above unlike
+# eager's: `is_compiling()` True), and those that answer as eager: a capture after such an answer met an op whose
+# fake run raises (a library's compile path that eager does not take: FrameCompiler.capture), so never wrong, every
+# capture of the program from then on answers as eager does (the "answer" functions called at capture).
+COMPILE_ANSWERED: dict[int, weakref.ref] = {}
+EAGER_ANSWERS: dict[int, weakref.ref] = {}
+
+
+def program_in(programs: dict[int, weakref.ref], cfg) -> bool:
+    ref = programs.get(id(cfg))
+    return ref is not None and ref() is cfg
+
+
+def add_program(programs: dict[int, weakref.ref], cfg) -> None:
+    key = id(cfg)
+    programs[key] = weakref.ref(cfg, lambda _ref: programs.pop(key, None))
 
 
 def marked_constant(f) -> bool:

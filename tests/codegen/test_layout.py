@@ -290,6 +290,25 @@ def test_as_strided_of_a_channels_last_value_reads_eager_storage_order():
         _assert_same([run(x)], [f(x)])
 
 
+@pytest.mark.parametrize("view", ["transposed", "reshaped", "window"])
+def test_as_strided_of_a_view_of_a_computed_value_reads_eager_storage_order(view):
+    """as_strided of a view of a value ember computes (not stored yet) addresses the storage eager lays the view
+    out in: a transposed view of a product reads the product's order (Longformer's overlapping chunks: a reshape
+    of transposed heads, then as_strided); the view is stored in eager's strides first."""
+    def f(x):
+        y = x * 2 + 1
+        if view == "transposed":
+            return torch.as_strided(y.t(), (3, 4), (1, 2)) + 1
+        if view == "reshaped":
+            v = y.view(8, 2, 4, 8).transpose(0, 1).transpose(1, 2).reshape(8, 8, 8).view(8, 2, 4, 8)
+            return torch.as_strided(v, (8, 3, 4, 8), (8, 128, 64, 1)) * 3
+        return torch.as_strided(y.t(), (2, 3), (2, 3)).sin()   # overlapping windows inside the view's elements
+    x = torch.randn(8, 2, 32) if view == "reshaped" else torch.randn(4, 4)
+    with torch.no_grad():
+        run = compile_graph(torch.fx.symbolic_trace(f), [x])
+        _assert_same([run(x)], [f(x)])
+
+
 @pytest.mark.parametrize("out_size", [1, (3, 2)], ids=["global", "3x2"])
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
 def test_adaptive_avg_pool_after_a_convolution_matches_eager(out_size, memory_format):

@@ -112,6 +112,54 @@ def test_dispatch_mode_stack_read_at_capture():
     assert r.graphs == 1 and r.ops == [2]
 
 
+def _mask_for(keep):
+    """A library's mask helper: skipped when nothing is masked, except on its compile path (`.all()` is a
+    data-dependent branch there), where it builds the full (b, n, n) mask."""
+    if torch.compiler.is_compiling() or not bool(keep.all()):
+        return (1.0 - keep[:, None, :].float()).expand(-1, keep.shape[1], -1) * -1e4
+    return None
+
+
+def _landmark_scores(x, keep):
+    scores = x[:, :2] @ x.transpose(-1, -2)      # (b, 2, n): two landmark rows against n keys
+    mask = _mask_for(keep)
+    if mask is not None:
+        scores = scores + mask                   # (b, 2, n) + (b, n, n): raises for n != 2, as eager would
+    return scores.softmax(-1).sin()
+
+
+@pytest.mark.skipif(BASELINE, reason="torch.compile answers is_compiling() True and raises on the mask's add")
+def test_a_compile_only_path_that_raises_runs_as_eager():
+    # is_compiling() True (torch.compile's answer) leads to an add that raises; eager never builds the mask. The
+    # program then answers as eager: the scores, `keep.all()` in the helper compiled at the break, the softmax.
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    r = check(_landmark_scores, rand(2, 6, 4), keep)
+    assert r.graphs == 3 and r.ops == [3, 1, 2], r.describe()
+    keep[0, -1] = False   # a masked position: eager raises too, and so does the compiled program
+    check(_landmark_scores, rand(2, 6, 4), keep, _recompiles=True)
+
+
+def test_a_compile_only_path_that_runs_keeps_torch_compiles_answer():
+    def f(x, keep):   # the same helper where the mask fits the scores: one graph, as torch.compile
+        scores = x @ x.transpose(-1, -2)
+        mask = _mask_for(keep)
+        return (scores if mask is None else scores + mask).softmax(-1)
+    r = check(f, rand(2, 6, 4), torch.ones(2, 6, dtype=torch.bool))
+    assert r.graphs == 1, r.describe()
+
+
+def test_isinstance_of_fake_tensor_is_false_as_in_eager():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def f(x, w):
+        y = x.sin()   # the capture holds fakes, the program's tensors are none
+        if isinstance(y, FakeTensor) or isinstance(x, (int, (FakeTensor,))):
+            return y - 1
+        return y + 1 if isinstance(w, torch.nn.Parameter) and isinstance(y, torch.Tensor) else y
+    r = check(f, rand(3), torch.nn.Parameter(rand(3)))
+    assert r.graphs == 1 and r.ops == [2], r.describe()
+
+
 def test_a_process_setting_read_in_the_program_is_guarded():
     from tests.frontend.harness import compile, Recorder, reset
 

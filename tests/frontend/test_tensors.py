@@ -220,3 +220,27 @@ def test_arith_with_identity_returns_a_new_tensor():
     assert out is not x
     out.add_(1)
     assert not torch.equal(out, x)
+
+
+def test_is_holds_where_an_op_returns_its_input_itself():
+    """`x.to(x.dtype) is x` is True in eager (to, contiguous and the dtype casts return the tensor itself when
+    nothing changes), and `x + 0 is x` False; torch.compile answers the same."""
+    def f(x, w):
+        y = x.to(x.dtype)
+        same = (y is x, x.to(torch.float32) is x, x.contiguous() is x, x.float() is x, x.double() is x,
+                (x + 0) is x, w.t().contiguous() is w.t(), y.sin() is y)
+        return y.sin(), same
+    r = check(f, rand(3, 2), rand(3, 2))
+    assert r.graphs == 1, r.describe()
+
+
+def test_a_torch_op_on_python_numbers_sizes_a_view_without_a_break():
+    """torch.div on ints is a 0-d tensor in eager (Longformer's chunk count), read as an index where it sizes a view
+    or a new tensor: recorded like a factory, its fake holds the value. One graph, as torch.compile."""
+    def f(x):
+        chunks = torch.div(x.size(1), 2, rounding_mode="trunc")
+        count = torch.div(x.size(1), 4, rounding_mode="trunc") - 1
+        y = x.view(x.size(0), chunks, 2)
+        return y.sin(), y.new_zeros((2, count + 1, 3)), count, torch.add(2, 3.5)
+    r = check(f, rand(3, 8))
+    assert r.graphs == 1 and r.ops == [8], r.describe()
