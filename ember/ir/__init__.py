@@ -115,6 +115,11 @@ def bounds(e, ranges: dict) -> tuple | None:
         return lo, hi
     if isinstance(e, sympy.Mul):
         c, rest = e.as_coeff_Mul()
+        if rest == e:   # a product of symbols (a row index times a symbolic stride): of non-negative factors
+            bs = [(a, a) if a.is_Symbol and a not in ranges and a.is_positive else bounds(a, ranges) for a in e.args]
+            if any(b is None or not symbols.is_nonnegative(b[0]) for b in bs):
+                return None
+            return sympy.Mul(*[b[0] for b in bs]), sympy.Mul(*[b[1] for b in bs])
         b = bounds(rest, ranges)
         if b is None or not c.is_Integer:
             return None
