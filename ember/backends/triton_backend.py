@@ -59,7 +59,7 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> li
     in_workers = mod.__file__ if device.type == "cuda" and len(names) >= WORKERS_FROM else None
     keys, wanted = [], {}
     for _, name, args, cfg, _grid in kernels:
-        # (a size argument stands in as the example's value: Triton specializes it on its divisibility)
+        # (a size argument stands in as the example's value, which the kernel does not specialize on)
         dtypes = [sched.buffers[a].dtype if a not in hints else hints[a] for a in args] + \
             ([torch.int32] if "fixup" in cfg else [])
         keys.append((name, tuple(sorted(launch_meta(cfg).items())), tuple(dtypes)))
@@ -104,11 +104,6 @@ def _compile_and_load(fn, dtypes: list, meta: dict, device: torch.device, module
     return kernel
 
 
-def _load_sized(fn, buffers: list, meta: dict, device: torch.device, sizes: tuple):
-    """A symbolic graph's kernel compiled and loaded for the divisibility pattern of `sizes` (SizedLauncher)."""
-    return _compile_and_load(fn, buffers + list(sizes), meta, device)
-
-
 def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, check_inputs: bool = True) -> Callable:
     """The host program for a schedule on `device`: `call(list of inputs) -> list of outputs`."""
     source, kernels = generate(sched)
@@ -120,11 +115,7 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
         launch[group.name] = (name, args, grid, "fixup" in cfg)
         n_sizes = sum(a in hints for a in args)
         if n_sizes or isinstance(grid, str):   # a symbolic graph's kernel: sizes as arguments, the grid by the host
-            buffers = [sched.buffers[a].dtype for a in args[:len(args) - n_sizes]]
-            fn, meta = getattr(mod, name), launch_meta(cfg)
-            globs[f"_launch_{group.name}"] = SizedLauncher(
-                fn, meta, device, n_sizes,
-                functools.partial(_load_sized, fn, buffers, meta, device) if device.type == "cuda" else None)
+            globs[f"_launch_{group.name}"] = SizedLauncher(getattr(mod, name), launch_meta(cfg), device, n_sizes)
         else:
             globs[f"_launch_{group.name}"] = Launcher(getattr(mod, name), grid, launch_meta(cfg), device)
         if "fixup" in cfg:   # a flagged pair (_flagged_sincos): its flag and counter, zero between calls
@@ -137,10 +128,8 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
                 raise NotImplementedError("a scratch row buffer of a symbolic size")
             globs[b] = torch.empty_strided(tuple(int(x) for x in buf.size), tuple(int(x) for x in buf.stride),
                                            dtype=buf.dtype, device=device)
-    for (group, _, args, *_), (kernel, fixup) in zip(kernels, _precompile(mod, kernels, sched, device)):
-        if kernel is not None and isinstance(globs[f"_launch_{group.name}"], SizedLauncher):
-            globs[f"_launch_{group.name}"].preloaded(kernel, tuple(hints[a] for a in args if a in hints))
-        elif kernel is not None:
+    for (group, *_), (kernel, fixup) in zip(kernels, _precompile(mod, kernels, sched, device)):
+        if kernel is not None:
             globs[f"_launch_{group.name}"].preloaded(kernel)
         if fixup is not None:
             globs[f"_fixup_{group.name}"].preloaded(fixup)

@@ -149,58 +149,32 @@ class Launcher:
 
 class SizedLauncher:
     """Launches a kernel of a symbolic graph (docs/dynamic.md): its last `n_sizes` arguments are size symbols
-    (int64), and the number of programs comes with each call (the host program computes it from the sizes).
+    (int64, which the kernel tells Triton not to specialize: one compiled kernel serves every size), and the
+    number of programs comes with each call (the host program computes it from the sizes). The kernel compiled
+    ahead (`preloaded`, for ember's launcher) takes every call whose pointers are 16-byte aligned; any other call,
+    or every call without it, goes through Triton's binder."""
 
-    Triton specializes an integer argument on its divisibility by 16 (a mask or a row start whose divisibility
-    it knows vectorizes), so a compiled kernel serves the sizes of one divisibility pattern: one is kept per
-    pattern, compiled at the first call of that pattern by `load(sizes)` (the backend's compile-and-load, which
-    returns cuda_launch.Loaded or Triton's compiled kernel) and launched like Launcher's. Without a kernel for
-    the pattern, or with a pointer not 16-byte aligned, the launch goes through Triton's binder."""
-
-    def __init__(self, fn, meta: dict, device: torch.device, n_sizes: int, load=None):
-        self.fn, self.meta, self.n, self.load = fn, meta, n_sizes, load
+    def __init__(self, fn, meta: dict, device: torch.device, n_sizes: int):
+        self.fn, self.meta, self.n = fn, meta, n_sizes
         self.device_index = device.index if device.index is not None or not FAST_LAUNCH else torch.cuda.current_device()
-        self.kernels: dict = {}   # divisibility pattern -> (launch, function, threads, shared, nulls, device) or None
+        self.native = None   # (launch, function, threads, shared, nulls, device) of cuda_launch.Loaded
 
-    def preloaded(self, kernel, sizes: tuple) -> None:
-        """Launch `kernel` (compiled for the divisibility pattern of `sizes`) for the calls of that pattern."""
-        self.kernels[_pattern(sizes)] = _native(kernel)
+    def preloaded(self, kernel) -> None:
+        if isinstance(kernel, cuda_launch.Loaded) and FAST_LAUNCH:
+            self.native = (kernel.launch, kernel.function, kernel.threads, kernel.shared, kernel.nulls, kernel.device)
 
     def __call__(self, grid: int, *args):
         if grid <= 0:
             return
-        sizes = args[len(args) - self.n:]
-        key = _pattern(sizes)
-        native = self.kernels.get(key, False)
-        if native is False and self.load is not None and FAST_LAUNCH:
-            try:
-                native = _native(self.load(sizes))
-            except Exception:   # (Triton's binder below compiles it again, raising any error it raises)
-                native = None
-            self.kernels[key] = native
-        if native:
+        native = self.native
+        if native is not None:
             ptrs = _aligned_ptrs(args[:len(args) - self.n])
             if ptrs is not None:
                 launch, function, threads, shared, nulls, device = native
-                launch(function, grid, threads, shared, nulls, device, _raw_stream(self.device_index), *ptrs, *sizes)
+                launch(function, grid, threads, shared, nulls, device, _raw_stream(self.device_index), *ptrs,
+                       *args[len(args) - self.n:])
                 return
         self.fn[(grid,)](*args, **self.meta)
-
-
-def _pattern(sizes: tuple) -> int:
-    """Which of the sizes Triton's specialization sees as divisible by 16 (a bit each)."""
-    key = 0
-    for i, s in enumerate(sizes):
-        if s % 16 == 0:
-            key |= 1 << i
-    return key
-
-
-def _native(kernel) -> tuple | None:
-    """ember's launcher and its arguments for a cuda_launch.Loaded kernel; None for anything else."""
-    if isinstance(kernel, cuda_launch.Loaded):
-        return (kernel.launch, kernel.function, kernel.threads, kernel.shared, kernel.nulls, kernel.device)
-    return None
 
 
 def _aligned_ptrs(args: tuple) -> tuple | None:

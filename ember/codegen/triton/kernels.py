@@ -75,7 +75,7 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
     shape = group_shape(group)
     rows = _at_least_one(group.numel)
     rmax = max((inner_size(m) for m in group.members), key=symbols.hint)
-    symbolic = not (symbols.is_static(rows) and symbols.is_static(rmax))
+    symbolic = not all(symbols.is_static(n) for n in [rows, *(inner_size(m) for m in group.members)])
     expensive = sum(e.op in ir.EXPENSIVE for m in group.members if m.body is not None for e in m.body.walk()) \
         if shape == FLAT else 0
     hint_rows, hint_r = symbols.hint(rows), symbols.hint(rmax)
@@ -84,9 +84,10 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
     if cfg.get("persistent") and not all(symbols.is_static(inner_size(m)) for m in group.members):
         cfg = {**cfg, "persistent": False}   # (one pass over the row at the example's length and below)
     extents = {a: storage_extent(sched.buffers[a]) for a in args}
-    # int64 indices where an offset may pass 2**31 - 1: at every size where a size is symbolic
+    # int64 indices where an offset may pass 2**31 - 1 (at some size, where a size is symbolic)
     i64 = symbolic or any(not symbols.is_static(e) for e in extents.values()) or \
-        max([rows * rmax] + [int(e) for e in extents.values()]) >= 2 ** 31 - 1
+        max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
+                             for a in args if sched.buffers[a].size]) >= 2 ** 31 - 1
     if shape == FLAT:
         flagged = fixup and not symbolic and _flagged_sincos(group, rows * rmax)
         if flagged:
@@ -127,14 +128,16 @@ def size_arguments(src: list[str]) -> list[str]:
 
 
 def _with_size_parameters(src: list[str], args: list[str], sizes: list[str]) -> list[str]:
-    """The kernel's `def` line with the size parameters after the pointers (int64 at every value, so the launcher
-    passes them as it passes pointers; Triton specializes them on divisibility by 16, as pointers on
-    alignment)."""
+    """The kernel's `def` line with the size parameters after the pointers: int64 at every value (ember's launcher
+    passes them as it passes pointers) and not specialized by Triton (on a value 1 or divisibility by 16), so one
+    compiled kernel serves every size; a size times a constant (s0 * 768) still tells Triton that constant's
+    divisibility, which masks and row starts vectorize by."""
     params = ", ".join(f"{s}: tl.int64" for s in sizes)
     head = src[2]
     at = head.index("(") + 1 + len(", ".join(args))
     head = head[:at] + (", " if args else "") + params + head[at:]
-    return src[:2] + [head] + src[3:]
+    jit = f"@triton.jit(do_not_specialize=[{', '.join(repr(s) for s in sizes)}])"
+    return src[:1] + [jit, head] + src[3:]
 
 
 def storage_extent(buf: Buffer):
