@@ -66,13 +66,15 @@ def test_pointwise_chain_broadcast_is_one_flat_kernel():
 
 
 def test_full_block_mask_where_the_block_divides_every_size():
-    """s0 * 256 elements in blocks dividing 256: every lane is in range at every size (a mask of constants)."""
-    def f(s0, x):
-        return aten.exp.default(aten.mul.Tensor(x, 0.5))
-    compiled = compile_symbolic(f, [3, rand(3, 256)], {1: [0]})
-    assert "tl.full([BLOCK], True, tl.int1)" in compiled.compiled.kernel_source
+    """s0 * 1024 elements in blocks dividing 1024: every lane is in range at every size (a mask of constants);
+    s0 * 1000 elements: masked."""
+    def f(s0, x, y):
+        return aten.exp.default(aten.mul.Tensor(x, 0.5)), aten.exp.default(aten.mul.Tensor(y, 0.5))
+    compiled = compile_symbolic(f, [3, rand(3, 1024), rand(3, 1000)], {1: [0], 2: [0]})
+    src = compiled.compiled.kernel_source
+    assert "tl.full([BLOCK], True, tl.int1)" in src and "xmask = xindex < (1000 * p" in src
     for n in (2, 5, 9, 64):
-        check(compiled, f, [n, rand(n, 256)])
+        check(compiled, f, [n, rand(n, 1024), rand(n, 1000)])
 
 
 def test_view_of_computed_size_and_row_sum():

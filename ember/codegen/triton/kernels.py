@@ -79,6 +79,10 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
     expensive = sum(e.op in ir.EXPENSIVE for m in group.members if m.body is not None for e in m.body.walk()) \
         if shape == FLAT else 0
     hint_rows, hint_r = symbols.hint(rows), symbols.hint(rmax)
+    if symbolic and shape == FLAT:
+        # blocks for the range of sizes, not the example's alone: launch_config's smaller blocks for few programs
+        # help only small sizes (quick at any block), and cost large ones half their speed
+        hint_rows = max(hint_rows, -(-heuristics.FLAT_FULL_BLOCKS_FROM // max(hint_r, 1)))
     cfg = column_config(hint_rows, hint_r) if shape == ROWS and hint_r > 1 and is_columnwise(group) else \
         launch_config(shape, hint_rows, hint_r, expensive, reduction_share(group))
     if cfg.get("persistent") and not all(symbols.is_static(inner_size(m)) for m in group.members):
