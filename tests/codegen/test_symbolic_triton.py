@@ -254,3 +254,15 @@ def test_ember_compile_dynamic_compiles_one_triton_graph(monkeypatch):
         torch.testing.assert_close(compiled(x, w), fn(x, w), rtol=1e-5, atol=1e-5)
     assert triton_backend.STATS["graphs"] - before["graphs"] == 1
     assert triton_backend.STATS["eager_graphs"] == before["eager_graphs"]
+
+
+def test_ranges_empty_at_the_smallest_size():
+    """A slice [2:s0] is empty at s0 = 2: its kernels launch no program there, a sum over it is 0."""
+    def f(s0, x):
+        a = aten.slice.Tensor(x, 0, 2, s0)                       # [s0 - 2, 5]
+        b = aten.slice.Tensor(x, 1, 0, 5)
+        return aten.exp.default(a), aten.sum.dim_IntList(aten.permute.default(a, [1, 0]), [1]), \
+            aten.mul.Tensor(b, 2.0)
+    compiled = compile_symbolic(f, [6, rand(6, 5)], {1: [0]})
+    for n in (2, 3, 6, 40):
+        check(compiled, f, [n, rand(n, 5)])

@@ -127,8 +127,9 @@ def size_arguments(src: list[str]) -> list[str]:
     """The size symbols (symbols.HINTS) a printed kernel's code uses, sorted: its int64 arguments."""
     if not symbols.HINTS:   # a static graph
         return []
-    names = {str(s) for s in symbols.HINTS}
-    return sorted(names & set(re.findall(r"\bs\d+\b", "\n".join(src[3:]))), key=lambda n: int(n[1:]))
+    names = sorted((str(s) for s in symbols.HINTS), key=len, reverse=True)
+    used = set(re.findall(rf"\b(?:{'|'.join(map(re.escape, names))})\b", "\n".join(src[3:])))
+    return [n for n in sorted(names) if n in used]
 
 
 def _with_size_parameters(src: list[str], args: list[str], sizes: list[str]) -> list[str]:
