@@ -10,7 +10,6 @@ import os
 import time
 from typing import Callable
 
-import sympy
 import torch
 import torch.utils._pytree as pytree
 
