@@ -83,7 +83,7 @@ def reduction_parts(out: int, rnumel: int, column: bool, target: str, divides: i
     return next((d for d in fits if d >= want), fits[-1])
 
 
-def _reduces_columns(size, fn, rsize) -> bool:
+def _reduces_columns(size, fn, rsize, symbolic: bool = False) -> bool:
     """Whether a reduction's loads run down columns: the innermost kept index steps by one element and the
     innermost reduced one by more (x.sum(0) of a row-major matrix); no load of the results' elements is contiguous
     along the reduction (triton.is_columnwise's rule)."""
@@ -94,10 +94,13 @@ def _reduces_columns(size, fn, rsize) -> bool:
         return False
     x, r = kept[-1], ridx[-1]
     column = False
+    # (symbolic sizes: a view's div/mod of a merged index is undone first, as the scheduler does; a static view
+    # merges its dims when it is lowered)
+    ranges = {**dict(zip(idx, size)), **dict(zip(ridx, rsize))} if symbolic else None
     for e in fn(idx, ridx).walk():
         if e.op != "load":
             continue
-        off = ir.expand_index(e.args[1])
+        off = ir.expand_index(ir.simplify_index(e.args[1], ranges) if symbolic else e.args[1])
         along_r = sympy.expand(off.subs(r, r + 1) - off)
         along_x = sympy.expand(off.subs(x, x + 1) - off)
         if along_r == 1 and along_x != 0:   # (a per-row statistic, mean[r], is read along r by every column)
@@ -128,7 +131,7 @@ def split_reduction(g: "Graph", size: tuple, dtype: torch.dtype, fn, rsize: tupl
     rn, n_out = symbols.hint(rnumel), symbols.hint(out)
     if reduction_parts(n_out, rn, True, g.target, divides) == reduction_parts(n_out, rn, False, g.target, divides) == 1:
         return None   # (most reductions: no need to look at the loads)
-    column = _reduces_columns(size, fn, rsize)
+    column = _reduces_columns(size, fn, rsize, divides is not None)
     parts = reduction_parts(n_out, rn, column, g.target, divides)
     if parts <= 1:
         return None

@@ -269,11 +269,12 @@ def test_ranges_empty_at_the_smallest_size():
 
 
 def test_reductions_down_a_symbolic_count_split_in_parts():
-    """A reduction of few results over a symbolic count (a mean down s0 x 16 rows of 64 columns, batch norm's
+    """A reduction of few results over a symbolic count (a mean down s0*16 rows of 64 columns, batch norm's
     per-channel sums over N*H*W) splits in a number of parts that divides the count at every size (a divisor of
     its coefficient): partial reductions, then their reduction."""
     def f(s0, x, y):
-        return aten.mean.dim(aten.mul.Tensor(x, x), [0, 1]), aten.sum.dim_IntList(y, [0, 2, 3])
+        v = aten.view.default(x, [s0 * 16, 64])
+        return aten.mean.dim(aten.mul.Tensor(v, v), [0]), aten.sum.dim_IntList(y, [0, 2, 3])
     compiled = compile_symbolic(f, [40, rand(40, 16, 64), rand(40, 4, 32, 32)], {1: [0], 2: [0]})
     partials = [b for b in compiled.compiled.sched.buffers.values()
                 if type(b).__name__ == "Reduction" and len(b.size) == 2]
