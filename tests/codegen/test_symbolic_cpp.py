@@ -8,7 +8,7 @@ from ember import config
 from ember.backends import cpp_backend
 from ember.codegen import cpp
 from ember.runtime import cache
-from tests.codegen.symbolic_graphs import aten_fn, symbolic_graph
+from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph
 
 aten = torch.ops.aten
 SIZES = (2, 3, 7, 16, 17, 33, 100, 257)
@@ -31,15 +31,6 @@ def compile_symbolic(fn, args, dynamic, aten_calls=(), meta=None):
     assert hasattr(compiled, "compiled"), "the symbolic graph fell back to its ATen graph"
     assert set(compiled.compiled.sched.lowered.fallbacks) <= set(aten_calls), compiled.compiled.sched.lowered.fallbacks
     return compiled, gm
-
-
-def check(compiled, fn, args, **tol):
-    out = compiled(*args)
-    want = fn(*args)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(out) == len(want)
-    for o, w in zip(out, want):
-        torch.testing.assert_close(o, w, **tol)
 
 
 def test_pointwise_chain_broadcast(vector_width):

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.codegen.symbolic_graphs import aten_fn, symbolic_graph
+from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -45,15 +45,6 @@ def compile_symbolic(fn, args, dynamic, aten_calls=()):
     call = compiled.compiled
     assert set(call.sched.lowered.fallbacks) <= set(aten_calls), call.sched.lowered.fallbacks
     return compiled
-
-
-def check(compiled, fn, args, **tol):
-    out = compiled(*args)
-    want = fn(*args)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(out) == len(want)
-    for o, w in zip(out, want):
-        torch.testing.assert_close(o, w, **tol)
 
 
 def test_pointwise_chain_broadcast_is_one_flat_kernel():
