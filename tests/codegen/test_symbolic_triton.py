@@ -272,3 +272,17 @@ def test_reductions_down_a_symbolic_count_split_in_parts():
     assert len(partials) == 2, [(b.name, b.size) for b in partials]
     for n in (2, 3, 17, 64):
         check(compiled, f, [n, rand(n, 16, 64), rand(n, 4, 32, 32)], rtol=1e-5, atol=1e-4)
+
+
+def test_batch_norm_training_over_a_symbolic_batch():
+    """Training batch norm over N*H*W with N symbolic: statistics, the running variance's unbiasing factor
+    n / (n - 1) from the run-time count."""
+    def f(s0, x, w, b, rm, rv):
+        r = aten._native_batch_norm_legit_functional.default(x, w, b, rm, rv, True, 0.1, 1e-5)
+        return r[0], r[1], r[2], r[3], r[4]
+
+    def inputs(n):
+        return [n, rand(n, 4, 5, 5), rand(4), rand(4), rand(4), torch.rand(4, device=DEV) + 0.5]
+    compiled = compile_symbolic(f, inputs(6), {1: [0]})
+    for n in (2, 3, 17):
+        check(compiled, f, inputs(n), rtol=1e-5, atol=1e-5)
