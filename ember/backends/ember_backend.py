@@ -51,12 +51,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
 
     cuda_graphs = mode in ("reduce-overhead", "max-autotune") and options.get("triton.cudagraphs", True) \
         and _on_cuda(gm, example_inputs)
-    if cuda_graphs and _is_symbolic(gm):
-        # (a recording is of one size, and the replayer takes tensors only: int inputs are not handled yet)
-        get_logger("dynamic").info("mode=%r: a symbolic graph runs without CUDA graphs", mode)
-        cuda_graphs = False
     if cuda_graphs:
-        # (a graph that reads CPU tensors, torch.optim's step counters, replays its device part: aot_compilers)
+        # (a graph that reads CPU tensors, torch.optim's step counters, replays its device part: aot_compilers; a
+        # symbolic graph is recorded once per distinct size, lazily, in one pool: cudagraphs.MAX_RECORDINGS)
         from ember.runtime.cudagraphs import aot_compilers
         fw, bw = aot_compilers(inner)
         return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)

@@ -20,15 +20,17 @@ from ember.codegen.schedule import FusedGroup, Schedule
 from ember.codegen.triton.heuristics import launch_meta
 from ember.codegen.triton.kernels import FIXUP_META, generate, inline_locals
 from ember.codegen.triton.passes import chunk_wide_groups, overwrite_dying_inputs, \
-    registers_for_private_values, split_few_row_groups
+    registers_for_private_values, split_few_row_groups, split_symbolic_foreach
 from ember.codegen.triton.printer import LIBDEVICE_OPS, PRELUDE
 from ember.errors import CannotLower
+from ember.ir import symbols
 from ember.runtime import cuda_launch, triton_launch, triton_workers
-from ember.runtime.triton_launch import FAST_LAUNCH, Launcher, load_module
+from ember.runtime.triton_launch import FAST_LAUNCH, Launcher, SizedLauncher, load_module
 from ember.tools.logs import get_logger
 
 code_log = get_logger("output_code")
 fallback_log = get_logger("fallbacks")
+SYMBOLIC = True   # compiles symbolic ATen graphs (docs/dynamic.md): size symbols as kernel arguments
 STATS = {"graphs": 0, "kernels": 0, "eager_graphs": 0, "compile_s": 0.0}   # for tests and benchmarks
 
 _COMPILE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(8, triton_workers.WORKERS),
@@ -53,10 +55,13 @@ def _precompile(mod, kernels: list, sched: Schedule, device: torch.device) -> li
     if device.type == "cuda":
         cuda_launch.EXTENSION.get()   # (starts its build, once per machine, while Triton compiles)
     names = {name for _, name, *_ in kernels}
+    hints = {str(s): v for s, v in symbols.HINTS.items()}   # a symbolic graph's size symbols: the example's values
     in_workers = mod.__file__ if device.type == "cuda" and len(names) >= WORKERS_FROM else None
     keys, wanted = [], {}
     for _, name, args, cfg, _grid in kernels:
-        dtypes = [sched.buffers[a].dtype for a in args] + ([torch.int32] if "fixup" in cfg else [])
+        # (a size argument stands in as the example's value, which the kernel does not specialize on)
+        dtypes = [sched.buffers[a].dtype if a not in hints else hints[a] for a in args] + \
+            ([torch.int32] if "fixup" in cfg else [])
         keys.append((name, tuple(sorted(launch_meta(cfg).items())), tuple(dtypes)))
         wanted[keys[-1]] = (dtypes, cfg)
     jobs = {}
@@ -105,15 +110,22 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
     mod = load_module(source)
     launch = {}
     globs = {}
+    hints = {str(s): v for s, v in symbols.HINTS.items()}   # a symbolic graph's size symbols
     for group, name, args, cfg, grid in kernels:
         launch[group.name] = (name, args, grid, "fixup" in cfg)
-        globs[f"_launch_{group.name}"] = Launcher(getattr(mod, name), grid, launch_meta(cfg), device)
+        n_sizes = sum(a in hints for a in args)
+        if n_sizes or isinstance(grid, str):   # a symbolic graph's kernel: sizes as arguments, the grid by the host
+            globs[f"_launch_{group.name}"] = SizedLauncher(getattr(mod, name), launch_meta(cfg), device, n_sizes)
+        else:
+            globs[f"_launch_{group.name}"] = Launcher(getattr(mod, name), grid, launch_meta(cfg), device)
         if "fixup" in cfg:   # a flagged pair (_flagged_sincos): its flag and counter, zero between calls
             globs[f"_flag_{group.name}"] = torch.zeros(2, dtype=torch.int32, device=device)
             globs[f"_fixup_{group.name}"] = Launcher(getattr(mod, f"{name}_fixup"), cfg["fixup"], FIXUP_META, device)
     for group, *_ in kernels:   # rows the schedule keeps local but a Triton tile cannot: one buffer each
         for b in inline_locals(group)[1]:
             buf = sched.buffers[b]
+            if not all(symbols.is_static(x) for x in (*buf.size, *buf.stride)):
+                raise NotImplementedError("a scratch row buffer of a symbolic size")
             globs[b] = torch.empty_strided(tuple(int(x) for x in buf.size), tuple(int(x) for x in buf.stride),
                                            dtype=buf.dtype, device=device)
     for (group, *_), (kernel, fixup) in zip(kernels, _precompile(mod, kernels, sched, device)):
@@ -126,6 +138,8 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
         if group.name not in launch:
             return "pass  # empty"
         name, args, grid, flagged = launch[group.name]
+        if isinstance(globs[f"_launch_{group.name}"], SizedLauncher):   # its number of programs from the sizes
+            return f"_launch_{group.name}({grid}, {', '.join(args)})  # {name}"
         if flagged:
             a = ", ".join(args + [f"_flag_{group.name}"])
             return f"_launch_{group.name}({a}); _fixup_{group.name}({a})  # {name}[({grid},)] and its fixup"
@@ -199,25 +213,24 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
                              "/".join(sorted(devices - {"cuda"})))
         STATS["eager_graphs"] += 1
         return gm.forward
+    symbolic = lower.is_symbolic(gm)
     try:
         with lower.LOWERING_LOCK:
-            low, out_spec, _ = lower.lower(gm, example_inputs, target="gpu")
-            mutations = gm.meta.get("ember_input_mutations")
-            if os.environ.get("TRITON_INTERPRET") != "1":   # (there every kernel reads CPU tensors)
-                _no_kernel_reads_cpu(low, example_inputs)
-            sched = split_few_row_groups(schedule.schedule(low, mutations=mutations, across=True))
-            schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
-            # after it: what it inlines must not be written
-            schedule.recompute_scalars(sched, mutations, LIBDEVICE_OPS)
-            sched = chunk_wide_groups(sched)
-            if not (options or {}).get("max_autotune"):   # (the matmul templates print their epilogues' stores)
-                registers_for_private_values(sched)
-                overwrite_dying_inputs(sched)
-            device = _device_of(gm, example_inputs)
-            if (options or {}).get("max_autotune"):
-                sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
-            call = compile_schedule(sched, lambda args: gm(*args), device, not gm.meta.get("ember_guarded", False))
-    except (CannotLower, NotImplementedError) as e:
+            try:
+                call, out_spec = _lower_and_print(gm, example_inputs, options or {}, symbolic)
+            except (TypeError, NotImplementedError) as e:
+                if not symbolic:
+                    raise
+                # a size decision the code generator takes on numbers only (a comparison of symbolic sizes)
+                raise CannotLower(f"no symbolic code for it ({type(e).__name__}: {e})") from e
+            finally:
+                symbols.HINTS.clear()
+    except CannotLower as e:
+        fallback_log.warning("%s (Triton backend): %s", "symbolic graph runs as its ATen graph (every size)"
+                             if symbolic else "graph runs eagerly", e)
+        STATS["eager_graphs"] += 1
+        return gm.forward
+    except NotImplementedError as e:
         fallback_log.warning("graph runs eagerly (Triton backend): %s: %s", type(e).__name__, e)
         STATS["eager_graphs"] += 1
         return gm.forward
@@ -232,3 +245,26 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         return unflatten(call(list(args)))
     run.compiled = call
     return run
+
+
+def _lower_and_print(gm: torch.fx.GraphModule, example_inputs: list, options: dict, symbolic: bool):
+    """(the host program, the outputs' tree spec) of an ATen graph on CUDA tensors (under LOWERING_LOCK).
+    Symbolic graphs write no input in place (the overlap test needs fixed extents: the functional graph's
+    results are copied back) and take no matmul templates (timed at one size)."""
+    low, out_spec, _ = lower.lower(gm, example_inputs, target="gpu")
+    mutations = None if symbolic else gm.meta.get("ember_input_mutations")
+    if os.environ.get("TRITON_INTERPRET") != "1":   # (there every kernel reads CPU tensors)
+        _no_kernel_reads_cpu(low, example_inputs)
+    sched = split_few_row_groups(schedule.schedule(low, mutations=mutations, across=True))
+    schedule.write_in_place(sched, mutations)   # the split may have made more of them safe
+    # after it: what it inlines must not be written
+    schedule.recompute_scalars(sched, mutations, LIBDEVICE_OPS)
+    sched = split_symbolic_foreach(chunk_wide_groups(sched))
+    autotune = options.get("max_autotune") and not symbolic
+    if not autotune:   # (the matmul templates print their epilogues' stores)
+        registers_for_private_values(sched)
+        overwrite_dying_inputs(sched)
+    device = _device_of(gm, example_inputs)
+    if autotune:
+        sched = mm_template.fuse_mm_epilogues(sched, device, force=options.get("max_autotune.force"))
+    return compile_schedule(sched, lambda args: gm(*args), device, not gm.meta.get("ember_guarded", False)), out_spec

@@ -158,7 +158,10 @@ def lower_sibling_product(g: "Graph", s: SiblingProducts, node: torch.fx.Node, e
                 weights = P.cat([env[w] for w in weights], 1, torch.float32)
             x = env[s.members[0].args[1]]
             width = int(weights.size[1])
-            with g.lowering_as(torch.empty((int(x.size[0]), width), dtype=torch.float32, device="meta")):
+            v = s.members[0].meta["val"]   # (a symbolic graph's: the product's row count is its SymInt)
+            like = v.new_empty((v.shape[0], width)) if g.symbolic else \
+                torch.empty((int(x.size[0]), width), dtype=torch.float32, device="meta")
+            with g.lowering_as(like):
                 prod = g.extern(aten.mm.default, (x, weights), {}, fallback=False)
             start = 0
             for m in s.members:

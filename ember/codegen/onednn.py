@@ -167,6 +167,11 @@ def _onednn_product(m, k, n, dtypes, device) -> bool:
         and m * k * n >= ONEDNN_MIN_WORK
 
 
+def _hints(*sizes) -> tuple:
+    """Sizes (ints or SymInts of a symbolic graph) as the example's ints, without a guard on a symbol's value."""
+    return tuple(symbols.hint(symbols.sym_expr(x)) for x in sizes)
+
+
 def cpu_matmul(g: "Graph", a: TensorBox, b: TensorBox, bias: TensorBox | None = None,
                post_op: tuple = ("none", [], ""), any_weight: bool = False):
     """a @ b (+ bias, then oneDNN's post_op: (attr, scalars, algorithm)) for 2-D float32 CPU values as one
@@ -233,7 +238,8 @@ def plan_linear_fusions(gm: torch.fx.GraphModule) -> dict:
                 or tuple(wv.stride()) != (1, wv.shape[0]) \
                 or (bv is not None and (not isinstance(bv, torch.Tensor) or tuple(bv.shape) != (v.shape[1],)
                                         or bv.dtype != v.dtype)) \
-                or not _onednn_product(av.shape[0], av.shape[1], wv.shape[1], (av.dtype, wv.dtype, v.dtype), v.device.type):
+                or not _onednn_product(*_hints(av.shape[0], av.shape[1], wv.shape[1]), (av.dtype, wv.dtype, v.dtype),
+                                       v.device.type):
             continue
         chain, u = [mm], _only_user(mm)
         while u is not None and u.target in _VIEWS and u.args[0] is chain[-1]:
@@ -242,7 +248,8 @@ def plan_linear_fusions(gm: torch.fx.GraphModule) -> dict:
         how = LINEAR_POST_OPS.get(u.target) if u is not None and u.op == "call_function" else None
         post_op = how(*u.args, **u.kwargs) if how is not None and u.args and u.args[0] is chain[-1] else None
         uv = u.meta.get("val") if u is not None else None
-        if post_op is None or not isinstance(uv, torch.Tensor) or uv.dtype != v.dtype or uv.numel() != v.numel():
+        if post_op is None or not isinstance(uv, torch.Tensor) or uv.dtype != v.dtype or \
+                not symbols.same(symbols.sym_expr(uv.numel()), symbols.sym_expr(v.numel())):
             continue
         plans[u] = LinearFusion(mm, post_op, u, tuple(chain))
     return plans

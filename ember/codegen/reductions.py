@@ -14,7 +14,7 @@ import torch
 from ember import config
 from ember import ir
 from ember.errors import CannotLower
-from ember.ir import Reduction, TensorBox
+from ember.ir import Reduction, TensorBox, symbols
 
 if TYPE_CHECKING:
     from ember.codegen.lower import Graph
@@ -41,7 +41,7 @@ GPU_COLUMN_STRIP = 8   # columns a Triton program takes at least in a column red
 LONG_ROWS_SPLIT_BELOW = 2
 
 
-def reduction_parts(out: int, rnumel: int, column: bool, target: str) -> int:
+def reduction_parts(out: int, rnumel: int, column: bool, target: str, divides: int | None = None) -> int:
     """Into how many parts to split a reduction of `rnumel` elements for each of `out` results (1: none), so the
     partial reductions fill the machine the printer's loops leave idle. column: the reduction runs down columns
     (adjacent results adjacent in memory, the reduced index strides over rows).
@@ -52,7 +52,8 @@ def reduction_parts(out: int, rnumel: int, column: bool, target: str) -> int:
       or 1024 elements (rows).
     - cpu (C++): rows are shared among OpenMP threads (one row: its loop is), column groups in blocks of >= 16
       results (cpp._column_group); split when fewer rows / blocks than threads and the work is worth it.
-    The count is a divisor of rnumel (no ragged last part), the smallest >= the wanted one."""
+    The count is a divisor of rnumel (no ragged last part), the smallest >= the wanted one; of `divides` where
+    given (a symbolic rnumel's integer coefficient: a divisor of it divides rnumel at every size)."""
     if out < 1 or rnumel < 2:
         return 1
     if target == "gpu":
@@ -76,13 +77,13 @@ def reduction_parts(out: int, rnumel: int, column: bool, target: str) -> int:
             busy, want, min_chunk = (out if out > 1 else threads), math.ceil(2 * threads / out), 4096
         if busy >= threads:
             return 1
-    fits = [d for d in sympy.divisors(rnumel) if d > 1 and rnumel // d >= min_chunk]
+    fits = [d for d in sympy.divisors(divides or rnumel) if d > 1 and rnumel // d >= min_chunk]
     if not fits:
         return 1
     return next((d for d in fits if d >= want), fits[-1])
 
 
-def _reduces_columns(size, fn, rsize) -> bool:
+def _reduces_columns(size, fn, rsize, symbolic: bool = False) -> bool:
     """Whether a reduction's loads run down columns: the innermost kept index steps by one element and the
     innermost reduced one by more (x.sum(0) of a row-major matrix); no load of the results' elements is contiguous
     along the reduction (triton.is_columnwise's rule)."""
@@ -93,10 +94,13 @@ def _reduces_columns(size, fn, rsize) -> bool:
         return False
     x, r = kept[-1], ridx[-1]
     column = False
+    # (symbolic sizes: a view's div/mod of a merged index is undone first, as the scheduler does; a static view
+    # merges its dims when it is lowered)
+    ranges = {**dict(zip(idx, size)), **dict(zip(ridx, rsize))} if symbolic else None
     for e in fn(idx, ridx).walk():
         if e.op != "load":
             continue
-        off = ir.expand_index(e.args[1])
+        off = ir.expand_index(ir.simplify_index(e.args[1], ranges) if symbolic else e.args[1])
         along_r = sympy.expand(off.subs(r, r + 1) - off)
         along_x = sympy.expand(off.subs(x, x + 1) - off)
         if along_r == 1 and along_x != 0:   # (a per-row statistic, mean[r], is read along r by every column)
@@ -113,25 +117,33 @@ def split_reduction(g: "Graph", size: tuple, dtype: torch.dtype, fn, rsize: tupl
     [*size, S] (each part a contiguous piece of a row). float16/bfloat16 partial sums and products are stored in
     float32 (the printers accumulate in float32; eager rounds once, at the end); max/min/any/all are exact in any
     order and keep NaN (a part's NaN is its max); integer sums wrap as the unsplit sum would."""
-    if not config.SPLIT_REDUCTIONS or kind not in SPLIT_KINDS or not rsize or \
-            not all(getattr(n, "is_Integer", False) for n in (*size, *rsize)):
+    if not config.SPLIT_REDUCTIONS or kind not in SPLIT_KINDS or not rsize:
         return None
     rnumel, out = ir.prod(rsize), ir.prod(size)
-    if reduction_parts(out, rnumel, True, g.target) == reduction_parts(out, rnumel, False, g.target) == 1:
+    divides = None
+    if not all(symbols.is_static(n) for n in (*size, *rsize)):
+        # symbolic sizes (GPU): split in a number of parts that divides the reduced count at every size, a divisor
+        # of its integer coefficient (BN's N*H*W = 1024*s0), chosen at the example's sizes
+        coefficient, _ = sympy.expand(rnumel).as_coeff_Mul()
+        if g.target != "gpu" or not coefficient.is_Integer or int(coefficient) < 2:
+            return None
+        divides = int(coefficient)
+    rn, n_out = symbols.hint(rnumel), symbols.hint(out)
+    if reduction_parts(n_out, rn, True, g.target, divides) == reduction_parts(n_out, rn, False, g.target, divides) == 1:
         return None   # (most reductions: no need to look at the loads)
-    column = _reduces_columns(size, fn, rsize)
-    parts = reduction_parts(out, rnumel, column, g.target)
+    column = _reduces_columns(size, fn, rsize, divides is not None)
+    parts = reduction_parts(n_out, rn, column, g.target, divides)
     if parts <= 1:
         return None
-    chunk = rnumel // parts
-    if int(rsize[0]) % parts == 0:   # the outermost reduced dim splits: part s is rows [s*c0, (s+1)*c0)
-        c0 = int(rsize[0]) // parts
-        prsize = ((sympy.Integer(c0),) if c0 > 1 else ()) + tuple(rsize[1:])
+    chunk = _quotient(rnumel, parts)
+    if _divisible(rsize[0], parts):   # the outermost reduced dim splits: part s is rows [s*c0, (s+1)*c0)
+        c0 = _quotient(rsize[0], parts)
+        prsize = ((c0,) if not symbols.same(c0, 1) else ()) + tuple(rsize[1:])
 
         def reduced(s, pr):
-            return [s * c0 + pr[0], *pr[1:]] if c0 > 1 else [s, *pr]
+            return [s * c0 + pr[0], *pr[1:]] if not symbols.same(c0, 1) else [s, *pr]
     else:   # a flat range of the reduced dims: their indices as div/mod of it (simplified by the scheduler)
-        prsize, strides = (sympy.Integer(chunk),), ir.contiguous_strides(rsize)
+        prsize, strides = (chunk,), ir.contiguous_strides(rsize)
 
         def reduced(s, pr):
             flat = s * chunk + pr[0]
@@ -149,6 +161,19 @@ def split_reduction(g: "Graph", size: tuple, dtype: torch.dtype, fn, rsize: tupl
     partial = g.add(Reduction(g.new_name(), psize, ir.contiguous_strides(psize), pdtype, fn=pfn, rsize=prsize,
                               kind=kind, origins=g.origins))
     return (lambda idx, r: partial.load(read(list(idx), r))), (sympy.Integer(parts),)
+
+
+def _divisible(n, k: int) -> bool:
+    """Whether k divides size n at every size (a symbolic n: its integer coefficient)."""
+    if symbols.is_static(n):
+        return int(n) % k == 0
+    c, _ = sympy.expand(n).as_coeff_Mul()
+    return c.is_Integer and int(c) % k == 0
+
+
+def _quotient(n, k: int):
+    """n / k for a k that divides n at every size (_divisible): a sympy Integer or expression."""
+    return sympy.Integer(int(n) // k) if symbols.is_static(n) else sympy.expand(n / k)
 
 
 def one_hot_sum(size: tuple, dtype: torch.dtype, fn, rsize: tuple, kind: str) -> TensorBox | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ember import config, ir
+from ember.ir import symbols
 from ember.decomp import prims as P
 from ember.decomp.common import out, registrar
 from ember.decomp.reductions import var_and_mean
@@ -104,7 +105,10 @@ def _bn_train(x, w, b, rm, rv, training, momentum, eps):
     if b is not None:
         y = P.add(y, _bn_shape(b, x))
     new_rm = P.add(P.mul(rm, 1 - momentum), P.mul(mean, momentum))
-    new_rv = P.add(P.mul(rv, 1 - momentum), P.mul(var, momentum * n / max(n - 1, 1)))
+    if symbols.is_static(n):
+        new_rv = P.add(P.mul(rv, 1 - momentum), P.mul(var, momentum * n / max(n - 1, 1)))
+    else:   # a symbolic count (N*H*W, N >= 2): the unbiasing factor from the run-time count, in the kernel
+        new_rv = P.add(P.mul(rv, 1 - momentum), P.div(P.mul(P.mul(var, momentum), n), n - 1))
     return y, mean, invstd, new_rm, new_rv
 
 

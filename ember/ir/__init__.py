@@ -106,7 +106,8 @@ def bounds(e, ranges: dict) -> tuple | None:
     if e.is_Symbol:
         if e in ranges:
             return 0, _num(ranges[e]) - 1
-        return (e, e) if e in symbols.HINTS else None   # a size symbol is its own bound; others are unknown
+        # a size symbol is its own bound; others (indirect indices) are unknown
+        return (e, e) if e in symbols.HINTS or e.is_positive else None
     if isinstance(e, sympy.Add):
         lo = hi = 0
         for a in e.args:

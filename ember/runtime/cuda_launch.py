@@ -1,8 +1,8 @@
 """Loading and launching ember's Triton kernels with one launcher for every kernel.
 
 Triton builds a C launcher for each new argument signature at a kernel's first load: a gcc run per signature, a
-large part of a cold compile. ember's kernels take only pointers (every size is a constant of the source), so one
-launcher fits them all: it takes the integer addresses and calls the driver's cuLaunchKernel. It is built once per
+large part of a cold compile. ember's kernels take only pointers and int64 sizes (a static graph's sizes are
+constants of the source; a symbolic graph's, int64 arguments), all 64-bit, so one launcher fits them all: it takes the integer addresses and calls the driver's cuLaunchKernel. It is built once per
 machine, like the C++ guard checks, and replaces Triton's for every kernel that fits (`load`): one CTA per program,
 no scratch memory, no cooperative or programmatic launch, and a PTX entry whose parameters are all 64-bit (the
 pointers, then Triton's own scratch pointers, passed as null). Anything else, and every kernel while the launcher

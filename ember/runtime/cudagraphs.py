@@ -90,7 +90,7 @@ class Saved:
 
     def evacuate(self) -> None:
         """Another replay is about to reuse graph memory: move our tensors out of it."""
-        self.tensors = [t.clone() if self.pool.owns(t) else t for t in self.tensors]
+        self.tensors = [t.clone() if isinstance(t, torch.Tensor) and self.pool.owns(t) else t for t in self.tensors]
         self.pool.pending.discard(self)
 
     def take(self) -> list[torch.Tensor]:
@@ -162,9 +162,15 @@ def _gather_copy(sources: list[torch.Tensor], offsets: list[int], device: torch.
 
 
 def _signature(inputs: Sequence[torch.Tensor], static: frozenset[int]) -> tuple:
-    """What a recording depends on: layout of every input, and the address of every static input."""
+    """What a recording depends on: layout of every input, the address of every static input, and the value of
+    every int input (a symbolic graph's sizes: a recording replays the kernels launched for those sizes)."""
     return tuple((tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() if i in static else None)
-                 for i, t in enumerate(inputs))
+                 if isinstance(t, torch.Tensor) else (type(t), t) for i, t in enumerate(inputs))
+
+
+# recordings one CUDAGraphed keeps (one per input signature: a symbolic graph's distinct sizes); past it the least
+# recently replayed is dropped, its memory going back to the pool (a recording holds its graph's memory)
+MAX_RECORDINGS = 16
 
 
 @dataclasses.dataclass
@@ -181,6 +187,7 @@ class _Recording:
     passed_through: list = ()          # (output, input): an output that is a static input, written in place
 
     native: tuple | None = None        # the C++ checks (native_guards) and what they compare, when loaded
+    ints: tuple = ()                   # (index, value) of the int inputs (a symbolic graph's sizes)
 
     def __post_init__(self):
         self.cloned_sources = [self.outputs[i] for i in self.cloned or ()]
@@ -202,6 +209,9 @@ class _Recording:
 
     def matches(self, inputs: Sequence[torch.Tensor]) -> bool:
         """The per-call check (cheaper than the full signature: only the static inputs' addresses)."""
+        for i, v in self.ints:
+            if inputs[i] != v:
+                return False
         if self.native is not None:
             native, static, ptrs, copied, types, specs = self.native
             got = native.data_ptrs(static(inputs))
@@ -260,7 +270,8 @@ class CUDAGraphed:
         self.num_user_outputs = num_user_outputs
         self.clone_outputs = clone_outputs
         self.warmup = warmup
-        self.recordings: dict[tuple, _Recording] = {}
+        self.recordings: dict[tuple, _Recording] = {}   # in order of last use (MAX_RECORDINGS at most)
+        self.evicted = 0
         self._last: _Recording | None = None
 
     def __call__(self, *inputs: torch.Tensor, consuming: Saved | None = None) -> tuple:
@@ -279,9 +290,17 @@ class CUDAGraphed:
                     self._demoted |= moved
                     self.static = self.static - moved
             key = _signature(inputs, self.static)
-            rec = self.recordings.get(key)
+            rec = self.recordings.pop(key, None)
             if rec is None:
-                rec = self.recordings[key] = self._record(inputs)
+                if len(self.recordings) >= MAX_RECORDINGS:
+                    self.recordings.pop(next(iter(self.recordings)))   # the least recently used
+                    if not self.evicted:
+                        log.warning("cudagraphs: %s reached %d recordings (one per input size): the least "
+                                    "recently used are dropped and recorded again when their sizes return",
+                                    self.name, MAX_RECORDINGS)
+                    self.evicted += 1
+                rec = self._record(inputs)
+            self.recordings[key] = rec   # (last in the dict: the most recently used)
             self._last = rec
         if not self.pool.before_replay(consuming, inputs):
             self.eager_runs += 1
@@ -321,12 +340,15 @@ class CUDAGraphed:
 
     def _record(self, inputs: Sequence[torch.Tensor]) -> _Recording:
         for i, t in enumerate(inputs):
-            if not (isinstance(t, torch.Tensor) and t.is_cuda):
+            if not (isinstance(t, torch.Tensor) and t.is_cuda or type(t) is int):
                 where = f" on {t.device}" if isinstance(t, torch.Tensor) else ""
                 raise TypeError(f"mode='reduce-overhead' (CUDA graphs) needs CUDA tensor inputs; input {i} is "
                                 f"a {type(t).__name__}{where}. Move it to the GPU or compile without this mode.")
         buffers, copy_in = [], []
         for i, t in enumerate(inputs):
+            if type(t) is int:   # a size: part of the signature, recorded as it is
+                buffers.append(t)
+                continue
             if i in self.static or self.pool.owns(t):
                 # read in place: parameters, or saved graph memory. A new alias, so that the recording does not
                 # keep the caller's tensor object alive (the pool watches saved tensors by their lifetime)
@@ -337,7 +359,7 @@ class CUDAGraphed:
             if i not in self.static:
                 copy_in.append(i)
         log.debug("cudagraphs: recording %s for input shapes %s", getattr(self.fn, "__name__", self.fn),
-                  [tuple(t.shape) for t in inputs])
+                  [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in inputs])
         # Warm-up and capture on a side stream, as torch.cuda.graph requires. Eager warm-up allocates outside
         # the pool and capture runs nothing, so neither touches pending saved tensors.
         stream = torch.cuda.Stream(device=self.pool.device)
@@ -379,6 +401,7 @@ class CUDAGraphed:
         rec = _Recording(graph, buffers, copy_in, outputs, [inputs[i].data_ptr() for i in static_idx], static_idx,
                          [(inputs[i].shape, inputs[i].stride(), inputs[i].dtype) for i in copy_in], owned, cloned,
                          passed_through)
+        rec.ints = tuple((i, t) for i, t in enumerate(inputs) if type(t) is int)
         rec.with_native_checks(inputs)
         return rec
 

@@ -147,6 +147,36 @@ class Launcher:
             self.aligned_only = not any(a.data_ptr() % 16 for a in args)
 
 
+class SizedLauncher:
+    """Launches a kernel of a symbolic graph (docs/dynamic.md): its last `n_sizes` arguments are size symbols
+    (int64, which the kernel tells Triton not to specialize: one compiled kernel serves every size), and the
+    number of programs comes with each call (the host program computes it from the sizes). The kernel compiled
+    ahead (`preloaded`, for ember's launcher) takes every call whose pointers are 16-byte aligned; any other call,
+    or every call without it, goes through Triton's binder."""
+
+    def __init__(self, fn, meta: dict, device: torch.device, n_sizes: int):
+        self.fn, self.meta, self.n = fn, meta, n_sizes
+        self.device_index = device.index if device.index is not None or not FAST_LAUNCH else torch.cuda.current_device()
+        self.native = None   # (launch, function, threads, shared, nulls, device) of cuda_launch.Loaded
+
+    def preloaded(self, kernel) -> None:
+        if isinstance(kernel, cuda_launch.Loaded) and FAST_LAUNCH:
+            self.native = (kernel.launch, kernel.function, kernel.threads, kernel.shared, kernel.nulls, kernel.device)
+
+    def __call__(self, grid: int, *args):
+        if grid <= 0:
+            return
+        native = self.native
+        if native is not None:
+            ptrs = _aligned_ptrs(args[:len(args) - self.n])
+            if ptrs is not None:
+                launch, function, threads, shared, nulls, device = native
+                launch(function, grid, threads, shared, nulls, device, _raw_stream(self.device_index), *ptrs,
+                       *args[len(args) - self.n:])
+                return
+        self.fn[(grid,)](*args, **self.meta)
+
+
 def _aligned_ptrs(args: tuple) -> tuple | None:
     """The arguments' addresses, or None when one is not 16-byte aligned. Replaced by native_guards'
     aligned_data_ptrs once that is loaded (use_native_pointers): one C++ call in place of a data_ptr() call

@@ -72,3 +72,13 @@ def aten_fn(fn):
     ns = {"fn": fn}
     exec(f"def wrapped({names}):\n    out = fn({names})\n    return out if isinstance(out, tuple) else (out,)", ns)
     return ns["wrapped"]
+
+
+def check(compiled, fn, args, **tol):
+    """A compiled ATen graph's outputs against fn's (eager) on the same arguments, dtypes included."""
+    out = compiled(*args)
+    want = fn(*args)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(out) == len(want)
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o, w, **tol)

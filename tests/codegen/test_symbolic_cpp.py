@@ -8,7 +8,7 @@ from ember import config
 from ember.backends import cpp_backend
 from ember.codegen import cpp
 from ember.runtime import cache
-from tests.codegen.symbolic_graphs import aten_fn, symbolic_graph
+from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph
 
 aten = torch.ops.aten
 SIZES = (2, 3, 7, 16, 17, 33, 100, 257)
@@ -31,15 +31,6 @@ def compile_symbolic(fn, args, dynamic, aten_calls=(), meta=None):
     assert hasattr(compiled, "compiled"), "the symbolic graph fell back to its ATen graph"
     assert set(compiled.compiled.sched.lowered.fallbacks) <= set(aten_calls), compiled.compiled.sched.lowered.fallbacks
     return compiled, gm
-
-
-def check(compiled, fn, args, **tol):
-    out = compiled(*args)
-    want = fn(*args)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(out) == len(want)
-    for o, w in zip(out, want):
-        torch.testing.assert_close(o, w, **tol)
 
 
 def test_pointwise_chain_broadcast(vector_width):
@@ -292,3 +283,17 @@ def test_lowering_that_specializes_falls_back(monkeypatch, caplog):
     assert any("specialized a symbolic size" in r.getMessage() for r in caplog.records)
     for n in SIZES:
         check(compiled, f, [n, torch.randn(n, 3)])
+
+
+def test_batch_norm_training_over_a_symbolic_batch():
+    """Training batch norm's statistics over N*H*W with N symbolic, and the running variance's unbiasing factor
+    n / (n - 1) from the run-time count (a float of the sizes: computed in the kernel)."""
+    def f(s0, x, w, b, rm, rv):
+        r = aten._native_batch_norm_legit_functional.default(x, w, b, rm, rv, True, 0.1, 1e-5)
+        return r[0], r[1], r[2], r[3], r[4]
+
+    def inputs(n):
+        return [n, torch.randn(n, 4, 5, 5), torch.randn(4), torch.randn(4), torch.randn(4), torch.rand(4) + 0.5]
+    compiled, _ = compile_symbolic(f, inputs(6), {1: [0]})
+    for n in (2, 3, 17):
+        check(compiled, f, inputs(n), rtol=1e-5, atol=1e-5)

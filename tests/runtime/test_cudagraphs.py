@@ -267,3 +267,52 @@ def test_train_step_with_default_adam_under_reduce_overhead():
         torch.testing.assert_close(p, r)
         torch.testing.assert_close(opt.state[p]["exp_avg_sq"], ref_opt.state[r]["exp_avg_sq"])
         assert opt.state[p]["step"].device.type == "cpu" and opt.state[p]["step"] == ref_opt.state[r]["step"]
+
+
+def test_int_inputs_record_one_graph_per_size_least_recently_used_dropped(monkeypatch, caplog):
+    """A symbolic graph's sizes come as ints: one recording per distinct size, at most MAX_RECORDINGS kept (the
+    least recently used dropped, logged once); a dropped size records again when it returns."""
+    from ember.runtime import cudagraphs
+    monkeypatch.setattr(cudagraphs, "MAX_RECORDINGS", 2)
+
+    def fn(n, x, w):
+        return (x.view(n, -1) @ w).relu(), x.sum(0)
+    w = torch.randn(16, 8, device="cuda")
+    f = CUDAGraphed(fn, static_input_indices=[2])
+    with caplog.at_level("WARNING", logger="ember.graph"):
+        for n in (8, 16, 8, 24, 8, 16, 24):
+            x = torch.randn(n, 16, device="cuda")
+            for got, want in zip(f(n, x, w), fn(n, x, w)):
+                torch.testing.assert_close(got, want)
+            assert len(f.recordings) <= 2
+    assert f.evicted == 3 and f.replays == 7
+    assert sum("reached 2 recordings" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_reduce_overhead_with_a_symbolic_graph_matches_eager(monkeypatch):
+    """mode="reduce-overhead" with dynamic=True: the symbolic forward and backward are compiled once and
+    recorded once per distinct size, in one pool; results and gradients as eager's."""
+    import ember
+    from ember.backends import triton_backend
+    from ember.runtime import cudagraphs
+    recorded = []
+    real = cudagraphs.CUDAGraphed._record
+    monkeypatch.setattr(cudagraphs.CUDAGraphed, "_record", lambda self, inputs: recorded.append(
+        [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in inputs]) or real(self, inputs))
+    before = dict(triton_backend.STATS)
+    ps = [p.requires_grad_() for p in params()]
+    compiled = ember.compile(mlp, mode="reduce-overhead", dynamic=True)
+    sizes = (8, 24, 8, 40, 24, 8)
+    for n in sizes:
+        x = torch.randn(n, 64, device="cuda")
+        got = compiled(x, *ps)
+        want = mlp(x, *ps)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        gg = torch.autograd.grad(sum(o.square().sum() for o in got), ps)
+        gw = torch.autograd.grad(sum(o.square().sum() for o in want), ps)
+        for g, w in zip(gg, gw):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert triton_backend.STATS["graphs"] - before["graphs"] == 2   # one symbolic forward, one backward
+    assert triton_backend.STATS["eager_graphs"] == before["eager_graphs"]
+    assert 0 < len(recorded) <= 2 * len(set(sizes))   # (a first call per graph runs eagerly, unrecorded)

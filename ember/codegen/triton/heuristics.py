@@ -51,6 +51,7 @@ def sm_count() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
+FLAT_FULL_BLOCKS_FROM = 1 << 20   # elements from which a flat kernel takes full blocks (launch_config)
 ARITHMETIC_BOUND = 3   # transcendental ops an element of a flat kernel (ir.EXPENSIVE) from which it gets smaller blocks
 
 
@@ -68,7 +69,7 @@ def launch_config(shape: str, rows: int, rmax: int, expensive: int = 0, reductio
     if shape in (FLAT, FOREACH):
         total = rows * rmax
         big = 512 if shape == FLAT and expensive >= ARITHMETIC_BOUND else 1024
-        block = big if total >= (1 << 20) else max(128, min(1024, triton_next_pow2(total)))
+        block = big if total >= FLAT_FULL_BLOCKS_FROM else max(128, min(1024, triton_next_pow2(total)))
         while shape == FLAT and block > 128 and math.ceil(total / block) < 2 * sm_count():
             block //= 2   # few programs stream at a fraction of the bandwidth
         warps = 4 if block >= 512 else (2 if block >= 256 else 1)

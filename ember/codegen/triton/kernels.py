@@ -12,7 +12,7 @@ import sympy
 
 from ember import config
 from ember import ir
-from ember.ir import Buffer, Expr, FloorDiv, ModIndex
+from ember.ir import Buffer, Expr, FloorDiv, ModIndex, symbols
 from ember.codegen.printer import kernel_args
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule
 from ember.codegen.triton import heuristics
@@ -61,47 +61,105 @@ def _replace_loads(e: Expr, name: str, value: Expr) -> Expr:
 
 
 def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = False) \
-        -> tuple[str, list[str], dict, int]:
-    """(source of one @triton.jit kernel, argument buffer names, launch config, number of programs). With
-    `fixup`, a flat kernel computing float32 sin or cos may come as a flagged pair (_flagged_sincos): its
-    config's "fixup" is then the second kernel's number of programs."""
+        -> tuple[str, list[str], dict, int | str]:
+    """(source of one @triton.jit kernel, argument names, launch config, number of programs). With `fixup`, a
+    flat kernel computing float32 sin or cos may come as a flagged pair (_flagged_sincos): its config's "fixup"
+    is then the second kernel's number of programs.
+
+    Symbolic sizes (docs/dynamic.md): the kernel takes the size symbols its code uses as int64 arguments after
+    the pointers (in the argument names), the number of programs is Python over them (the host program's
+    locals), and the block sizes are chosen at the example's sizes (symbols.hint): masks make any block right.
+    A row whose length is symbolic is looped over (a persistent tile holds the example's length only)."""
     group, _ = inline_locals(group)
     args, writes = kernel_args(group, in_registers)
     shape = group_shape(group)
-    rows = max(int(group.numel), 1)
-    rmax = max(inner_size(m) for m in group.members)
+    rows = _at_least_one(group.numel)
+    rmax = max((inner_size(m) for m in group.members), key=symbols.hint)
+    symbolic = not all(symbols.is_static(n) for n in [rows, *(inner_size(m) for m in group.members)])
     expensive = sum(e.op in ir.EXPENSIVE for m in group.members if m.body is not None for e in m.body.walk()) \
         if shape == FLAT else 0
-    cfg = column_config(rows, rmax) if shape == ROWS and rmax > 1 and is_columnwise(group) else \
-        launch_config(shape, rows, rmax, expensive, reduction_share(group))
-    largest = max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
-                                   for a in args if sched.buffers[a].size])
-    i64 = largest >= 2 ** 31 - 1
+    hint_rows, hint_r = symbols.hint(rows), symbols.hint(rmax)
+    if symbolic and shape == FLAT:
+        # blocks for the range of sizes, not the example's alone: launch_config's smaller blocks for few programs
+        # help only small sizes (quick at any block), and cost large ones half their speed
+        hint_rows = max(hint_rows, -(-heuristics.FLAT_FULL_BLOCKS_FROM // max(hint_r, 1)))
+    cfg = column_config(hint_rows, hint_r) if shape == ROWS and hint_r > 1 and is_columnwise(group) else \
+        launch_config(shape, hint_rows, hint_r, expensive, reduction_share(group))
+    if cfg.get("persistent") and not all(symbols.is_static(inner_size(m)) for m in group.members):
+        cfg = {**cfg, "persistent": False}   # (one pass over the row at the example's length and below)
     extents = {a: storage_extent(sched.buffers[a]) for a in args}
+    # int64 indices where an offset may pass 2**31 - 1 (at some size, where a size is symbolic)
+    i64 = symbolic or any(not symbols.is_static(e) for e in extents.values()) or \
+        max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
+                             for a in args if sched.buffers[a].size]) >= 2 ** 31 - 1
     if shape == FLAT:
-        flagged = fixup and _flagged_sincos(group, rows * rmax)
+        flagged = fixup and not symbolic and _flagged_sincos(group, rows * rmax)
         if flagged:
             cfg = {**cfg, "BLOCK": max(cfg["BLOCK"], 1024), "fixup": 4 * heuristics.sm_count()}
         src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"], flagged)
-        grid = math.ceil(rows * rmax / cfg["BLOCK"])
+        grid = _programs(rows * rmax, cfg["BLOCK"])
     elif shape == FOREACH:
+        if symbolic:
+            raise NotImplementedError("a horizontally fused kernel over ranges of symbolic sizes")
         src, grid = _foreach_kernel(group, name, args, rows, cfg["BLOCK"], i64, extents)
     else:
         src = rows_kernel(group, name, args, rows, cfg, i64, extents)
-        grid = math.ceil(rows / cfg["XBLOCK"])
-    return src, args, cfg, grid
+        grid = _programs(rows, cfg["XBLOCK"])
+    sizes = size_arguments(src)
+    if sizes:
+        src = _with_size_parameters(src, args, sizes)
+    return src, args + sizes, cfg, grid
 
 
-def storage_extent(buf: Buffer) -> int:
-    """Elements of a buffer's storage its own layout can address (what a load may touch)."""
-    if any(int(s) == 0 for s in buf.size):
+def _at_least_one(n):
+    """A group's row count as the kernels take it: at least 1 (a symbolic count is >= 2)."""
+    return max(int(n), 1) if symbols.is_static(n) else n
+
+
+def _programs(total, block: int) -> int | str:
+    """ceil(total / block): an int, or Python over the size symbols for a symbolic total."""
+    if symbols.is_static(total):
+        return math.ceil(int(total) / block)
+    return symbols.python_code(FloorDiv(total + (block - 1), block))
+
+
+def size_arguments(src: list[str]) -> list[str]:
+    """The size symbols (symbols.HINTS) a printed kernel's code uses, sorted: its int64 arguments."""
+    if not symbols.HINTS:   # a static graph
+        return []
+    names = sorted((str(s) for s in symbols.HINTS), key=len, reverse=True)
+    used = set(re.findall(rf"\b(?:{'|'.join(map(re.escape, names))})\b", "\n".join(src[3:])))
+    return [n for n in sorted(names) if n in used]
+
+
+def _with_size_parameters(src: list[str], args: list[str], sizes: list[str]) -> list[str]:
+    """The kernel's `def` line with the size parameters after the pointers: int64 at every value (ember's launcher
+    passes them as it passes pointers) and not specialized by Triton (on a value 1 or divisibility by 16), so one
+    compiled kernel serves every size; a size times a constant (s0 * 768) still tells Triton that constant's
+    divisibility, which masks and row starts vectorize by."""
+    params = ", ".join(f"{s}: tl.int64" for s in sizes)
+    head = src[2]
+    at = head.index("(") + 1 + len(", ".join(args))
+    head = head[:at] + (", " if args else "") + params + head[at:]
+    jit = f"@triton.jit(do_not_specialize=[{', '.join(repr(s) for s in sizes)}])"
+    return src[:1] + [jit, head] + src[3:]
+
+
+def storage_extent(buf: Buffer):
+    """Elements of a buffer's storage its own layout can address (what a load may touch): an int, or a sympy
+    expression over the size symbols."""
+    if any(symbols.is_static(s) and int(s) == 0 for s in buf.size):
         return 0
-    return int(buf.offset or 0) + sum((int(n) - 1) * int(st) for n, st in zip(buf.size, buf.stride)) + 1
+    if all(symbols.is_static(x) for x in (*buf.size, *buf.stride, buf.offset or 0)):
+        return int(buf.offset or 0) + sum((int(n) - 1) * int(st) for n, st in zip(buf.size, buf.stride)) + 1
+    return sympy.sympify(buf.offset or 0) + sum((n - 1) * st for n, st in zip(buf.size, buf.stride)) + 1
 
 
 def is_empty(group: FusedGroup) -> bool:
     """Nothing to compute: no rows, or only pointwise members over empty inner ranges."""
-    return int(group.numel) == 0 or all(not m.is_reduction and inner_size(m) == 0 for m in group.members)
+    def zero(n) -> bool:
+        return symbols.is_static(n) and int(n) == 0
+    return zero(group.numel) or all(not m.is_reduction and zero(inner_size(m)) for m in group.members)
 
 
 def _flagged_sincos(group: FusedGroup, elements: int) -> bool:
@@ -157,9 +215,10 @@ def flat_range(members: list[Member], pid: str, rows: int, rsize: int, extents: 
     (BLOCK's value) divides the range, every lane is in it: a mask of constants, which Triton folds away (no
     compare, no predicated loads and stores: the pointwise chain is bound by its arithmetic)."""
     total = rows * rsize
-    full = block is not None and total % block == 0
+    full = block is not None and _multiple_of(total, block)
     L = [f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)",
-         f"{ind}xmask = tl.full([BLOCK], True, tl.int1)" if full else f"{ind}xmask = xindex < {total}"]
+         f"{ind}xmask = tl.full([BLOCK], True, tl.int1)" if full else
+         f"{ind}xmask = xindex < {index_code(sympy.sympify(total), {})}"]
     i = sympy.Symbol("xindex", integer=True, nonnegative=True)
     ranges = {i: total}
     b = Body({}, "xmask", ind, ranges, extents)  # one body: members share their loads (CSE)
@@ -169,8 +228,9 @@ def flat_range(members: list[Member], pid: str, rows: int, rsize: int, extents: 
     stores = []
     values: dict = {}  # member name -> its value Expr: an elementwise group's members read each other's element
     for m in members:
-        subst = {X0: FloorDiv(i, rsize) if rows > 1 else sympy.Integer(0)}
-        subst.update(inner_index(m, ModIndex(i, rsize) if rows > 1 else i))
+        many = not symbols.is_static(rows) or int(rows) > 1
+        subst = {X0: FloorDiv(i, rsize) if many else sympy.Integer(0)}
+        subst.update(inner_index(m, ModIndex(i, rsize) if many else i))
         mbody = m.body
         for name in m.reads & values.keys():
             mbody = _replace_loads(mbody, name, values[name])
@@ -181,6 +241,14 @@ def flat_range(members: list[Member], pid: str, rows: int, rsize: int, extents: 
         stores.append(ind + store_statement(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
     # stores last: every load comes first (an input updated in place is read before it is written)
     return L + b.lines + stores
+
+
+def _multiple_of(total, block: int) -> bool:
+    """Whether `block` divides `total` at every size (a symbolic total: its integer coefficient, s0 * 768)."""
+    if symbols.is_static(total):
+        return int(total) % block == 0
+    c, _ = sympy.expand(total).as_coeff_Mul()
+    return c.is_Integer and int(c) % block == 0
 
 
 def _foreach_kernel(group, name, args, rows, block: int, i64, extents) -> tuple[list[str], int]:

@@ -7,7 +7,7 @@ import dataclasses
 import sympy
 
 from ember import ir
-from ember.ir import ExternBuffer, Pointwise, TensorArg
+from ember.ir import ExternBuffer, Pointwise, TensorArg, symbols
 from ember.codegen.schedule import FusedGroup, Schedule, lifetimes, order_elementwise, split_elementwise
 from ember.codegen.triton import heuristics
 from ember.codegen.triton.heuristics import FLAT, FOREACH, ROWS, group_shape, inner_size
@@ -68,7 +68,8 @@ def overwrite_dying_inputs(sched: Schedule) -> None:
             for r in sorted(m.reads):
                 rb = sched.buffers.get(r)
                 if r in taken or r not in fresh or r in pinned or last.get(r) != j or rb is None \
-                        or buffer_layout(rb) != buffer_layout(b) or int(rb.offset) != 0 or int(b.offset) != 0:
+                        or buffer_layout(rb) != buffer_layout(b) or not symbols.same(rb.offset, 0) \
+                        or not symbols.same(b.offset, 0):
                     continue
                 if all(tuple(x.inner) == tuple(m.inner) and (x.block, inner_size(x)) == (m.block, inner_size(m))
                        and all(sympy.expand(e.args[1] - m.store) == 0 for e in x.body.walk()
@@ -90,7 +91,7 @@ def split_few_row_groups(sched: Schedule) -> Schedule:
     (a lone pointwise part is flat). Parts keep the order of their first members."""
     items = []
     for it in sched.items:
-        if not isinstance(it, FusedGroup) or len(it.members) < 2 or int(it.numel) >= heuristics.sm_count() \
+        if not isinstance(it, FusedGroup) or len(it.members) < 2 or symbols.hint(it.numel) >= heuristics.sm_count() \
                 or group_shape(it) != ROWS:
             items.append(it)
             continue
@@ -166,10 +167,29 @@ def chunk_wide_groups(sched: Schedule, limit: int = MAX_BLOCKS_PER_KERNEL) -> Sc
     return split_elementwise(sched, too_big)
 
 
+def split_symbolic_foreach(sched: Schedule) -> Schedule:
+    """A symbolic graph's horizontally fused groups over ranges of different sizes, one group per range (a flat
+    kernel each): a foreach kernel lays its ranges end to end over the program ids at numbers fixed in its
+    source. Members reading each other's element or an in-place input's old value share a range (FOREACH)."""
+    if not symbols.HINTS:   # a static graph
+        return sched
+    items = []
+    for it in sched.items:
+        sizes = [inner_size(m) for m in it.members] if isinstance(it, FusedGroup) else []
+        if not sizes or all(symbols.is_static(n) for n in [it.numel, *sizes]) or group_shape(it) != FOREACH:
+            items.append(it)
+            continue
+        ranges: dict = {}
+        for m in it.members:
+            ranges.setdefault((inner_size(m), m.block), []).append(m)
+        items += [dataclasses.replace(it, members=ms) for ms in ranges.values()]
+    return dataclasses.replace(sched, items=items)
+
+
 def _leading_scalars(group: FusedGroup) -> list:
     """The group's one-element pointwise members when they can run before all the others: none reads another
     kind of member of the group, and the group has no reduction (whose register values members may share)."""
-    if int(group.numel) != 1 or any(m.is_reduction or m.local for m in group.members):
+    if not symbols.same(group.numel, 1) or any(m.is_reduction or m.local for m in group.members):
         return []
     scalars = [m for m in group.members if not m.inner]
     if not scalars or len(scalars) == len(group.members):

@@ -9,7 +9,7 @@ import torch
 
 from ember import config
 from ember import ir
-from ember.ir import Expr
+from ember.ir import Expr, symbols
 from ember.codegen import printer
 from ember.codegen.schedule import FusedGroup, Member
 
@@ -256,7 +256,7 @@ class Body(printer.Body):
             v = f"tl.load({name} + {code})"
         elif _scalar_offset(off):  # one element at an index read from memory (index_select of one index):
             # a scalar pointer takes a scalar mask only
-            v = f"tl.load({name} + {code}, ({code} >= 0) & ({code} < {self.extents[name]}), other=0)"
+            v = f"tl.load({name} + {code}, ({code} >= 0) & ({code} < {self.extent(name)}), other=0)"
         else:
             # Both sides of a `where` are evaluated here (C++ evaluates one): a load that may fall outside
             # its buffer (cat, pad, gather) is masked to it. Provably in-range loads keep the plain mask,
@@ -265,12 +265,17 @@ class Body(printer.Body):
             mask = self.mask
             if self.row_mask and b is not None and not any(s.name == "rflat" for s in off.free_symbols):
                 mask = self.row_mask
-            if b is None or b[0] < 0 or b[1] >= self.extents[name]:
-                mask = f"{mask} & ({code} >= 0) & ({code} < {self.extents[name]})"
+            if b is None or not symbols.is_nonnegative(b[0]) or not symbols.gt(self.extents[name], b[1]):
+                mask = f"{mask} & ({code} >= 0) & ({code} < {self.extent(name)})"
             v = f"tl.load({name} + {code}, {mask}, other=0)"
         if x.dtype in LOW_PRECISION:
             v += ".to(tl.float32)"
         return self.var(v, x.dtype)
+
+    def extent(self, name: str) -> str:
+        """Elements buffer `name` can address: an int, or Triton over the kernel's size arguments."""
+        n = self.extents[name]
+        return str(n) if symbols.is_static(n) else index_code(n, {})
 
     def index(self, x: Expr) -> str:
         if not x.args[0].free_symbols:  # a constant index (a select of one element): a python int has no .to

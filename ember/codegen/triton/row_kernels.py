@@ -8,7 +8,7 @@ import torch
 
 from ember import config
 from ember import ir
-from ember.ir import Expr
+from ember.ir import Expr, symbols
 from ember.codegen.schedule import X0, FusedGroup, Member
 from ember.codegen.triton.heuristics import inner_index, inner_size
 from ember.codegen.triton.printer import Body, compute_type, index_code, kernel_header, store_statement
@@ -38,7 +38,7 @@ def rows_kernel(group: FusedGroup, name: str, args: list[str], rows: int, cfg: d
     ind = "    "
     pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
     L.append(f"{ind}x0 = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-    L.append(f"{ind}xmask = x0 < {rows}")
+    L.append(f"{ind}xmask = x0 < {_size(rows)}")
     persistent = cfg["persistent"]
     if persistent:
         L.append(f"{ind}rbase = tl.arange(0, RBLOCK)[None, :]")
@@ -60,7 +60,7 @@ def rows_kernel(group: FusedGroup, name: str, args: list[str], rows: int, cfg: d
     at_row: dict = {}   # id(member) -> (its row length, ranges, body and store offset at the row x0, rflat)
     for m in group.members:
         R = inner_size(m)
-        ranges = {X0: rows, rflat: max(R, 1)}
+        ranges = {X0: rows, rflat: max(R, 1) if symbols.is_static(R) else R}
         subst = inner_index(m, rflat) if m.inner else {}
         at_row[id(m)] = (R, ranges, ir.substitute(m.body, subst, ranges),
                          ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges))
@@ -95,7 +95,7 @@ def rows_kernel(group: FusedGroup, name: str, args: list[str], rows: int, cfg: d
         if m.reads & stored_here:
             barrier_at = len(L)
             L.append(f"{ind}tl.debug_barrier()  # {m.buf.name} reads values this program just stored")
-        if R == 0:  # an empty inner range: a reduction gives its identity, a pointwise member writes nothing
+        if symbols.is_static(R) and R == 0:  # an empty inner range: a reduction gives its identity, a pointwise member writes nothing
             if m.is_reduction:
                 ident = "0" if m.buf.kind.startswith("arg") else _identity(m.buf.kind, m.body.dtype)
                 L.append(f"{ind}{m.buf.name}_v = tl.full([XBLOCK, 1], {ident}, {compute_type(m.buf.dtype)})")
@@ -105,7 +105,7 @@ def rows_kernel(group: FusedGroup, name: str, args: list[str], rows: int, cfg: d
                                                    "xmask", "[XBLOCK, 1]"))
                     stored_here.add(m.buf.name)
             continue
-        if R <= 1 and not m.inner:
+        if not m.inner:   # (R is 1)
             b = Body(scalars, "xmask", ind, ranges, extents)
             b.prefix = f"{m.buf.name}_t"    # names of its own: a later looped member must not reassign them
             b.stored.update(row_values)
@@ -170,6 +170,11 @@ def rows_kernel(group: FusedGroup, name: str, args: list[str], rows: int, cfg: d
             stored_here.add(m.buf.name)
     flush()
     return L
+
+
+def _size(n) -> str:
+    """A row count or length in a kernel: an int, or Triton over the kernel's int64 size arguments."""
+    return str(int(n)) if symbols.is_static(n) else index_code(sympy.sympify(n), {})
 
 
 def _acc_type(m: Member) -> str:
@@ -272,10 +277,10 @@ def _looped_members(ms: list, bodies: list, stores: list, scalars, ind, R, range
             L.append(f"{ind}{n}_acc = tl.full([XBLOCK, RBLOCK], {_identity(kind, m.body.dtype)}, {at})")
             if kind.startswith("arg"):
                 L.append(f"{ind}{n}_acci = tl.full([XBLOCK, RBLOCK], {2 ** 62}, tl.int64)")
-    L.append(f"{ind}for roff in range(0, {R}, RBLOCK):")
+    L.append(f"{ind}for roff in range(0, {_size(R)}, RBLOCK):")
     ii = ind + "    "
     L.append(f"{ii}rflat = roff + tl.arange(0, RBLOCK)[None, :]")
-    L.append(f"{ii}mask = xmask & (rflat < {R})")
+    L.append(f"{ii}mask = xmask & (rflat < {_size(R)})")
     b = Body(scalars, "mask", ii, ranges, extents)
     b.row_mask = "xmask"
     b.stored.update(hoisted or {})
