@@ -55,6 +55,12 @@ class _Artifact:
         # inputs -> the tuple of those that require grad (CompiledGraphFunction's differentiable arguments)
         self.differentiable = picker([i for i, rg in enumerate(self.meta.requires_grad) if rg])
 
+    def ember_saved(self) -> tuple:
+        """The saved form (ember.runtime.artifacts). A backward not compiled yet (no backward ran before the
+        save) is saved as its ATen graph, run as it is: its compile needs the trace's fake values."""
+        bw_compiler = self.bw_compiler if self.backward is not None or self.part is None else _eager
+        return (_Artifact, (self.meta, self.forward, self.name, self.part, bw_compiler, self.backward, self.no_grad))
+
 
 class CompiledGraphFunction(torch.autograd.Function):
     """forward: the compiled forward graph; backward: the compiled backward graph on the saved values.
@@ -209,6 +215,19 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     # recompute it per call (a module's hundreds of parameters made that a visible part of each call).
     guarded = isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_guarded", False)
 
+    # Build now for the example inputs (the frontend calls a backend right before the first run), so an inner
+    # compiler's error surfaces while compiling; other signatures are built on their first call.
+    example = [*example_inputs, *lifted()]
+    example_key = key_of(example)
+    artifacts[example_key] = build(example, example_key)
+    return _runner(gm, lifted, guarded, key_of, build, artifacts, artifacts[example_key])
+
+
+def _runner(gm: torch.fx.GraphModule, lifted: Callable[[], list], guarded: bool, key_of: Callable | None,
+            build: Callable | None, artifacts: dict, example_art: _Artifact | None) -> Callable:
+    """The call of a graph: its artifact for the inputs' signature (a guarded graph's: the example's), then
+    the inputs' mutations and the outputs' structure (after_graph.finish)."""
+
     def run(*args):
         inputs = [*args, *lifted()]
         if guarded:
@@ -233,13 +252,15 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             outs = art.forward(*inputs)
         return finish(art.meta, inputs, outs)
 
-    # Build now for the example inputs (the frontend calls a backend right before the first run), so an inner
-    # compiler's error surfaces while compiling; other signatures are built on their first call.
-    example = [*example_inputs, *lifted()]
-    example_key = key_of(example)
-    artifacts[example_key] = example_art = build(example, example_key)
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
+    if guarded:   # (a graph the frontend guards is saved with its one artifact: ember.save_cache)
+        run.ember_saved = lambda: (_restored_runner, (gm, example_art))
     return run
+
+
+def _restored_runner(gm: torch.fx.GraphModule, art: _Artifact | None) -> Callable:
+    """A guarded graph's call as ember.save_cache wrote it: its artifact, no trace."""
+    return _runner(gm, _lifted_getter(gm, lift_parameters(gm)[0]), True, None, None, {}, art)
 
 
 def aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:

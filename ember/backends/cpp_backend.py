@@ -22,7 +22,7 @@ import torch
 from ember.codegen import cpp, lower, schedule, wrapper
 from ember.errors import CannotLower
 from ember.ir import symbols
-from ember.runtime import cache
+from ember.runtime import artifacts, cache
 from ember.tools.logs import get_logger
 
 fallback_log = get_logger("fallbacks")
@@ -40,6 +40,7 @@ class CompiledGraph:
         self.hints = hints or {}   # symbolic graph: the example's sizes, for the host program's choices
         self.call = None
         self.err = (ctypes.c_int64 * 1)()
+        self.saved_program = None   # (host program source, namespace) of a loaded graph
 
     def _load(self):
         try:
@@ -59,7 +60,6 @@ class CompiledGraph:
             f.argtypes = [ctypes.c_void_p] * (len(args) + 1)
             f.restype = None
             fns[name] = f
-        errp = ctypes.addressof(self.err)
         err = self.err
 
         def kernel_call(group):
@@ -74,18 +74,34 @@ class CompiledGraph:
                 raise IndexError("ember: index out of range in a gather/indexing operation of the compiled graph")
 
         self.lib = lib
+        bound = {**fns, "_errp": ctypes.addressof(self.err), "_check_err": check_err,
+                 "_fallback": lambda args: self.gm(*args)}
+        if self.saved_program is not None:   # (ember.load_cache: the host program as it was saved)
+            self.call = wrapper.restored_wrapper(*self.saved_program, bound)
+            return
         with lower.LOWERING_LOCK:   # (symbols.HINTS is the lowering's state)
             symbols.HINTS.clear()
             symbols.HINTS.update(self.hints)
             try:
-                self.call = wrapper.python_wrapper(self.sched, kernel_call, {
-                    **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)},
+                self.call = wrapper.python_wrapper(self.sched, kernel_call, bound,
                     check_inputs=not self.gm.meta.get("ember_guarded", False), persistent=True,
                     consumed_outputs=frozenset(self.gm.meta.get("ember_consumed_outputs", ())))
             finally:
                 symbols.HINTS.clear()
         if code_log.isEnabledFor(10):
             code_log.debug("host program:\n%s", self.call.source)
+
+    def ember_saved(self) -> tuple:
+        """The saved form (ember.runtime.artifacts): the ATen graph, the host program's source and namespace
+        and the built library; loaded, it runs with no lowering and no build."""
+        if self.call is None:
+            self._load()
+        path = self.build.result()
+        program = getattr(self.call, "source", None)
+        if program is None:   # (the build failed: the graph runs eagerly)
+            return (_eager_graph, (self.gm,))
+        return (_restored_graph, (self.gm, wrapper.saved_namespace(self.call, self.kernels), program, self.kernels,
+                                  None if path is None else artifacts.Shipped(path), self.options, self.hints))
 
     def __call__(self, *args):
         if self.call is None:
@@ -147,12 +163,30 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         build = _done(None)
     compiled = CompiledGraph(gm, sched, source, kernels, build, options, hints)
 
+    return _runner(compiled, out_spec)
+
+
+def _runner(compiled: CompiledGraph, out_spec) -> Callable:
     unflatten = wrapper.fast_unflatten(out_spec)
 
     def run(*args):
         return unflatten(compiled(*args))
     run.compiled = compiled
+    run.ember_saved = lambda: (_runner, (compiled, out_spec))
     return run
+
+
+def _restored_graph(gm, namespace: dict, program: str, kernels: list, library, options: dict,
+                    hints: dict) -> CompiledGraph:
+    """A CompiledGraph as ember_saved wrote it: its library loaded from the cache directory, its host program
+    run from the saved source."""
+    compiled = CompiledGraph(gm, None, None, kernels, _done(library), options, hints)
+    compiled.saved_program = (program, namespace)
+    return compiled
+
+
+def _eager_graph(gm):
+    return gm.forward
 
 
 def _dtypes(gm) -> set:

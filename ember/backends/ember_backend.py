@@ -37,17 +37,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
     if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
         options.setdefault("max_autotune", True)
 
-    def inner(g: torch.fx.GraphModule, ex: list, more_options: dict | None = None) -> Callable:
-        backend = importlib.import_module(DEVICE_BACKENDS["cuda" if _on_cuda(g, ex) else "cpu"])
-        if not getattr(backend, "SYMBOLIC", False) and _is_symbolic(g):
-            # a code generator that does not say it lowers symbolic sizes: the ATen graph runs as it is, correct
-            # at every size (docs/dynamic.md)
-            if backend.__name__ not in _logged_symbolic:
-                _logged_symbolic.add(backend.__name__)
-                get_logger("dynamic").info("%s has no SYMBOLIC = True: symbolic graphs run as ATen graphs",
-                                           backend.__name__)
-            return g.forward
-        return backend.compile_aten(g, ex, {**options, **(more_options or {})})
+    inner = _device_compiler(options)
 
     cuda_graphs = mode in ("reduce-overhead", "max-autotune") and options.get("triton.cudagraphs", True) \
         and _on_cuda(gm, example_inputs)
@@ -61,6 +51,25 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
         fw, bw = aot_compilers(inner)
         return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
     return aot_module(gm, example_inputs, fw_compiler=inner, bw_compiler=inner)
+
+
+def _device_compiler(options: dict) -> Callable:
+    """The inner compiler of each ATen graph (forward, backward): its device's backend with these options."""
+
+    def inner(g: torch.fx.GraphModule, ex: list, more_options: dict | None = None) -> Callable:
+        backend = importlib.import_module(DEVICE_BACKENDS["cuda" if _on_cuda(g, ex) else "cpu"])
+        if not getattr(backend, "SYMBOLIC", False) and _is_symbolic(g):
+            # a code generator that does not say it lowers symbolic sizes: the ATen graph runs as it is, correct
+            # at every size (docs/dynamic.md)
+            if backend.__name__ not in _logged_symbolic:
+                _logged_symbolic.add(backend.__name__)
+                get_logger("dynamic").info("%s has no SYMBOLIC = True: symbolic graphs run as ATen graphs",
+                                           backend.__name__)
+            return g.forward
+        return backend.compile_aten(g, ex, {**options, **(more_options or {})})
+
+    inner.ember_saved = lambda: (_device_compiler, (options,))   # (ember.save_cache: a backward compiled later)
+    return inner
 
 
 _logged_symbolic: set[str] = set()   # device backends whose symbolic fallback was logged

@@ -67,6 +67,7 @@ CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR, CO_ITERABLE_COROUTINE = 0x20, 0x
 
 # explain() listens here: one list of events per active recording.
 RECORDERS: list[list] = []
+STATS = {"captures": 0}   # captures run by this process (tests of ember.load_cache count them)
 
 
 def _emit(kind: str, **info) -> None:
@@ -106,6 +107,8 @@ class FrameCompiler:
     _by_function: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
     _by_code: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()   # shared compilers
     _all: "weakref.WeakSet[FrameCompiler]" = weakref.WeakSet()
+    # ember.load_cache's: (compiler) -> whether it installed saved entries of its code (frontend/saved.py)
+    restore: Callable[["FrameCompiler"], bool] | None = None
 
     def __init__(self, fn: types.FunctionType, cfg, name: str | None = None, shared: bool = False,
                  steps: bool = False):
@@ -129,6 +132,7 @@ class FrameCompiler:
         # loop's remaining items, private to the call): name -> how many items it holds
         self.private_iters: dict[str, int] = {}
         self.frame_state: dict[str, tuple] = {}   # sizes its captures saw, by source (dynamic_dims.DimPolicy)
+        self.restore_asked = False   # whether its first miss asked FrameCompiler.restore for saved entries
         self.argnames = arg_names(self.code)
         self.bind = make_binder(fn, self.argnames, shared)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
@@ -206,6 +210,13 @@ class FrameCompiler:
 
     # -- misses ------------------------------------------------------------------------------------------
     def compile_and_run(self, args, kwargs, frame_args):
+        if FrameCompiler.restore is not None and not self.restore_asked:
+            self.restore_asked = True
+            if FrameCompiler.restore(self):   # entries ember.load_cache read for this code: no capture if one fits
+                for e in self.entries:
+                    r = e.fn(*frame_args)
+                    if r is not MISS:
+                        return r
         if self.entries:
             reason = self.failed_guard(frame_args)
             log_recompiles.debug("recompiling %s (%s): guard failed: %s", self.name, _code_where(self.code), reason)
@@ -263,6 +274,7 @@ class FrameCompiler:
             return self.capture(frame_args)
 
     def capture(self, frame_args: tuple) -> Entry:
+        STATS["captures"] += 1
         stop_at: dict[int, tuple[str, int]] = {}   # offset -> (reason, the visit to stop at: 0 = first)
         break_guards: list[str] = []
         hints: dict[int, StopHint] = {}   # per stop offset: where the break sits in the calls made there
@@ -434,16 +446,7 @@ class EntryCodegen:
         self.fc, self.cap = fc, cap
         self.consts = cap.consts
         self.lines: list[str] = []
-        self.namespace: dict[str, Any] = {"___MISS": MISS, DICT_GET: dict.get,
-                                          "___torch": torch,
-                                          "___NULL": NULL, "___new_object": _new_object,
-                                          "___make_cell": _make_cell, "___grad_exit": _GradExit,
-                                          "__call_compiled": call_compiled, "___cfg": fc.cfg,
-                                          "___MethodType": types.MethodType, "___make_function": make_function,
-                                          "___iter_rest": tuple_iter_rest, "___raiser": Raiser,
-                                          "___loop_resume": loop_resume, "___STEP_RETURN": STEP_RETURN,
-                                          "___STEP_YIELD": STEP_YIELD, "___STEP_CALL": STEP_CALL,
-                                          "___STEP_PYTHON": STEP_PYTHON}
+        self.namespace: dict[str, Any] = base_namespace(fc.cfg)
         self.memo: dict[int, str] = {}
         self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
         self.freed: set[int] = set()       # id(TensorV) of outputs an in-graph backward went through
@@ -882,21 +885,36 @@ class EntryCodegen:
         text = "\n".join(src) + "\n"
         if enabled("guards"):
             log_guards.debug("entry for %s (%s):\n%s", fc.name, _code_where(fc.code), text)
-        filename = f"<ember entry of {fc.name}>"
-        code = compile(text, filename, "exec")
-        ns = dict(self.namespace)
-        exec(code, ns)
-        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-        ns_for_check = dict(ns)
-
-        def check(g: str, frame_args) -> bool:
-            return eval(g, ns_for_check, dict(zip(fc.entry_params, frame_args)))
-
-        entry = Entry(ns["___entry"], guards, check, description)
+        entry = make_entry_function(fc, text, self.namespace, guards, description)
         _emit("entry", name=fc.name, guards=guards)
-        entry.source = text
         entry.graph_inputs = [i.source for i in self.cap.inputs]
         return entry
+
+
+def base_namespace(cfg) -> dict:
+    """The names every entry's code may use besides its own constants."""
+    return {"___MISS": MISS, DICT_GET: dict.get, "___torch": torch, "___NULL": NULL, "___new_object": _new_object,
+            "___make_cell": _make_cell, "___grad_exit": _GradExit, "__call_compiled": call_compiled, "___cfg": cfg,
+            "___MethodType": types.MethodType, "___make_function": make_function, "___iter_rest": tuple_iter_rest,
+            "___raiser": Raiser, "___loop_resume": loop_resume, "___STEP_RETURN": STEP_RETURN,
+            "___STEP_YIELD": STEP_YIELD, "___STEP_CALL": STEP_CALL, "___STEP_PYTHON": STEP_PYTHON}
+
+
+def make_entry_function(fc: FrameCompiler, text: str, namespace: dict, guards: list[str], description: str) -> Entry:
+    """The entry whose source is `text` (a function ___entry over fc's entry parameters), run in `namespace`."""
+    filename = f"<ember entry of {fc.name}>"
+    code = compile(text, filename, "exec")
+    ns = dict(namespace)
+    exec(code, ns)
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    ns_for_check = dict(ns)
+
+    def check(g: str, frame_args) -> bool:
+        return eval(g, ns_for_check, dict(zip(fc.entry_params, frame_args)))
+
+    entry = Entry(ns["___entry"], guards, check, description)
+    entry.source = text
+    return entry
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -968,6 +986,7 @@ def reset_caches() -> None:
         fc.frame_state.clear()
         fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) and not fc.steps
         fc.warned = False
+        fc.restore_asked = False
     FrameCompiler._by_function = weakref.WeakKeyDictionary()
     FrameCompiler._by_code = weakref.WeakKeyDictionary()
     # decoded bytecode and resume code too: a capture after reset() pays what a fresh process pays
