@@ -145,7 +145,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     bw_compiler = bw_compiler or fw_compiler
     where = getattr(gm, "meta", {}).get("ember_where") if isinstance(getattr(gm, "meta", None), dict) else None
     name = f"{type(gm).__name__} captured from {where}" if where else type(gm).__name__
-    lifted = _lifted_getter(gm, lift_parameters(gm)[0])
+    lifted_names = lift_parameters(gm)[0]
+    lifted = _lifted_getter(gm, lifted_names)
     artifacts: dict[tuple, _Artifact | None] = {}
     # a symbolic graph (docs/dynamic.md) is traced once per grad mode and requires_grad pattern, on its symbolic
     # fakes, for every call its ShapeEnv admits; a call it does not admit gets a static artifact of its own
@@ -220,13 +221,14 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     example = [*example_inputs, *lifted()]
     example_key = key_of(example)
     artifacts[example_key] = build(example, example_key)
-    return _runner(gm, lifted, guarded, key_of, build, artifacts, artifacts[example_key])
+    return _runner(gm, lifted_names, guarded, key_of, build, artifacts, artifacts[example_key])
 
 
-def _runner(gm: torch.fx.GraphModule, lifted: Callable[[], list], guarded: bool, key_of: Callable | None,
+def _runner(gm: torch.fx.GraphModule, lifted_names: list[str], guarded: bool, key_of: Callable | None,
             build: Callable | None, artifacts: dict, example_art: _Artifact | None) -> Callable:
     """The call of a graph: its artifact for the inputs' signature (a guarded graph's: the example's), then
     the inputs' mutations and the outputs' structure (after_graph.finish)."""
+    lifted = _lifted_getter(gm, lifted_names)
 
     def run(*args):
         inputs = [*args, *lifted()]
@@ -254,13 +256,8 @@ def _runner(gm: torch.fx.GraphModule, lifted: Callable[[], list], guarded: bool,
 
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
     if guarded:   # (a graph the frontend guards is saved with its one artifact: ember.save_cache)
-        run.ember_saved = lambda: (_restored_runner, (gm, example_art))
+        run.ember_saved = lambda: (_runner, (gm, lifted_names, True, None, None, {}, example_art))
     return run
-
-
-def _restored_runner(gm: torch.fx.GraphModule, art: _Artifact | None) -> Callable:
-    """A guarded graph's call as ember.save_cache wrote it: its artifact, no trace."""
-    return _runner(gm, _lifted_getter(gm, lift_parameters(gm)[0]), True, None, None, {}, art)
 
 
 def aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:

@@ -73,7 +73,20 @@ def _references(fc: FrameCompiler) -> dict[int, tuple]:
         if isinstance(r, FrameCompiler):
             refs[id(r.fn)] = ("resume_fn", key)
     refs[id(fc.fn)] = ("fn",)
+    if fc.fn.__closure__ is not None:   # (the loading process's function has its own cells, guarded alike)
+        refs[id(fc.fn.__closure__)] = ("closure",)
     return refs
+
+
+def _user_where(fc: FrameCompiler, entry) -> str:
+    """The user's file:line of an entry: its function's, or for a compiled module (ember.api's one function
+    that calls every module) the forward of the module's class its guards name."""
+    if fc.fn.__module__ == "ember.api":
+        for v in entry.fn.__globals__.values():
+            forward = getattr(v, "forward", None) if isinstance(v, type) else None
+            if hasattr(forward, "__code__"):
+                return f"{v.__qualname__}.forward ({_code_where(forward.__code__)})"
+    return f"{fc.name} ({_code_where(fc.code)})"
 
 
 def _save_entries(fc: FrameCompiler, refs: dict, files: dict, refused: list) -> list[bytes]:
@@ -82,7 +95,7 @@ def _save_entries(fc: FrameCompiler, refs: dict, files: dict, refused: list) -> 
         try:
             data, used = artifacts.dumps(_entry_state(e), refs)
         except artifacts.CannotSave as err:
-            refused.append(f"{fc.name} ({_code_where(fc.code)}): {err}")
+            refused.append(f"{_user_where(fc, e)}: {err}")
             continue
         files.update(used)
         out.append(data)
@@ -148,6 +161,8 @@ class _Restorer:
             return self.fc.cfg
         if kind == "fn":
             return self.fc.fn
+        if kind == "closure":
+            return self.fc.fn.__closure__
         r = self.fc.resume_compiler(*ref[1])
         if isinstance(r, FrameCompiler) and not r.restore_asked:
             r.restore_asked = True   # (its saved entries now, before a call could capture it)

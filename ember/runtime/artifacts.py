@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import copyreg
+import enum
 import functools
 import importlib
 import io
@@ -85,8 +86,16 @@ def mismatch(saved: dict, here: dict | None = None) -> list[str]:
     """The environment entries that differ, as `name: saved -> here` (empty: the file fits this process). A
     GPU is compared only when the file was built with one."""
     here = here or environment()
-    return [f"{k}: {saved.get(k)!r} -> {here.get(k)!r}" for k in sorted(set(saved) | set(here))
-            if saved.get(k) != here.get(k) and not (k == "gpu" and saved.get(k) is None)]
+    out = []
+    for k in sorted(set(saved) | set(here)):
+        a, b = saved.get(k), here.get(k)
+        if a == b or k == "gpu" and a is None:
+            continue
+        if isinstance(a, list) and isinstance(b, list):   # (instruction sets, flags: what only one side has)
+            out.append(f"{k}: only saved {sorted(set(a) - set(b))}, only here {sorted(set(b) - set(a))}")
+        else:
+            out.append(f"{k}: {a!r} -> {b!r}")
+    return out
 
 
 # -- saving -------------------------------------------------------------------------------------------------
@@ -125,6 +134,31 @@ def importable(obj) -> bool:
     return target is obj
 
 
+def _wrapped_depth(obj) -> int | None:
+    """How many `__wrapped__` steps lead from the module attribute of obj's qualified name to obj (a function a
+    functools.wraps decorator holds, compared by identity in guards), or None."""
+    mod = sys.modules.get(getattr(obj, "__module__", None) or "")
+    target: Any = mod
+    for part in (getattr(obj, "__qualname__", "") or "<locals>").split("."):
+        target = getattr(target, part, None)
+    for depth in range(1, 8):
+        target = getattr(target, "__wrapped__", None)
+        if target is None:
+            return None
+        if target is obj:
+            return depth
+    return None
+
+
+def _unwrapped(module: str, qualname: str, depth: int):
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    for _ in range(depth):
+        target = target.__wrapped__
+    return target
+
+
 def _op(namespace: str, name: str, overload: str | None):
     packet = getattr(getattr(torch.ops, namespace), name)
     return packet if overload is None else getattr(packet, overload)
@@ -145,7 +179,7 @@ class _EmptyCell:
 
 _EMPTY_CELL = _EmptyCell()
 # types whose instances are values (a copy is as good as the object): pickled as pickle does
-_VALUE_MODULES = ("builtins", "torch", "ember", "sympy", "collections", "enum", "functools", "operator", "typing",
+_VALUE_MODULES = ("builtins", "types", "torch", "ember", "sympy", "collections", "enum", "functools", "operator", "typing",
                   "dataclasses", "math", "numpy")
 
 
@@ -188,17 +222,31 @@ class Saver(pickle.Pickler):
             return (_op, (obj.namespace, obj._schema.name.split("::")[-1], obj._overloadname))
         if isinstance(obj, torch._ops.OpOverloadPacket):
             return (_op, (obj._qualified_op_name.split("::")[0], obj.__name__, None))
+        if t is types.BuiltinFunctionType and not isinstance(obj.__self__, types.ModuleType) and \
+                obj.__module__ in sys.modules and \
+                getattr(sys.modules[obj.__module__], obj.__name__, None) is obj:   # (pybind11's: by their module)
+            return (getattr, (sys.modules[obj.__module__], obj.__name__))
         if t is types.FunctionType:
             if importable(obj):
                 return NotImplemented
+            depth = _wrapped_depth(obj)
+            if depth is not None:
+                return (_unwrapped, (obj.__module__, obj.__qualname__, depth))
             closure = None if obj.__closure__ is None else tuple(_cell_contents(c) for c in obj.__closure__)
             return (_function, (marshal.dumps(obj.__code__), obj.__globals__, obj.__name__, obj.__defaults__,
                                 obj.__kwdefaults__, closure, obj.__qualname__))
+        if isinstance(obj, type) and not importable(obj) and obj.__module__ != "builtins":
+            raise CannotSave(f"the class {obj.__module__}.{obj.__qualname__}, which another process cannot import "
+                             f"(a class defined inside a function): define it at a module's top level")
+        if t is types.CellType:
+            raise CannotSave("a closure cell of a function another process makes anew")
         if t is types.MethodType or isinstance(obj, type) or t is functools.partial:
             return NotImplemented
         if isinstance(obj, torch.nn.Module) and not isinstance(obj, torch.fx.GraphModule):
             raise CannotSave(f"a live module (a {t.__qualname__} instance)")
         mod = (getattr(t, "__module__", "") or "").split(".")[0]
+        if isinstance(obj, (enum.Enum, tuple)) and importable(t):   # (an enum member, a named tuple: values)
+            return NotImplemented
         if mod not in _VALUE_MODULES and copyreg.dispatch_table.get(t) is None:
             raise CannotSave(f"a live object of the program (a {t.__module__}.{t.__qualname__} instance)")
         return NotImplemented
@@ -268,6 +316,9 @@ def write(path: str | os.PathLike, payload: dict, files: dict[str, pathlib.Path]
             f.write(MAGIC)
             f.write(json.dumps(environment()).encode() + b"\n")
             pickle.dump(body, f, protocol=pickle.HIGHEST_PROTOCOL)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)   # (mkstemp's file is private; a saved program is for others to read)
         os.replace(tmp, path)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
