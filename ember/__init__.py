@@ -1,7 +1,7 @@
 """ember: a just-in-time compiler for PyTorch programs.  `model = ember.compile(model)`."""
 import os
 
-from ember.api import compile, disable
+from ember.api import compile, disable, export
 from ember.backends import list_backends, register_backend
 from ember.errors import BackendCompilerFailed, EmberError, GraphBreakError
 from ember.frontend.dynamic_dims import mark_dynamic, mark_static, maybe_mark_dynamic
@@ -36,6 +36,14 @@ def load_cache(path: str | os.PathLike) -> bool:
     return saved.load(path)
 
 
-__all__ = ["compile", "disable", "reset", "save_cache", "load_cache", "explain", "list_backends", "register_backend", "mark_dynamic", "mark_static",
+def load_exported(path: str | os.PathLike):
+    """The program `ember.export(...).save(path)` wrote: a callable that runs the exported compiled code, with
+    its saved parameters, on inputs its constraints admit. Raises when the file was built for another
+    environment (ember.runtime.artifacts.Mismatch says what differs)."""
+    from ember.frontend import exported
+    return exported.load(path)
+
+
+__all__ = ["compile", "disable", "reset", "save_cache", "load_cache", "export", "load_exported", "explain", "list_backends", "register_backend", "mark_dynamic", "mark_static",
            "maybe_mark_dynamic",
            "BackendCompilerFailed", "EmberError", "GraphBreakError"]

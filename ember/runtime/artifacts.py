@@ -179,7 +179,7 @@ class _EmptyCell:
 
 _EMPTY_CELL = _EmptyCell()
 # types whose instances are values (a copy is as good as the object): pickled as pickle does
-_VALUE_MODULES = ("builtins", "types", "torch", "ember", "sympy", "collections", "enum", "functools", "operator", "typing",
+_VALUE_MODULES = ("builtins", "types", "inspect", "torch", "ember", "sympy", "collections", "enum", "functools", "operator", "typing",
                   "dataclasses", "math", "numpy")
 
 
