@@ -252,7 +252,8 @@ def export(model: Callable, example_args: tuple, example_kwargs: dict | None = N
         raise TypeError(f"ember.export expects a function or an nn.Module, got {type(model).__name__}")
     cfg = Config(with_mode(lookup_backend(backend), None, options), backend_name(backend), True,
                  True if dynamic_shapes is True else None, None, options)
-    fc = FrameCompiler(fn, cfg)   # (its own: not the cache ember.compile keeps)
+    fc = FrameCompiler(fn, cfg)   # (its own: not the cache ember.compile keeps, nor entries ember.load_cache read)
+    fc.restore_asked = True
     call_args = (model, *args) if fn is _call_module else tuple(args)
     with torch.no_grad():
         fc(call_args, kwargs)

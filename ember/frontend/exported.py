@@ -102,7 +102,7 @@ class ExportedProgram:
                  "signature": self.signature,
                  "constraints": self.constraints, "body": self.body, "namespace": self.namespace}
         try:
-            data, files = artifacts.dumps(state)
+            data, files = artifacts.dumps(state, refused=(FrameCompiler,))
         except artifacts.CannotSave as e:
             raise ExportError(f"ember.export: the program exported from {self.where} cannot be saved: {e}") from e
         artifacts.write(path, {"exported": data}, files)

@@ -93,7 +93,7 @@ def _save_entries(fc: FrameCompiler, refs: dict, files: dict, refused: list) -> 
     out = []
     for e in fc.entries:
         try:
-            data, used = artifacts.dumps(_entry_state(e), refs)
+            data, used = artifacts.dumps(_entry_state(e), refs, (FrameCompiler,))
         except artifacts.CannotSave as err:
             refused.append(f"{_user_where(fc, e)}: {err}")
             continue

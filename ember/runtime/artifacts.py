@@ -187,9 +187,10 @@ class Saver(pickle.Pickler):
     """pickle.Pickler with ember's rules (module docstring). `persistent`: id(obj) -> the reference a loader
     resolves (the caller's own objects: a compiler, its resume functions, its Config)."""
 
-    def __init__(self, file, persistent: dict[int, tuple] | None = None):
+    def __init__(self, file, persistent: dict[int, tuple] | None = None, refused: tuple[type, ...] = ()):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.persistent = persistent or {}
+        self.refused = refused   # types whose objects only a reference may stand for (a caller's compilers)
         self.globals_of = _module_of_globals()
         self.files: dict[str, pathlib.Path] = {}   # name in the cache directory -> file
 
@@ -214,6 +215,8 @@ class Saver(pickle.Pickler):
         if saved is not None and callable(saved) and not isinstance(obj, type):
             return saved()
         t = type(obj)
+        if isinstance(obj, self.refused):
+            raise CannotSave(f"a {t.__qualname__} it does not own")
         if t is types.CodeType:
             return (marshal.loads, (marshal.dumps(obj),))
         if t is types.ModuleType:
@@ -259,10 +262,11 @@ def _cell_contents(cell):
         return _EMPTY_CELL
 
 
-def dumps(obj, persistent: dict[int, tuple] | None = None) -> tuple[bytes, dict[str, pathlib.Path]]:
-    """obj pickled by Saver; and the built files it refers to. Raises CannotSave (and pickle's own errors)."""
+def dumps(obj, persistent: dict[int, tuple] | None = None,
+          refused: tuple[type, ...] = ()) -> tuple[bytes, dict[str, pathlib.Path]]:
+    """obj pickled by Saver; and the built files it refers to. Raises CannotSave."""
     buf = io.BytesIO()
-    saver = Saver(buf, persistent)
+    saver = Saver(buf, persistent, refused)
     try:
         saver.dump(obj)
     except CannotSave:
