@@ -10,7 +10,7 @@ imports not counted:
           traces and generates code, finding the builds done; torch.compile: its FX graph and autotuning caches)
   loaded  ember.load_cache(file) of the file the cold run saved, in an empty cache directory, then the call:
           no capture and no code generation (asserted), the load's time included
-Each ember run checks its result against eager (assert_close).
+Each ember run checks its result against eager (assert_close, rtol=atol=1e-3: float32 sums in another order).
 """
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def one(name: str, phase: str, device: str, d: str) -> dict:
             torch.cuda.synchronize()
         result["s"] = time.perf_counter() - t0
         if phase.startswith("ember"):
-            torch.testing.assert_close(_first(out), _first(model(*x)))
+            # (float32 sums in another order than ATen's: the tolerance bench/dynamic.py uses)
+            torch.testing.assert_close(_first(out), _first(model(*x)), rtol=1e-3, atol=1e-3)
     if phase == "ember loaded":
         assert convert.STATS["captures"] == 0 and cpp_backend.STATS["graphs"] == 0, (convert.STATS, cpp_backend.STATS)
     if phase == "ember cold":

@@ -187,8 +187,10 @@ class Saver(pickle.Pickler):
     """pickle.Pickler with ember's rules (module docstring). `persistent`: id(obj) -> the reference a loader
     resolves (the caller's own objects: a compiler, its resume functions, its Config)."""
 
-    def __init__(self, file, persistent: dict[int, tuple] | None = None, refused: tuple[type, ...] = ()):
+    def __init__(self, file, persistent: dict[int, tuple] | None = None, refused: tuple[type, ...] = (),
+                 lazy_graphs: bool = True):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.lazy_graphs = lazy_graphs
         self.persistent = persistent or {}
         self.refused = refused   # types whose objects only a reference may stand for (a caller's compilers)
         self.globals_of = _module_of_globals()
@@ -217,6 +219,12 @@ class Saver(pickle.Pickler):
         t = type(obj)
         if isinstance(obj, self.refused):
             raise CannotSave(f"a {t.__qualname__} it does not own")
+        if self.lazy_graphs and isinstance(obj, torch.fx.GraphModule):
+            buf = io.BytesIO()
+            inner = Saver(buf, self.persistent, self.refused, lazy_graphs=False)
+            inner.dump(obj)
+            self.files.update(inner.files)
+            return (LazyGraphModule, (buf.getvalue(),))
         if t is types.CodeType:
             return (marshal.loads, (marshal.dumps(obj),))
         if t is types.ModuleType:
@@ -253,6 +261,31 @@ class Saver(pickle.Pickler):
         if mod not in _VALUE_MODULES and copyreg.dispatch_table.get(t) is None:
             raise CannotSave(f"a live object of the program (a {t.__module__}.{t.__qualname__} instance)")
         return NotImplemented
+
+
+class LazyGraphModule:
+    """A saved GraphModule, unpickled at its first use: a loaded program runs its graphs' compiled forms, and
+    needs their Python forms only for a fallback, a lifted constant or a backward compiled later (fx makes a
+    GraphModule again by tracing its code: a large part of a loaded program's first call otherwise)."""
+
+    def __init__(self, data: bytes):
+        self._data, self._gm = data, None
+
+    def _module(self) -> torch.fx.GraphModule:
+        if self._gm is None:
+            self._gm = loads(self._data)
+        return self._gm
+
+    def __call__(self, *args, **kwargs):
+        return self._module()(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        if name in ("_data", "_gm"):   # (not set yet: a half-built copy)
+            raise AttributeError(name)
+        return getattr(self._module(), name)
+
+    def __reduce__(self):
+        return (LazyGraphModule, (self._data,))
 
 
 def _cell_contents(cell):
