@@ -101,10 +101,12 @@ class _Overlap:
 
     def __init__(self, written: tuple, extents: list[int]):
         self.written, self.extents, self.last = written, extents, None
-        self.ember_saved = lambda: (_Overlap, (written, extents))   # (saved without the last call's addresses)
         self.is_written = [False] * len(extents)
         for i in written:
             self.is_written[i] = True
+
+    def ember_saved(self) -> tuple:   # (ember.runtime.artifacts: without the last call's addresses)
+        return (_Overlap, (self.written, self.extents))
 
     def __call__(self, args: list) -> bool:
         native = native_guards.EXTENSION.module   # once loaded (an Adam step over densenet121 passes 1,456 tensors)

@@ -179,8 +179,8 @@ class _EmptyCell:
 
 _EMPTY_CELL = _EmptyCell()
 # types whose instances are values (a copy is as good as the object): pickled as pickle does
-_VALUE_MODULES = ("builtins", "types", "inspect", "torch", "ember", "sympy", "collections", "enum", "functools", "operator", "typing",
-                  "dataclasses", "math", "numpy")
+_VALUE_MODULES = ("builtins", "types", "inspect", "torch", "ember", "sympy", "collections", "enum", "functools",
+                  "operator", "typing", "dataclasses", "math", "numpy")
 
 
 class Saver(pickle.Pickler):
@@ -204,7 +204,7 @@ class Saver(pickle.Pickler):
             if obj is builtins.__dict__:
                 return ("builtins",)
             name = self.globals_of.get(id(obj))
-            if name is not None and name != "__main__" or name == "__main__" and obj is sys.modules["__main__"].__dict__:
+            if name is not None:
                 return ("globals", name)
         elif type(obj) is Shipped:
             rel = obj.path.relative_to(cache.cache_dir("cpp").parent).as_posix()
@@ -213,10 +213,13 @@ class Saver(pickle.Pickler):
         return None
 
     def reducer_override(self, obj):
-        saved = getattr(obj, "ember_saved", None)
-        if saved is not None and callable(saved) and not isinstance(obj, type):
-            return saved()
         t = type(obj)
+        # (looked up on the type, or in a function's own dict: never through an object's __getattr__)
+        if t is types.FunctionType and "ember_saved" in obj.__dict__:
+            return obj.ember_saved()
+        saved = getattr(t, "ember_saved", None)
+        if saved is not None and not isinstance(obj, type):
+            return saved(obj)
         if isinstance(obj, self.refused):
             raise CannotSave(f"a {t.__qualname__} it does not own")
         if self.lazy_graphs and isinstance(obj, torch.fx.GraphModule):
@@ -329,11 +332,6 @@ class Loader(pickle.Unpickler):
         if self.resolve is None:
             raise pickle.UnpicklingError(f"no resolver for {ref!r}")
         return self.resolve(ref)
-
-    def find_class(self, module, name):
-        if module == __name__ and name == "_EMPTY_CELL":
-            return _EMPTY_CELL
-        return super().find_class(module, name)
 
 
 def loads(data: bytes, persistent: Callable[[tuple], Any] | None = None):
