@@ -4,7 +4,7 @@ ember.save_cache wrote, next to torch.compile's cold and warm (its caches) first
     PYTHONPATH=. .venv/bin/python bench/ship.py [--models resnet50,bert,gpt2] [--device cpu|cuda]
 
 Every number is one fresh process's first call of the compiled model (inference, no_grad), model building and
-imports not counted:
+imports not counted (eager: the model's own first call, oneDNN's first-call setup included):
   cold    an empty cache directory: capture, trace, code generation, C++/Triton build
   warm    the cache directory the cold run filled (ember: kernels and extensions on disk; it still captures,
           traces and generates code, finding the builds done; torch.compile: its FX graph and autotuning caches)
@@ -28,7 +28,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("resnet50", "bert", "gpt2")
-PHASES = ("ember cold", "ember warm", "ember loaded", "torch.compile cold", "torch.compile warm")
+PHASES = ("eager", "ember cold", "ember warm", "ember loaded", "torch.compile cold", "torch.compile warm")
 
 
 def build(name: str, device: str):
@@ -68,6 +68,9 @@ def one(name: str, phase: str, device: str, d: str) -> dict:
             assert ember.load_cache(saved)
             result["load_s"] = time.perf_counter() - t0
         compiled = ember.compile(model)
+    elif phase == "eager":
+        t0 = time.perf_counter()
+        compiled = model
     else:
         t0 = time.perf_counter()
         compiled = torch.compile(model)
@@ -119,14 +122,15 @@ def main() -> None:
     cpu = platform.processor() or platform.machine()
     print(f"\n{a.device}, {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, "
           f"{datetime.date.today().isoformat()}\n")
-    print("| model | ember cold | ember warm | ember loaded (load) | torch.compile cold | torch.compile warm | file |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | eager | ember cold | ember warm | ember loaded (load) | torch.compile cold | torch.compile warm "
+          "| file |")
+    print("|---|---|---|---|---|---|---|---|")
 
     def s(v):
         return "failed" if v is None else f"{v:.2f} s"
     for r in rows:
         load = r.get("ember loaded load_s")
-        print(f"| {r['model']} | {s(r['ember cold'])} | {s(r['ember warm'])} | {s(r['ember loaded'])}"
+        print(f"| {r['model']} | {s(r['eager'])} | {s(r['ember cold'])} | {s(r['ember warm'])} | {s(r['ember loaded'])}"
               f"{f' ({load:.2f} s)' if load is not None else ''} | {s(r['torch.compile cold'])} | "
               f"{s(r['torch.compile warm'])} | {r.get('ember cold file_mb', 0):.1f} MB |")
 
