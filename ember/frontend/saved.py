@@ -115,7 +115,9 @@ def save(path: str | os.PathLike, strict: bool = False) -> dict:
         resumes = {key: _save_entries(r, refs, files, refused) for key, r in fc.resumes.items()
                    if isinstance(r, FrameCompiler) and r.entries}
         if entries:
-            records.append({"key": compiler_key(fc), "name": fc.name, "entries": entries, "resumes": resumes})
+            # (with the sizes its captures saw: a new size after the load goes symbolic as it would have here)
+            records.append({"key": compiler_key(fc), "name": fc.name, "entries": entries, "resumes": resumes,
+                            "frame_state": dict(fc.frame_state)})
     if refused:
         msg = "ember.save_cache: left out (they compile again when loaded):\n  " + "\n  ".join(refused)
         if strict:
@@ -200,6 +202,8 @@ def restore(fc: FrameCompiler) -> bool:
     recs = _PENDING.get(compiler_key(fc))
     if not recs:
         return False
+    for rec in recs:
+        fc.frame_state.update(rec["frame_state"])
     return sum(_install(fc, rec["entries"], _Restorer(fc, rec)) for rec in recs) > 0
 
 

@@ -35,6 +35,16 @@ def scaled(x):
     return torch.tanh(x) * x.shape[0]
 
 
+def helper_that_breaks(x):
+    y = x.exp()
+    print("", end="")            # a break inside a called function: compiled as a frame of its own
+    return y.log1p()
+
+
+def calls_a_breaking_helper(x):
+    return helper_that_breaks(x * 2) + 1
+
+
 def closure(seed):
     k = torch.randn(6, generator=torch.Generator().manual_seed(seed))
 
@@ -66,6 +76,13 @@ def programs(seed: int) -> dict:
     for n in (3, 7):   # one symbolic program serves both sizes
         t = torch.randn(n, 6)
         out[f"dynamic size {n}"] = (g(t), scaled(t))
+    auto = ember.compile(scaled)
+    for n in (2, 5, 9):   # automatic dynamic: static for 2, symbolic from 5 on
+        t = torch.randn(n, 4)
+        out[f"automatic dynamic size {n}"] = (auto(t), scaled(t))
+    c = ember.compile(calls_a_breaking_helper)
+    t = torch.randn(3, 2)
+    out["break in a callee"] = (c(t), calls_a_breaking_helper(t))
     h = closure(seed)
     t = torch.randn(2, 6)
     out["closure"] = (ember.compile(h)(t), h(t))
