@@ -18,6 +18,7 @@ import builtins
 import copyreg
 import enum
 import functools
+import hashlib
 import importlib
 import io
 import json
@@ -45,12 +46,24 @@ class CannotSave(Exception):
     """What a saved program would need and cannot be written (a live object, a function with no saved form)."""
 
 
-def _ember_version() -> str:
+def _version(package: str) -> str | None:
+    """An installed distribution's version, read without importing it (None when it is not installed)."""
     try:
         from importlib.metadata import version
-        return version("ember")
+        return version(package)
     except Exception:
-        return "0"
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _ember_source() -> str:
+    """A hash of ember's own source: a file saved by other ember code (its version string unchanged between
+    commits) is not loaded, whatever its saved forms would mean to this code."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _cpu_flags() -> list[str]:
@@ -66,16 +79,11 @@ def _cpu_flags() -> list[str]:
 
 def environment() -> dict:
     """What compiled code depends on: a file built where any of these differ is not loaded."""
-    try:
-        import triton
-        triton_version = triton.__version__
-    except Exception:
-        triton_version = None
     gpu = None
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         gpu = [torch.cuda.get_device_name(), list(torch.cuda.get_device_capability())]
-    return {"format": FORMAT, "ember": _ember_version(), "torch": torch.__version__,
-            "torch_git": str(torch.version.git_version), "triton": triton_version,
+    return {"format": FORMAT, "ember": _version("ember"), "ember_source": _ember_source(), "torch": torch.__version__,
+            "torch_git": str(torch.version.git_version), "triton": _version("triton"),
             "python": f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}",
             "machine": platform.machine(), "cpu_isa": config.CPU_ISA, "cxxflags": cache.cxxflags(),
             # the native target is this CPU's: the instruction sets it has
