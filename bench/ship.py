@@ -10,6 +10,8 @@ imports not counted (eager: the model's own first call, oneDNN's first-call setu
           traces and generates code, finding the builds done; torch.compile: its FX graph and autotuning caches)
   loaded  ember.load_cache(file) of the file the cold run saved, in an empty cache directory, then the call:
           no capture and no code generation (asserted), the load's time included
+  export  ember.export(model, inputs) and .save(file) (one whole graph, parameters saved with it), then
+          "exported loaded": ember.load_exported(file) and its first call, in an empty cache directory
 Each ember run checks its result against eager (assert_close, rtol=atol=1e-3: float32 sums in another order).
 """
 from __future__ import annotations
@@ -28,7 +30,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("resnet50", "bert", "gpt2")
-PHASES = ("eager", "ember cold", "ember warm", "ember loaded", "torch.compile cold", "torch.compile warm")
+PHASES = ("eager", "ember cold", "ember warm", "ember loaded", "torch.compile cold", "torch.compile warm",
+          "ember export", "exported loaded")
 
 
 def build(name: str, device: str):
@@ -59,6 +62,8 @@ def one(name: str, phase: str, device: str, d: str) -> dict:
     model, x = build(name, device)
     saved = os.path.join(d, "saved.ember")
     result: dict = {}
+    if phase in ("ember export", "exported loaded"):
+        return _exported(model, x, phase, os.path.join(d, "exported.ember"))
     if phase.startswith("ember"):
         import ember
         from ember.backends import cpp_backend
@@ -90,10 +95,27 @@ def one(name: str, phase: str, device: str, d: str) -> dict:
     return result
 
 
+def _exported(model, x, phase: str, path: str) -> dict:
+    import ember
+    from ember.frontend import convert
+    t0 = time.perf_counter()
+    if phase == "ember export":
+        ember.export(model, x).save(path)
+        return {"s": time.perf_counter() - t0, "file_mb": os.path.getsize(path) / 2 ** 20}
+    program = ember.load_exported(path)
+    out = program(*x)
+    result = {"s": time.perf_counter() - t0}
+    with torch.no_grad():
+        torch.testing.assert_close(_first(out), _first(model(*x)), rtol=1e-3, atol=1e-3)
+    assert convert.STATS["captures"] == 0
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--phases", default=",".join(PHASES[:6]), help=f"a subset of {', '.join(PHASES)}")
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "PHASE", "DIR"))
     a = ap.parse_args()
     if a.one:
@@ -102,12 +124,12 @@ def main() -> None:
     rows = []
     for name in a.models.split(","):
         with tempfile.TemporaryDirectory(prefix="ember-ship-") as d:
-            caches = {"ember": os.path.join(d, "ember-cache"), "loaded": os.path.join(d, "ember-empty-cache"),
-                      "torch": os.path.join(d, "inductor-cache")}
+            caches = {"ember": os.path.join(d, "ember-cache"), "torch": os.path.join(d, "inductor-cache")}
             row = {"model": name}
-            for phase in PHASES:
+            for phase in a.phases.split(","):
+                fresh = phase in ("ember loaded", "exported loaded")
                 env = {**os.environ, "PYTHONPATH": ROOT, "TORCHINDUCTOR_CACHE_DIR": caches["torch"],
-                       "EMBER_CACHE_DIR": caches["loaded" if phase == "ember loaded" else "ember"]}
+                       "EMBER_CACHE_DIR": os.path.join(d, f"empty cache for {phase}") if fresh else caches["ember"]}
                 r = subprocess.run([sys.executable, __file__, "--device", a.device, "--one", name, phase, d],
                                    capture_output=True, text=True, env=env)
                 if r.returncode != 0:
@@ -122,17 +144,16 @@ def main() -> None:
     cpu = platform.processor() or platform.machine()
     print(f"\n{a.device}, {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, "
           f"{datetime.date.today().isoformat()}\n")
-    print("| model | eager | ember cold | ember warm | ember loaded (load) | torch.compile cold | torch.compile warm "
-          "| file |")
-    print("|---|---|---|---|---|---|---|---|")
+    phases = a.phases.split(",")
+    print("| model | " + " | ".join(phases) + " | file |")
+    print("|---" * (len(phases) + 2) + "|")
 
-    def s(v):
-        return "failed" if v is None else f"{v:.2f} s"
+    def cell(r, p):
+        v, load = r.get(p), r.get(f"{p} load_s")
+        return "failed" if v is None else f"{v:.2f} s" + (f" (load {load:.2f} s)" if load is not None else "")
     for r in rows:
-        load = r.get("ember loaded load_s")
-        print(f"| {r['model']} | {s(r['eager'])} | {s(r['ember cold'])} | {s(r['ember warm'])} | {s(r['ember loaded'])}"
-              f"{f' ({load:.2f} s)' if load is not None else ''} | {s(r['torch.compile cold'])} | "
-              f"{s(r['torch.compile warm'])} | {r.get('ember cold file_mb', 0):.1f} MB |")
+        mb = r.get("ember cold file_mb", r.get("ember export file_mb", 0))
+        print(f"| {r['model']} | " + " | ".join(cell(r, p) for p in phases) + f" | {mb:.1f} MB |")
 
 
 if __name__ == "__main__":
