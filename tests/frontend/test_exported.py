@@ -60,3 +60,15 @@ def test_data_dependent_control_flow_is_an_error_naming_the_line():
     line = branches_on_data.__code__.co_firstlineno + 1
     with pytest.raises(ember.GraphBreakError, match=f"{__file__}:{line}"):
         ember.export(branches_on_data, (torch.randn(3),))
+
+
+def test_dynamic_shapes_by_name_and_every_dim():
+    w = torch.randn(4, 3)
+    by_name = ember.export(scale_and_shift, (torch.randn(5, 4), w), dynamic_shapes={"x": [0]})
+    every = ember.export(scale_and_shift, (torch.randn(5, 4), w), dynamic_shapes=True)
+    for n in (3, 8):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(by_name(x, w), scale_and_shift(x, w))
+        torch.testing.assert_close(every(x, w), scale_and_shift(x, w))
+    with pytest.raises(ValueError, match="'y'"):
+        ember.export(scale_and_shift, (torch.randn(5, 4), w), dynamic_shapes={"y": [0]})
