@@ -219,6 +219,58 @@ def _call_module(mod, *args, **kwargs):
     return mod(*args, **kwargs)
 
 
+def export(model: Callable, example_args: tuple, example_kwargs: dict | None = None, *,
+           dynamic_shapes: Any = None, backend: str = "ember", options: dict | None = None):
+    """One whole graph of `model` (a function or nn.Module) on these example inputs, compiled, as a standalone
+    program: its guards over the inputs become its input constraints, its parameters and buffers are saved
+    with it (`.save(path)`, then ember.load_exported(path) anywhere of the same environment, with neither the
+    model's source nor its class). Captured with fullgraph=True (a graph break, data-dependent control flow
+    among them, is an error naming its file:line) and run under no_grad.
+
+    dynamic_shapes: which dims of the example's tensors vary: None (all fixed), True (every dim), or per
+    positional argument (a tuple) or by name (a dict), None or the dims (a dict {dim: name}, or a list)."""
+    import inspect
+    from ember.frontend.convert import FrameCompiler
+    from ember.frontend.dynamic_dims import mark_dynamic
+    from ember.frontend.exported import ExportedProgram, single_entry
+    example_kwargs = dict(example_kwargs or {})
+    args = [a.detach() if isinstance(a, torch.Tensor) else a for a in example_args]   # (marks on our own objects)
+    kwargs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in example_kwargs.items()}
+    if dynamic_shapes is not None and dynamic_shapes is not True:
+        names = list(inspect.signature(model.forward if isinstance(model, torch.nn.Module) else model).parameters)
+        per_name = dynamic_shapes if isinstance(dynamic_shapes, dict) else dict(zip(names, dynamic_shapes))
+        by_name = {**dict(zip(names, range(len(args)))), **{k: k for k in kwargs}}
+        for name, dims in per_name.items():
+            if dims is None:
+                continue
+            if name not in by_name:
+                raise ValueError(f"dynamic_shapes names {name!r}, which is no argument of the example call")
+            slot = by_name[name]
+            mark_dynamic(args[slot] if isinstance(slot, int) else kwargs[slot], list(dims))
+    fn = _call_module if isinstance(model, torch.nn.Module) else model
+    if not isinstance(fn, types.FunctionType):
+        raise TypeError(f"ember.export expects a function or an nn.Module, got {type(model).__name__}")
+    cfg = Config(with_mode(lookup_backend(backend), None, options), backend_name(backend), True,
+                 True if dynamic_shapes is True else None, None, options)
+    fc = FrameCompiler(fn, cfg)   # (its own: not the cache ember.compile keeps, nor entries ember.load_cache read)
+    fc.restore_asked = True
+    call_args = (model, *args) if fn is _call_module else tuple(args)
+    with torch.no_grad():
+        fc(call_args, kwargs)
+    entry = single_entry(fc)
+    frame_args = fc.bind(*call_args, **kwargs)
+    if fn is _call_module:
+        forward = getattr(type(model).forward, "__code__", None)
+        where = f"{forward.co_filename}:{forward.co_firstlineno}" if forward else type(model).__module__
+        return ExportedProgram.from_entry(fc, entry, frame_args, None, ["args", "kwargs"],
+                                          type(model).__qualname__, where)
+    sig = inspect.signature(fn)   # (without annotations: the program binds arguments, it checks no types)
+    sig = sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+                      return_annotation=sig.empty)
+    return ExportedProgram.from_entry(fc, entry, frame_args, sig, list(fc.params),
+                                      fn.__qualname__, f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}")
+
+
 def disable(fn: Callable | None = None, recursive: bool = True):
     """Decorator: never compile this function, also when it is called from compiled code."""
     def mark(f):

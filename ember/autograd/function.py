@@ -55,6 +55,12 @@ class _Artifact:
         # inputs -> the tuple of those that require grad (CompiledGraphFunction's differentiable arguments)
         self.differentiable = picker([i for i, rg in enumerate(self.meta.requires_grad) if rg])
 
+    def ember_saved(self) -> tuple:
+        """The saved form (ember.runtime.artifacts). A backward not compiled yet (no backward ran before the
+        save) is saved as its ATen graph, run as it is: its compile needs the trace's fake values."""
+        bw_compiler = self.bw_compiler if self.backward is not None or self.part is None else _eager
+        return (_Artifact, (self.meta, self.forward, self.name, self.part, bw_compiler, self.backward, self.no_grad))
+
 
 class CompiledGraphFunction(torch.autograd.Function):
     """forward: the compiled forward graph; backward: the compiled backward graph on the saved values.
@@ -141,7 +147,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     bw_compiler = bw_compiler or fw_compiler
     where = getattr(gm, "meta", {}).get("ember_where") if isinstance(getattr(gm, "meta", None), dict) else None
     name = f"{type(gm).__name__} captured from {where}" if where else type(gm).__name__
-    lifted = _lifted_getter(gm, lift_parameters(gm)[0])
+    lifted_names = lift_parameters(gm)[0]
+    lifted = _lifted_getter(gm, lifted_names)
     artifacts: dict[tuple, _Artifact | None] = {}
     # a symbolic graph (docs/dynamic.md) is traced once per grad mode and requires_grad pattern, on its symbolic
     # fakes, for every call its ShapeEnv admits; a call it does not admit gets a static artifact of its own
@@ -211,6 +218,20 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     # recompute it per call (a module's hundreds of parameters made that a visible part of each call).
     guarded = isinstance(getattr(gm, "meta", None), dict) and gm.meta.get("ember_guarded", False)
 
+    # Build now for the example inputs (the frontend calls a backend right before the first run), so an inner
+    # compiler's error surfaces while compiling; other signatures are built on their first call.
+    example = [*example_inputs, *lifted()]
+    example_key = key_of(example)
+    artifacts[example_key] = build(example, example_key)
+    return _runner(gm, lifted_names, guarded, key_of, build, artifacts, artifacts[example_key])
+
+
+def _runner(gm: torch.fx.GraphModule, lifted_names: list[str], guarded: bool, key_of: Callable | None,
+            build: Callable | None, artifacts: dict, example_art: _Artifact | None) -> Callable:
+    """The call of a graph: its artifact for the inputs' signature (a guarded graph's: the example's), then
+    the inputs' mutations and the outputs' structure (after_graph.finish)."""
+    lifted = _lifted_getter(gm, lifted_names)
+
     def run(*args):
         inputs = [*args, *lifted()]
         if guarded:
@@ -235,11 +256,6 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             outs = art.forward(*inputs)
         return finish(art.meta, inputs, outs)
 
-    # Build now for the example inputs (the frontend calls a backend right before the first run), so an inner
-    # compiler's error surfaces while compiling; other signatures are built on their first call.
-    example = [*example_inputs, *lifted()]
-    example_key = key_of(example)
-    artifacts[example_key] = example_art = build(example, example_key)
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
 
     def written_inputs(args: list) -> list:
@@ -248,6 +264,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         return [inputs[m.input_index] for art in artifacts.values() if art is not None for m in art.meta.mutations]
     if any(art is not None for art in artifacts.values()):   # (none: the graph runs as it is, eagerly)
         run.written_inputs = written_inputs
+    if guarded:   # (a graph the frontend guards is saved with its one artifact: ember.save_cache)
+        run.ember_saved = lambda: (_runner, (gm, lifted_names, True, None, None, {}, example_art))
     return run
 
 

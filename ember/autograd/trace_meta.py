@@ -43,3 +43,6 @@ class TraceMeta:
     tangent_of: list[int] = dataclasses.field(default_factory=list)       # per tangent: which forward output
     copy_back_without_grad: bool = False   # a training graph's copies back need no autograd (set by aot_module)
     grad_mode_after: bool | None = None   # the graph switched grad mode (torch._C._set_grad_enabled): set it after
+
+    def __getstate__(self) -> dict:   # (without the copy-back plan after_graph.finish caches, made again)
+        return {k: v for k, v in self.__dict__.items() if k != "_copy_back"}

@@ -1,6 +1,6 @@
 """The C++ backend: an ATen graph on CPU tensors -> lowered, scheduled and printed as C++/OpenMP
 (ember.codegen.cpp) -> built in the background (ember.runtime.cache) -> a host program calling its kernels
-through ctypes (ember.codegen.wrapper).
+through ctypes (ember.codegen.wrapper), run by cpp_program.CompiledGraph.
 
 compile_aten(gm, example_inputs, options) is the inner compiler ember_backend.compile_graph calls on each
 ATen-level graph (forward and backward); options {"fallback": "eager"}: a graph whose generated code fails to
@@ -13,15 +13,15 @@ size), logged under EMBER_LOGS=fallbacks.
 """
 from __future__ import annotations
 
-import ctypes
 import time
 from typing import Callable
 
 import torch
 
-from ember.codegen import cpp, lower, schedule, wrapper
+from ember.codegen import cpp, lower, schedule
 from ember.errors import CannotLower
 from ember.ir import symbols
+from ember.backends.cpp_program import CompiledGraph, done, runner
 from ember.runtime import cache
 from ember.tools.logs import get_logger
 
@@ -31,68 +31,6 @@ SYMBOLIC = True   # compiles symbolic ATen graphs (ember_backend routes dynamic 
 STATS = {"graphs": 0, "eager_graphs": 0, "kernels": 0, "externs": 0, "fallback_ops": 0}
 # (any other error, a bug in ember, propagates: ember.tools.failsafe runs the captured graph eagerly, one place for
 # every backend)
-
-
-class CompiledGraph:
-    """A compiled ATen graph; the C++ build runs in the background until the first call needs it."""
-
-    def __init__(self, gm, sched, source, kernels, build, options, hints=None):
-        self.gm, self.sched, self.source, self.kernels = gm, sched, source, kernels
-        self.build, self.options = build, options
-        self.hints = hints or {}   # symbolic graph: the example's sizes, for the host program's choices
-        self.call = None
-        self.err = (ctypes.c_int64 * 1)()
-
-    def _load(self):
-        try:
-            path = self.build.result()
-        except cache.BuildError:
-            if self.options.get("fallback") == "eager":
-                fallback_log.warning("C++ build failed; graph runs eagerly (options={'fallback': 'eager'})",
-                                     exc_info=True)
-                self.call = lambda args: self.gm(*args)
-                return
-            raise
-        lib = ctypes.CDLL(str(path)) if path is not None else None
-        fns = {}
-        sizes = {str(s) for s in self.hints}
-        for name, args, _ in self.kernels:
-            f = getattr(lib, name)
-            f.argtypes = [ctypes.c_void_p] * (len(args) + 1)
-            f.restype = None
-            fns[name] = f
-        errp = ctypes.addressof(self.err)
-        err = self.err
-
-        def kernel_call(group):
-            _, args, checks = next(k for k in self.kernels if k[0] == group.name)
-            ptrs = ", ".join(a if a in sizes else f"{a}.data_ptr()" for a in args)
-            check = "; _check_err()" if checks else ""
-            return f"{group.name}({ptrs}{', ' if ptrs else ''}_errp){check}"
-
-        def check_err():
-            if err[0]:
-                err[0] = 0
-                raise IndexError("ember: index out of range in a gather/indexing operation of the compiled graph")
-
-        self.lib = lib
-        with lower.LOWERING_LOCK:   # (symbols.HINTS is the lowering's state)
-            symbols.HINTS.clear()
-            symbols.HINTS.update(self.hints)
-            try:
-                self.call = wrapper.python_wrapper(self.sched, kernel_call, {
-                    **fns, "_errp": errp, "_check_err": check_err, "_fallback": lambda args: self.gm(*args)},
-                    check_inputs=not self.gm.meta.get("ember_guarded", False), persistent=True,
-                    consumed_outputs=frozenset(self.gm.meta.get("ember_consumed_outputs", ())))
-            finally:
-                symbols.HINTS.clear()
-        if code_log.isEnabledFor(10):
-            code_log.debug("host program:\n%s", self.call.source)
-
-    def __call__(self, *args):
-        if self.call is None:
-            self._load()
-        return self.call(list(args))
 
 
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
@@ -141,25 +79,13 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
                        gm.__class__.__name__, len(kernels), len(sched.items) - len(kernels), low.fallbacks or "none",
                        time.perf_counter() - t0, source[len(cpp.PRELUDE):])
     if build is None:
-        build = _done(None)
+        build = done(None)
     compiled = CompiledGraph(gm, sched, source, kernels, build, options, hints)
 
-    unflatten = wrapper.fast_unflatten(out_spec)
-
-    def run(*args):
-        return unflatten(compiled(*args))
-    run.compiled = compiled
-    return run
+    return runner(compiled, out_spec)
 
 
 def _dtypes(gm) -> set:
     import torch.utils._pytree as pytree
     return {v.dtype for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
             if isinstance(v, torch.Tensor)}
-
-
-def _done(v):
-    import concurrent.futures
-    f = concurrent.futures.Future()
-    f.set_result(v)
-    return f

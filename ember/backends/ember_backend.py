@@ -37,6 +37,22 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
     if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
         options.setdefault("max_autotune", True)
 
+    inner = _device_compiler(options)
+
+    cuda_graphs = mode in ("reduce-overhead", "max-autotune") and options.get("triton.cudagraphs", True) \
+        and _on_cuda(gm, example_inputs)
+    if cuda_graphs:
+        # (a graph that reads CPU tensors, torch.optim's step counters, replays its device part: aot_compilers; a
+        # symbolic graph is recorded once per distinct size, lazily, in one pool: cudagraphs.MAX_RECORDINGS)
+        from ember.runtime.cudagraphs import aot_compilers
+        fw, bw = aot_compilers(inner)
+        return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
+    return aot_module(gm, example_inputs, fw_compiler=inner, bw_compiler=inner)
+
+
+def _device_compiler(options: dict) -> Callable:
+    """The inner compiler of each ATen graph (forward, backward): its device's backend with these options."""
+
     def inner(g: torch.fx.GraphModule, ex: list, more_options: dict | None = None) -> Callable:
         backend = importlib.import_module(DEVICE_BACKENDS["cuda" if _on_cuda(g, ex) else "cpu"])
         if not getattr(backend, "SYMBOLIC", False) and _is_symbolic(g):
@@ -49,15 +65,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str | No
             return g.forward
         return backend.compile_aten(g, ex, {**options, **(more_options or {})})
 
-    cuda_graphs = mode in ("reduce-overhead", "max-autotune") and options.get("triton.cudagraphs", True) \
-        and _on_cuda(gm, example_inputs)
-    if cuda_graphs:
-        # (a graph that reads CPU tensors, torch.optim's step counters, replays its device part: aot_compilers; a
-        # symbolic graph is recorded once per distinct size, lazily, in one pool: cudagraphs.MAX_RECORDINGS)
-        from ember.runtime.cudagraphs import aot_compilers
-        fw, bw = aot_compilers(inner)
-        return aot_module(gm, example_inputs, fw_compiler=fw, bw_compiler=bw)
-    return aot_module(gm, example_inputs, fw_compiler=inner, bw_compiler=inner)
+    inner.ember_saved = lambda: (_device_compiler, (options,))   # (ember.save_cache: a backward compiled later)
+    return inner
 
 
 _logged_symbolic: set[str] = set()   # device backends whose symbolic fallback was logged

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+import types
 from typing import Callable
 
 import sympy
@@ -24,6 +25,7 @@ from ember import config
 from ember.ir import ExternBuffer, TensorArg, symbols
 from ember.codegen.schedule import FusedGroup, Schedule, lifetimes
 from ember.runtime import native_guards
+from ember.runtime.artifacts import Bound
 
 
 def fast_unflatten(spec: pytree.TreeSpec) -> Callable[[list], object]:
@@ -64,6 +66,12 @@ class _LoggedFallback:
     def __init__(self, fallback: Callable, inputs: list, check_inputs: bool):
         self.fallback, self.inputs, self.check_inputs, self.calls = fallback, inputs, check_inputs, 0
 
+    def ember_saved(self) -> tuple:
+        """Saved (ember.runtime.artifacts) with the inputs' layouts only, and the fallback its loader supplies."""
+        layouts = [None if b is None else types.SimpleNamespace(name=b.name, size=b.size, stride=b.stride,
+                                                                 dtype=b.dtype) for b in self.inputs]
+        return (_LoggedFallback, (Bound("_fallback"), layouts, self.check_inputs))
+
     def __call__(self, args: list):
         self.calls += 1
         if self.calls == 1:
@@ -96,6 +104,9 @@ class _Overlap:
         self.is_written = [False] * len(extents)
         for i in written:
             self.is_written[i] = True
+
+    def ember_saved(self) -> tuple:   # (ember.runtime.artifacts: without the last call's addresses)
+        return (_Overlap, (self.written, self.extents))
 
     def __call__(self, args: list) -> bool:
         native = native_guards.EXTENSION.module   # once loaded (an Adam step over densenet121 passes 1,456 tensors)
@@ -419,7 +430,7 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
         make = ["def _new_slots(" + ", ".join(sizes) + "):", "    return ["] + \
             [f"        _empty({tuple_code(size)}, {tuple_code(stride)}, dtype={w.const(dtype)})," for size, stride, dtype in slots] + \
             ["    ]"]
-        exec(compile("\n".join(make) + "\n", "<ember wrapper slots>", "exec"), w.globals)
+        L[:0] = make   # (defined by the program's own source: a saved program defines it again when loaded)
         key = "(" + ", ".join(sizes) + ",)"
         w.globals.update(_slots=[None, None], _lock=threading.Lock())
         L += ["    _mine = _lock.acquire(False)",
@@ -453,6 +464,43 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     call = ns["call"]
     call.source = src
     call.namespace = ns
+    return call
+
+
+# names the host program's loader binds anew (kernels, error flag, fallback) or that hold one call's state
+_BOUND = ("__builtins__", "call", "_errp", "_check_err")
+
+
+def saved_namespace(call: Callable, kernels: list) -> dict:
+    """What `restored_wrapper` needs besides the program's source and what its loader binds: the constants
+    and helpers of `call.namespace`, the kept buffers empty, a fresh lock."""
+    skip = set(_BOUND) | {k[0] for k in kernels}
+    out = {}
+    for k, v in call.namespace.items():
+        if k in skip or k == "_fallback" and not isinstance(v, _LoggedFallback):
+            continue
+        if k == "_slots":   # (symbolic: [sizes, buffers]; static: the buffers)
+            v = [None, None] if len(v) == 2 and not isinstance(v[0], torch.Tensor) else []
+        elif k == "_lock":
+            v = Bound("_lock")
+        elif isinstance(v, types.FunctionType) and v.__code__.co_filename == "<ember wrapper>":
+            continue   # (defined by the source)
+        out[k] = v
+    return out
+
+
+def restored_wrapper(program: str, namespace: dict, bound: dict) -> Callable:
+    """The host program `python_wrapper` made, from its saved source and `saved_namespace`, with the loader's
+    kernels, error flag and fallback (`bound`)."""
+    ns = {**bound, **namespace}
+    for k, v in ns.items():
+        if isinstance(v, Bound) and v.name == "_lock":
+            ns[k] = threading.Lock()
+        elif isinstance(v, _LoggedFallback) and isinstance(v.fallback, Bound):
+            v.fallback = bound[v.fallback.name]
+    exec(compile(program, "<ember wrapper>", "exec"), ns)
+    call = ns["call"]
+    call.source, call.namespace = program, ns
     return call
 
 

@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import keyword
 import linecache
-import operator
 import sys
 import types
 import warnings
@@ -33,7 +32,8 @@ import torch
 import torch.fx
 
 from ember import config
-from ember.autograd.backward import grads_of, with_freed_history
+from ember.autograd.backward import with_freed_history
+from ember.frontend.dead_code import eliminate_dead_code
 from ember.errors import BackendCompilerFailed, GraphBreakError, Unsupported
 from ember.frontend.guards import CHECKER_FUNCTIONS, DICT_GET, share_paths
 from ember.frontend.break_frames import (
@@ -68,6 +68,7 @@ CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR, CO_ITERABLE_COROUTINE = 0x20, 0x
 
 # explain() listens here: one list of events per active recording.
 RECORDERS: list[list] = []
+STATS = {"captures": 0}   # captures run by this process (tests of ember.load_cache count them)
 
 
 def _emit(kind: str, **info) -> None:
@@ -107,6 +108,8 @@ class FrameCompiler:
     _by_function: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
     _by_code: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()   # shared compilers
     _all: "weakref.WeakSet[FrameCompiler]" = weakref.WeakSet()
+    # ember.load_cache's: (compiler) -> whether it installed saved entries of its code (frontend/saved.py)
+    restore: Callable[["FrameCompiler"], bool] | None = None
 
     def __init__(self, fn: types.FunctionType, cfg, name: str | None = None, shared: bool = False,
                  steps: bool = False):
@@ -130,6 +133,7 @@ class FrameCompiler:
         # loop's remaining items, private to the call): name -> how many items it holds
         self.private_iters: dict[str, int] = {}
         self.frame_state: dict[str, tuple] = {}   # sizes its captures saw, by source (dynamic_dims.DimPolicy)
+        self.restore_asked = False   # whether its first miss asked FrameCompiler.restore for saved entries
         self.argnames = arg_names(self.code)
         self.bind = make_binder(fn, self.argnames, shared)
         # a call passing exactly the positional parameters needs no binder: its argument tuple is the frame's
@@ -207,6 +211,13 @@ class FrameCompiler:
 
     # -- misses ------------------------------------------------------------------------------------------
     def compile_and_run(self, args, kwargs, frame_args):
+        if FrameCompiler.restore is not None and not self.restore_asked:
+            self.restore_asked = True
+            if FrameCompiler.restore(self):   # entries ember.load_cache read for this code: no capture if one fits
+                for e in self.entries:
+                    r = e.fn(*frame_args)
+                    if r is not MISS:
+                        return r
         if self.entries:
             reason = self.failed_guard(frame_args)
             log_recompiles.debug("recompiling %s (%s): guard failed: %s", self.name, _code_where(self.code), reason)
@@ -264,6 +275,7 @@ class FrameCompiler:
             return self.capture(frame_args)
 
     def capture(self, frame_args: tuple) -> Entry:
+        STATS["captures"] += 1
         stop_at: dict[int, tuple[str, int]] = {}   # offset -> (reason, the visit to stop at: 0 = first)
         break_guards: list[str] = []
         hints: dict[int, StopHint] = {}   # per stop offset: where the break sits in the calls made there
@@ -453,16 +465,7 @@ class EntryCodegen:
         self.fc, self.cap = fc, cap
         self.consts = cap.consts
         self.lines: list[str] = []
-        self.namespace: dict[str, Any] = {"___MISS": MISS, DICT_GET: dict.get,
-                                          "___torch": torch,
-                                          "___NULL": NULL, "___new_object": _new_object,
-                                          "___make_cell": _make_cell, "___grad_exit": _GradExit,
-                                          "__call_compiled": call_compiled, "___cfg": fc.cfg,
-                                          "___MethodType": types.MethodType, "___make_function": make_function,
-                                          "___iter_rest": tuple_iter_rest, "___raiser": Raiser,
-                                          "___loop_resume": loop_resume, "___STEP_RETURN": STEP_RETURN,
-                                          "___STEP_YIELD": STEP_YIELD, "___STEP_CALL": STEP_CALL,
-                                          "___STEP_PYTHON": STEP_PYTHON}
+        self.namespace: dict[str, Any] = base_namespace(fc.cfg)
         self.memo: dict[int, str] = {}
         self.outputs: dict[int, int] = {}  # id(TensorV) -> index in the graph's outputs
         self.freed: set[int] = set()       # id(TensorV) of outputs an in-graph backward went through
@@ -549,7 +552,7 @@ class EntryCodegen:
         for i, v in enumerate(needed):
             self.outputs[id(v)] = i
         cap.graph.output(tuple(out_nodes))
-        _eliminate_dead_code(cap.graph)
+        eliminate_dead_code(cap.graph)
         for inp in list(cap.inputs):  # inputs the graph ended up not using (still guarded) are not passed
             if not inp.node.users and not isinstance(inp.real, int):
                 cap.graph.erase_node(inp.node)
@@ -902,23 +905,38 @@ class EntryCodegen:
         text = "\n".join(src) + "\n"
         if enabled("guards"):
             log_guards.debug("entry for %s (%s):\n%s", fc.name, _code_where(fc.code), text)
-        filename = f"<ember entry of {fc.name}>"
-        code = compile(text, filename, "exec")
-        ns = dict(self.namespace)
-        exec(code, ns)
-        if isinstance(ns.get("___graph"), failsafe.FirstCalls):   # it leaves the entry after its first calls
-            ns["___graph"].slots.append(ns)
-        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-        ns_for_check = dict(ns)
-
-        def check(g: str, frame_args) -> bool:
-            return eval(g, ns_for_check, dict(zip(fc.entry_params, frame_args)))
-
-        entry = Entry(ns["___entry"], guards, check, description)
+        entry = make_entry_function(fc, text, self.namespace, guards, description)
         _emit("entry", name=fc.name, guards=guards)
-        entry.source = text
         entry.graph_inputs = [i.source for i in self.cap.inputs]
         return entry
+
+
+def base_namespace(cfg) -> dict:
+    """The names every entry's code may use besides its own constants."""
+    return {"___MISS": MISS, DICT_GET: dict.get, "___torch": torch, "___NULL": NULL, "___new_object": _new_object,
+            "___make_cell": _make_cell, "___grad_exit": _GradExit, "__call_compiled": call_compiled, "___cfg": cfg,
+            "___MethodType": types.MethodType, "___make_function": make_function, "___iter_rest": tuple_iter_rest,
+            "___raiser": Raiser, "___loop_resume": loop_resume, "___STEP_RETURN": STEP_RETURN,
+            "___STEP_YIELD": STEP_YIELD, "___STEP_CALL": STEP_CALL, "___STEP_PYTHON": STEP_PYTHON}
+
+
+def make_entry_function(fc: FrameCompiler, text: str, namespace: dict, guards: list[str], description: str) -> Entry:
+    """The entry whose source is `text` (a function ___entry over fc's entry parameters), run in `namespace`."""
+    filename = f"<ember entry of {fc.name}>"
+    code = compile(text, filename, "exec")
+    ns = dict(namespace)
+    exec(code, ns)
+    if isinstance(ns.get("___graph"), failsafe.FirstCalls):   # it leaves the entry after its first calls
+        ns["___graph"].slots.append(ns)
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    ns_for_check = dict(ns)
+
+    def check(g: str, frame_args) -> bool:
+        return eval(g, ns_for_check, dict(zip(fc.entry_params, frame_args)))
+
+    entry = Entry(ns["___entry"], guards, check, description)
+    entry.source = text
+    return entry
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -930,13 +948,6 @@ def _new_object(cls):
 
 def _make_cell():
     return types.CellType()
-
-
-_INPLACE_OPERATORS = {operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul,
-                      operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul,
-                      operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
-_RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "cauchy",
-                 "geometric", "poisson", "log_normal", "random")
 
 
 BACKWARD_IN_GRAPH_BACKENDS = ("ember", "aot_eager", "eager")
@@ -952,24 +963,6 @@ class _EntryFailed(Exception):
 
 class _GradAfterBackward(Exception):
     """A capture with `loss.backward()` in its graph returns or keeps a value that requires grad."""
-
-
-def _has_effect(node: torch.fx.Node) -> bool:
-    """Mutations, global state and random draws (which advance the generator) stay even when unused."""
-    t = node.target
-    name = t if isinstance(t, str) else getattr(t, "__name__", "")
-    if name.endswith("_") and not name.endswith("__") or t in _INPLACE_OPERATORS:
-        return True
-    if t in (torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
-             torch.amp.autocast_mode._exit_autocast, grads_of) or "out" in node.kwargs:
-        return True
-    return any(w in name for w in _RANDOM_WORDS)
-
-
-def _eliminate_dead_code(graph: torch.fx.Graph) -> None:
-    for node in reversed(list(graph.nodes)):
-        if node.op in ("call_function", "call_method") and not node.users and not _has_effect(node):
-            graph.erase_node(node)
 
 
 def _code_where(code) -> str:
@@ -990,6 +983,7 @@ def reset_caches() -> None:
         fc.frame_state.clear()
         fc.disabled = bool(fc.code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) and not fc.steps
         fc.warned = False
+        fc.restore_asked = False
     FrameCompiler._by_function = weakref.WeakKeyDictionary()
     FrameCompiler._by_code = weakref.WeakKeyDictionary()
     # decoded bytecode and resume code too: a capture after reset() pays what a fresh process pays

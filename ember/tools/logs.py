@@ -8,7 +8,7 @@ import logging
 import os
 
 TOPICS = ("graph", "guards", "recompiles", "graph_breaks", "output_code", "fallbacks", "autograd", "bytecode", "autotune",
-          "dynamic", "check")
+          "dynamic", "check", "saved")
 _root = logging.getLogger("ember")
 
 
