@@ -18,7 +18,8 @@ Each (model, mode) row:
   buffers with eager float32 (same check), and every parameter's gradient with a float64 eager run (same weights,
   same dropout masks, float inputs cast): over all gradients together, ember at most twice as far from float64
   (2-norm) as eager float32 is, and each parameter's gradient within 10x eager float32's error plus a small
-  allowance (check_grads has the bounds and why). An output (either mode) or buffer that fails assert_close
+  allowance (check_grads has the bounds and why); eager float32's error there is the largest over the main
+  eager run and eager_variants' runs in other summation orders (2 threads; channels_last for image inputs). An output (either mode) or buffer that fails assert_close
   with the same structure passes if it is at most twice as far from a float64 eager run as eager float32 is, plus
   1e-5 of the largest float64 value (within_f64); such rows say "yes (vs float64)". Large outputs need it:
   random-weight resnet34's logits reach 42, and a different summation order is off by 4e-5 there.
@@ -264,6 +265,7 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True, devi
         scalar_loss(ex.result).backward()
         return dict(counts(ex), equal="not checked")
     m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
+    others = eager_variants(model, kwargs)
     torch.manual_seed(100)
     out32 = m32(**kwargs)
     scalar_loss(out32).backward()
@@ -282,7 +284,8 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True, devi
         out64, note = None, f"(no float64 run: {type(e).__name__}) "
     else:
         note = ""
-        ratios = [r for r in (f64_ratio(ex.result, out32, out64), grad_norm_ratio(model, m32, m64)) if r is not None]
+        ratios = [r for r in (f64_ratio(ex.result, out32, out64), grad_norm_ratio(model, [m32] + others, m64))
+                  if r is not None]
         if ratios:
             row["f64_ratio"] = max(ratios, key=lambda r: (r != r, r))   # (NaN the worst)
     problems = []
@@ -305,7 +308,7 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True, devi
                                      and within_f64(b, bufs32[bname], bufs64[bname])[0]):
             problems.append(f"buffer {bname}: {diff}")
             break
-    problem = check_grads(model, m32, m64 if out64 is not None else None)
+    problem = check_grads(model, [m32] + others, m64 if out64 is not None else None)
     if problem:
         problems.append(problem)
     ok = "yes (vs float64)" if row.get("vs_f64") else "yes"
@@ -313,11 +316,39 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True, devi
     return row
 
 
-def check_grads(model, m32, m64) -> str | None:
+def eager_variants(model, kwargs) -> list:
+    """Copies of `model` after eager float32 forward + backward runs in other summation orders than the main
+    eager run's: at 2 threads, and in channels_last where an input is an image batch. Eager float32's error on a
+    gradient depends on the order (train-mode batch norm over few values), so one eager run is a poor estimate
+    of it: check_grads takes the largest of these runs' errors."""
+    import torch
+    image = lambda v: isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point()  # noqa: E731
+    runs = [("2 threads", kwargs)]
+    if any(image(v) for v in kwargs.values()):
+        runs.append(("channels_last", {k: v.contiguous(memory_format=torch.channels_last) if image(v) else v
+                                       for k, v in kwargs.items()}))
+    out, threads = [], torch.get_num_threads()
+    for kind, kw in runs:
+        m = copy.deepcopy(model)
+        if kind == "channels_last":
+            m = m.to(memory_format=torch.channels_last)
+        else:
+            torch.set_num_threads(2)
+        try:
+            torch.manual_seed(100)
+            scalar_loss(m(**kw)).backward()
+        finally:
+            torch.set_num_threads(threads)
+        out.append(m)
+    return out
+
+
+def check_grads(model, m32s: list, m64) -> str | None:
     """None when ember's gradients are as close to float64 as eager float32's, else the first problem.
 
-    err(x) = max|x - grad_f64| per parameter, G = the largest |grad_f64| of the model, n(x) = the 2-norm of x - f64
-    over every gradient together:
+    eager32: the runs in m32s (the main one first, eager_variants' after), each error below taken as the largest
+    over them. err(x) = max|x - grad_f64| per parameter, G = the largest |grad_f64| of the model, n(x) = the
+    2-norm of x - f64 over every gradient together:
       whole model:    n(ember) <= 2 * n(eager32) + 1e-6 * |grad_f64|
       each parameter: err(ember) <= 10 * err(eager32) + 1e-4 * max|grad_f64 of it| + 1e-7 * G
     The per-parameter bound is looser: a gradient that is zero in exact arithmetic (a key projection's bias under
@@ -325,10 +356,11 @@ def check_grads(model, m32, m64) -> str | None:
     poor estimate of it; a wrong gradient is off by its own size and fails either bound.
     Without a float64 run (m64 None) each gradient must pass assert_close against eager float32.
     """
-    p32, p64 = dict(m32.named_parameters()), dict(m64.named_parameters()) if m64 is not None else {}
+    p32s = [dict(m.named_parameters()) for m in m32s]
+    p64 = dict(m64.named_parameters()) if m64 is not None else {}
     pairs = []
     for name, p in model.named_parameters():
-        g32 = p32[name].grad
+        g32 = p32s[0][name].grad
         if (p.grad is None) != (g32 is None):
             state = lambda g: "None" if g is None else "set"  # noqa: E731
             return f"grad {name}: {state(p.grad)} where eager's is {state(g32)}"
@@ -339,38 +371,44 @@ def check_grads(model, m32, m64) -> str | None:
             if diff is not None:
                 return f"grad {name}: {diff}"
             continue
-        pairs.append((name, p.grad.detach().double(), g32.detach().double(), p64[name].grad.detach()))
+        g32s = [ps[name].grad.detach().double() for ps in p32s if ps[name].grad is not None]
+        pairs.append((name, p.grad.detach().double(), g32s, p64[name].grad.detach()))
     if not pairs:
         return None
     big = max(g64.abs().max().item() for *_, g64 in pairs)
-    sq = lambda i: sum(((t[i] - t[3]) ** 2).sum().item() for t in pairs) ** 0.5  # noqa: E731
-    n_e, n_32, n_64 = sq(1), sq(2), sum((t[3] ** 2).sum().item() for t in pairs) ** 0.5
+    n_e = sum(((ge - g64) ** 2).sum().item() for _, ge, _, g64 in pairs) ** 0.5
+    n_32 = max(sum(((g32s[k] - g64) ** 2).sum().item() for _, _, g32s, g64 in pairs) ** 0.5
+               for k in range(min(len(t[2]) for t in pairs)))
+    n_64 = sum((t[3] ** 2).sum().item() for t in pairs) ** 0.5
     if n_e > 2 * n_32 + 1e-6 * n_64:
         return f"gradients' norm error {n_e:.2e} vs eager32 {n_32:.2e} (norm {n_64:.2e})"
-    for name, ge, g32, g64 in pairs:
-        err_e, err_32 = (ge - g64).abs().max().item(), (g32 - g64).abs().max().item()
+    for name, ge, g32s, g64 in pairs:
+        err_e, err_32 = (ge - g64).abs().max().item(), max((g - g64).abs().max().item() for g in g32s)
         if err_e > 10 * err_32 + 1e-4 * g64.abs().max().item() + 1e-7 * big:
             return f"grad {name}: err {err_e:.2e} vs eager32 {err_32:.2e} (max|f64| {g64.abs().max().item():.2e}, " \
                    f"model's {big:.2e})"
     return None
 
 
-def grad_norm_ratio(model, m32, m64) -> float | None:
+def grad_norm_ratio(model, m32s: list, m64) -> float | None:
     """check_grads' whole-model measure as a ratio: ||ember - f64|| / ||eager32 - f64|| over every gradient
-    together (eager's floored as f64_ratio's, at F64_FLOOR of the float64 gradients' norm)."""
-    p32, p64 = dict(m32.named_parameters()), dict(m64.named_parameters())
-    e = e32 = n64 = 0.0
+    together (eager's the largest over the runs m32s, floored as f64_ratio's at F64_FLOOR of the float64
+    gradients' norm)."""
+    p32s, p64 = [dict(m.named_parameters()) for m in m32s], dict(m64.named_parameters())
+    e, e32s, n64 = 0.0, [0.0] * len(m32s), 0.0
     for name, p in model.named_parameters():
-        g, g32, g64 = p.grad, p32[name].grad, p64[name].grad
-        if g is None or g32 is None or g64 is None:
+        g, g64 = p.grad, p64[name].grad
+        g32s = [ps[name].grad for ps in p32s]
+        if g is None or g64 is None or any(g32 is None for g32 in g32s):
             continue
         g64 = g64.detach()
         e += ((g.detach().double() - g64) ** 2).sum().item()
-        e32 += ((g32.detach().double() - g64) ** 2).sum().item()
+        for k, g32 in enumerate(g32s):
+            e32s[k] += ((g32.detach().double() - g64) ** 2).sum().item()
         n64 += (g64 ** 2).sum().item()
     if n64 == 0:
         return None
-    return e ** 0.5 / max(e32 ** 0.5, F64_FLOOR * n64 ** 0.5, 1e-30)
+    return e ** 0.5 / max(max(e32s) ** 0.5, F64_FLOOR * n64 ** 0.5, 1e-30)
 
 
 def counts(ex) -> dict:
