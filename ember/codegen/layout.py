@@ -57,18 +57,18 @@ def is_aligned(size, stride, offset, dtype: torch.dtype) -> bool:
 
 
 def aligned_strides(size, dtype: torch.dtype, broadcast=()) -> tuple:
-    """Row-major strides for a static `size` whose rows (the last dim) start ALIGN_BYTES apart: the last dim padded
-    to a multiple of 16 bytes, as eager pads an attention bias; dims in `broadcast` (never the last) get stride 0,
-    their value stored once."""
+    """Row-major strides for `size` whose rows (the last dim) start ALIGN_BYTES apart: the last dim padded to a
+    multiple of 16 bytes, as eager pads an attention bias (a symbolic row: ((n + k - 1) // k) * k, padded at every
+    size); dims in `broadcast` (never the last) get stride 0, their value stored once."""
     k = max(ALIGN_BYTES // ir.itemsize(dtype), 1)
     out, acc = [0] * len(size), 1
     for d in reversed(range(len(size))):
         if d in broadcast and d != len(size) - 1:
             continue
         out[d] = acc
-        acc *= int(size[d])
+        acc = acc * (int(size[d]) if symbols.is_static(size[d]) else size[d])
         if d == len(size) - 1:
-            acc = -(-acc // k) * k
+            acc = -(-acc // k) * k if symbols.is_static(acc) else ir.FloorDiv(acc + k - 1, k) * k
     return tuple(out)
 
 

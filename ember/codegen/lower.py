@@ -187,15 +187,13 @@ class Graph:
         keeps stride 0, the value stored once."""
         if x.strided is not None and is_aligned(x.size, *x.strided[1:], x.dtype):
             return x
-        if not all(symbols.is_static(n) for n in x.size):
-            raise CannotLower(f"an argument of {self.op_name} needs a padded layout of symbolic size")
         idx = [sympy.Symbol(f"a{i}", integer=True, nonnegative=True) for i in range(x.ndim)]
         read = set()
         for e in x.loader(idx).walk():
             for a in e.args:
                 if isinstance(a, sympy.Basic):
                     read |= a.free_symbols
-        broadcast = {d for d in range(x.ndim - 1) if int(x.size[d]) != 1 and idx[d] not in read}
+        broadcast = {d for d in range(x.ndim - 1) if not symbols.same(x.size[d], 1) and idx[d] not in read}
         once = tuple(sympy.Integer(1) if d in broadcast else n for d, n in enumerate(x.size))
         stored = self.realize(TensorBox(once, x.dtype, lambda i: x.loader(
             [sympy.Integer(0) if d in broadcast else i[d] for d in range(x.ndim)])),

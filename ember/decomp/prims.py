@@ -336,10 +336,10 @@ def as_strided(x: TensorBox, size, stride, offset: int = 0) -> TensorBox:
     """A strided window onto x's storage: x must be materialized (realize first)."""
     x = realize(x) if x.strided is None else x
     buf, _, base = x.strided
-    size = tuple(sympy.Integer(s) for s in size)
-    stride = tuple(sympy.Integer(s) for s in stride)
+    size = tuple(sympy.sympify(s) for s in size)   # (ints, or expressions of size symbols)
+    stride = tuple(sympy.sympify(s) for s in stride)
     off = base + offset
-    return TensorBox(size, x.dtype, lambda idx: Expr("load", (buf.name, sympy.Integer(off) + sum(
+    return TensorBox(size, x.dtype, lambda idx: Expr("load", (buf.name, sympy.sympify(off) + sum(
         (i * s for i, s in zip(idx, stride)), sympy.Integer(0))), x.dtype), (buf, stride, off), x.origin)
 
 

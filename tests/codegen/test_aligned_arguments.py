@@ -135,3 +135,27 @@ def test_one_query_against_an_odd_number_of_keys_with_a_float_mask_matches_eager
         mask = torch.rand(2, keys, device="cuda") > 0.3
         mask[:, 0] = True
         torch.testing.assert_close(compiled(q, k, v, mask), step(q, k, v, mask))
+
+
+def test_a_symbolic_bias_is_padded_at_every_size():
+    """A bias over a symbolic number of keys (a growing KV cache: 17 keys at the example) is stored with its rows
+    padded to ((n + 3) // 4) * 4 float32s, a multiple of 16 bytes at every n, not sent to the ATen graph."""
+    from ember.ir import FloorDiv, symbols
+    from tests.codegen.symbolic_graphs import symbolic_graph
+    op = aten._scaled_dot_product_efficient_attention.default
+
+    def f(s0, q, k, v, mask):
+        return op(q, k, v, aten.mul.Tensor(mask, 2.0), False)[0]
+    n = 17
+    gm, _ = symbolic_graph(f, [n, torch.randn(2, 4, 1, 8), torch.randn(2, 4, n, 8), torch.randn(2, 4, n, 8),
+                               torch.randn(2, 4, 1, n)], dynamic={2: [2], 3: [2], 4: [3]})
+    with lower.LOWERING_LOCK:
+        try:
+            args, _ = _extern_args(gm, op)
+        finally:
+            symbols.HINTS.clear()
+    bias = args[3]
+    row = bias.stride[2]
+    assert row.has(FloorDiv) and all(int(row.subs(bias.size[3].free_symbols.pop(), m)) == -(-m // 4) * 4
+                                     for m in (2, 17, 64, 1001)), bias
+    assert layout.is_aligned(bias.size, bias.stride, bias.offset, torch.float32)
