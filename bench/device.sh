@@ -14,6 +14,7 @@
 #   bash bench/device.sh workers        # ember's cold compile of the training row without, then with, Triton's
 #                                       # worker processes
 #   bash bench/device.sh dynamic        # bench/dynamic.py: loops whose sizes change, eager / Inductor / ember
+#   bash bench/device.sh distributed [ARGS]  # bench/distributed.py: DDP and FSDP2 on every GPU (nvidia-h200-x2)
 #   bash bench/device.sh run SCRIPT [ARGS]   # any bench script with this set-up, e.g.
 #                                       # run bench/gpu.py --only "train step" --columns ember --phases
 #                                       # run bench/tools/gpu_kernel_configs.py gpt2
@@ -85,7 +86,11 @@ run)
   shift
   name=$(basename "${1:?usage: bash bench/device.sh run SCRIPT [ARGS]}" .py)
   timeout 580 python3 "$@" 2>&1 | tee "$OUT/$name.log" | grep -v -i warn | tail -40 ;;
+distributed)   # bench/distributed.py on every GPU of the machine (kind nvidia-h200-x2): DDP and FSDP2, eager /
+  shift          # torch.compile / ember; ARGS go to the script (--wrappers ddp, --batch 8, --fsdp-root...)
+  timeout 570 python3 bench/distributed.py --json "$OUT/distributed.json" "$@" 2>&1 | tee "$OUT/distributed.log" \
+    | grep -E "^\||^(ddp|fsdp) |^torch |Error" | tail -30 ;;
 *)
-  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|run SCRIPT [ARGS]" >&2
+  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|distributed [ARGS]|run SCRIPT [ARGS]" >&2
   exit 2 ;;
 esac
