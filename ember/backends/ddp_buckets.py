@@ -14,6 +14,7 @@ the graph whole.
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 import torch
@@ -94,6 +95,8 @@ def cut_points(body: list[torch.fx.Node], grad_mode: bool) -> list[bool]:
         if _inplace(n) and n.args and (s := _storage(n.args[0])) is not None:
             written_after[s] = i
     for i, n in enumerate(body):
+        if n.op == "get_attr":   # (a constant: split_module reads it once and passes it to each piece using it)
+            continue
         crosses_bad = not isinstance(n.meta.get("val"), torch.Tensor)
         written = written_after.get(_storage(n), -1)
         end = max(last_use[n] if crosses_bad else -1, written)
@@ -155,6 +158,7 @@ def compile_pieces(gm: torch.fx.GraphModule, example_inputs: list, pieces: dict,
     requires_grad; the backend reads no values)."""
     split = split_module(gm, None, lambda n: pieces[n], keep_original_order=True, tuple_return=True)
     real = {n.name: t for n, t in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)}
+    real.update({n.name: operator.attrgetter(n.target)(gm) for n in gm.graph.nodes if n.op == "get_attr"})
     names = []
     for node in split.graph.nodes:
         if node.op != "call_module":
