@@ -88,7 +88,7 @@ run)
   timeout 580 python3 "$@" 2>&1 | tee "$OUT/$name.log" | grep -v -i warn | tail -40 ;;
 distributed)   # bench/distributed.py on every GPU of the machine (kind nvidia-h200-x2): DDP and FSDP2, eager /
   shift          # torch.compile / ember; ARGS go to the script (--wrappers ddp, --batch 8, --fsdp-root...)
-  timeout 570 python3 bench/distributed.py --json "$OUT/distributed.json" "$@" 2>&1 | tee "$OUT/distributed.log" \
+  timeout 460 python3 bench/distributed.py --json "$OUT/distributed.json" "$@" 2>&1 | tee "$OUT/distributed.log" \
     | grep -E "^\||^(ddp|fsdp) |^torch |Error" | tail -30 ;;
 *)
   echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|distributed [ARGS]|run SCRIPT [ARGS]" >&2

@@ -214,11 +214,10 @@ def worker(rank: int, world: int, args, port: int, results_path: str):
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
-            if rank == 0:
+            if rank == 0:   # (written after each column: a run stopped by its time limit keeps what it measured)
                 print(f"{key}: {json.dumps(results[key])}", flush=True)
-    if rank == 0:
-        with open(results_path, "w") as f:
-            json.dump(results, f, indent=1)
+                with open(results_path, "w") as f:
+                    json.dump(results, f, indent=1)
     dist.destroy_process_group()
 
 
