@@ -203,21 +203,22 @@ def worker(rank: int, world: int, args, port: int, results_path: str):
     device = torch.device(f"cuda:{rank}" if cuda else "cpu")
     reference: dict = {}
     results = {}
-    for wrapper in args.wrappers.split(","):
-        for column in args.columns.split(","):
-            key = f"{wrapper} {column}"
-            try:
-                results[key] = run_column(rank, world, wrapper, column, args, device, reference)
-            except Exception as e:
-                results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                traceback.print_exc()
-            gc.collect()
-            if cuda:
-                torch.cuda.empty_cache()
-            if rank == 0:   # (written after each column: a run stopped by its time limit keeps what it measured)
-                print(f"{key}: {json.dumps(results[key])}", flush=True)
-                with open(results_path, "w") as f:
-                    json.dump(results, f, indent=1)
+    pairs = [p.split(":") for p in args.pairs.split(",")] if args.pairs else \
+        [(w, c) for w in args.wrappers.split(",") for c in args.columns.split(",")]
+    for wrapper, column in pairs:
+        key = f"{wrapper} {column}"
+        try:
+            results[key] = run_column(rank, world, wrapper, column, args, device, reference)
+        except Exception as e:
+            results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            traceback.print_exc()
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        if rank == 0:   # (written after each column: a run stopped by its time limit keeps what it measured)
+            print(f"{key}: {json.dumps(results[key])}", flush=True)
+            with open(results_path, "w") as f:
+                json.dump(results, f, indent=1)
     dist.destroy_process_group()
 
 
@@ -244,6 +245,7 @@ def main():
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--wrappers", default="ddp,fsdp")
     p.add_argument("--columns", default=",".join(COLUMNS))
+    p.add_argument("--pairs", default="", help="wrapper:column pairs in this order (ddp:eager,fsdp:ember,...)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)
