@@ -267,7 +267,8 @@ def call_compiled(f, args: tuple, kwargs: dict, cfg, hint=None):
         if wrapped_module_attr(f) is not None:
             return call_wrapper(f, args, kwargs, cfg)
         if hooks_in_python(f):
-            return call_with_hooks(f, args, kwargs, lambda a, k: call_compiled(f.forward, a, k, cfg, hint))
+            forward = f.forward   # (read before the hooks run, as nn.Module.__call__ reads it)
+            return call_with_hooks(f, args, kwargs, lambda a, k: call_compiled(forward, a, k, cfg, hint))
         target, prefix = module_forward(f)
     elif isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
         target, prefix = f.__func__, (f.__self__,)
