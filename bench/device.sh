@@ -18,6 +18,7 @@
 #                                       # float64), JOBS rows at once (4), no row started after BUDGET s (470), each
 #                                       # row at most ROW_TIMEOUT s (90): fits one command; ARGS go to zoo.py, e.g.
 #                                       # --models hf_beit,resnet18 or --shard 2/4 (then zoo.py --merge the JSONs)
+#   bash bench/device.sh distributed [ARGS]  # bench/distributed.py: DDP and FSDP2 on every GPU (nvidia-h200-x2)
 #   bash bench/device.sh run SCRIPT [ARGS]   # any bench script with this set-up, e.g.
 #                                       # run bench/gpu.py --only "train step" --columns ember --phases
 #                                       # run bench/tools/gpu_kernel_configs.py gpt2
@@ -94,7 +95,11 @@ run)
   shift
   name=$(basename "${1:?usage: bash bench/device.sh run SCRIPT [ARGS]}" .py)
   timeout 580 python3 "$@" 2>&1 | tee "$OUT/$name.log" | grep -v -i warn | tail -40 ;;
+distributed)   # bench/distributed.py on every GPU of the machine (kind nvidia-h200-x2): DDP and FSDP2, eager /
+  shift          # torch.compile / ember; ARGS go to the script (--wrappers ddp, --batch 8, --fsdp-root...)
+  timeout 460 python3 bench/distributed.py --json "$OUT/distributed.json" "$@" 2>&1 | tee "$OUT/distributed.log" \
+    | grep -E "^\||^(ddp|fsdp) |^torch |Error" | tail -30 ;;
 *)
-  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|run SCRIPT [ARGS]" >&2
+  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|distributed [ARGS]|run SCRIPT [ARGS]" >&2
   exit 2 ;;
 esac

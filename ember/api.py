@@ -16,7 +16,8 @@ from typing import Any, Callable
 import torch
 
 from ember.backends import backend_name, lookup_backend, with_mode
-from ember.frontend.policy import MODULE_WRAPPERS
+from ember.backends.ddp_buckets import split_at_ddp_buckets
+from ember.frontend.policy import COMPILED_MODULE, MODULE_WRAPPERS
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 VALID_OPTIONS = ("model", "fullgraph", "dynamic", "backend", "mode", "options", "disable")
@@ -73,8 +74,8 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     _check_mode(mode)
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
-    cfg = Config(with_mode(lookup_backend(backend), mode, options), backend_name(backend), fullgraph, dynamic, mode,
-                 options)
+    cfg = Config(split_at_ddp_buckets(with_mode(lookup_backend(backend), mode, options)), backend_name(backend), fullgraph,
+                 dynamic, mode, options)
 
     def wrap(m: Callable):
         if disable:
@@ -213,6 +214,7 @@ for _name in vars(torch.nn.Module()):
     setattr(CompiledModule, _name, _original_state(_name))
 del _name, _value
 MODULE_WRAPPERS.add(CompiledModule)
+COMPILED_MODULE.append(CompiledModule)
 
 
 def _call_module(mod, *args, **kwargs):

@@ -21,6 +21,7 @@ import torch
 
 from ember.frontend.capture import Capture
 from ember.frontend.interpreter import instructions
+from ember.frontend.policy import COMPILED_MODULE, MODULE_WRAPPERS, wrapped_module_attr
 from ember.frontend.python_objects import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR
 from ember.frontend.values import BoundV, CellV, ClosureV, IterV, ObjV, TupleV, V
 
@@ -142,6 +143,66 @@ def module_forward(m: torch.nn.Module) -> tuple[Any, tuple]:
     return (fwd, ()) if isinstance(fwd, types.FunctionType) else (m, ())
 
 
+def hooks_in_python(m: torch.nn.Module) -> bool:
+    """Whether m's call runs through call_with_hooks: it has forward (pre-)hooks, and no hooks of other kinds (backward,
+    global, always-called), which only nn.Module's own __call__ runs."""
+    from torch.nn.modules import module as torch_module
+    return bool(m._forward_hooks or m._forward_pre_hooks) and not (
+        m._backward_hooks or m._backward_pre_hooks or m._forward_hooks_always_called
+        or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks) \
+        and type(m).__call__ is torch.nn.Module.__call__ and type(m)._call_impl is torch.nn.Module._call_impl \
+        and m._compiled_call_impl is None and not torch._C._get_tracing_state()
+
+
+def call_with_hooks(m: torch.nn.Module, args: tuple, kwargs: dict, forward: Callable):
+    """m(*args, **kwargs) as nn.Module.__call__ runs it for a module with forward (pre-)hooks only: each hook runs as
+    Python, in order, with the arguments nn.Module gives it, and `forward(args, kwargs)` (the module's forward,
+    compiled) between them. FSDP2's hooks (all-gather before, reshard after) run so around each compiled block."""
+    for hook_id, hook in tuple(m._forward_pre_hooks.items()):
+        if hook_id in m._forward_pre_hooks_with_kwargs:
+            r = hook(m, args, kwargs)
+            if r is not None:
+                if not (isinstance(r, tuple) and len(r) == 2):
+                    raise RuntimeError(f"forward pre-hook must return None or a tuple of (new_args, new_kwargs), "
+                                       f"but got {r}.")
+                args, kwargs = r
+        else:
+            r = hook(m, args)
+            if r is not None:
+                args = r if isinstance(r, tuple) else (r,)
+    result = forward(args, kwargs)
+    for hook_id, hook in tuple(m._forward_hooks.items()):
+        r = hook(m, args, kwargs, result) if hook_id in m._forward_hooks_with_kwargs else hook(m, args, result)
+        if r is not None:
+            result = r
+    return result
+
+
+# the compiled stand-in of the module each wrapper (DDP) wraps, per compile config: wrapper -> {id(cfg): CompiledModule}
+_wrapped_compiled: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def call_wrapper(m: torch.nn.Module, args: tuple, kwargs: dict, cfg):
+    """A library wrapper module's call (policy.PYTHON_WRAPPER_MODULES: DDP): its own forward runs as Python, with
+    the module it wraps replaced for the call by a compiled stand-in sharing all its state (an ember CompiledModule,
+    policy.MODULE_WRAPPERS), so the model runs compiled inside DDP's forward, its hooks and bucket state DDP's own.
+    A module that already is a compiled one is called as it is."""
+    attr = wrapped_module_attr(m)
+    inner = m._modules[attr]
+    if type(inner) in MODULE_WRAPPERS or not COMPILED_MODULE:
+        return m(*args, **kwargs)
+    per_cfg = _wrapped_compiled.setdefault(m, {})   # (by the config's id: the stand-in holds the config)
+    stand_in = per_cfg.get(id(cfg))
+    if stand_in is None or stand_in._orig_mod is not inner:
+        stand_in = per_cfg[id(cfg)] = COMPILED_MODULE[0](inner, cfg)
+    m._modules[attr] = stand_in
+    try:
+        return m(*args, **kwargs)
+    finally:
+        m._modules[attr] = inner
+
+
 def is_library(fn: types.FunctionType) -> bool:
     mod = getattr(fn, "__module__", None) or ""
     return mod.split(".")[0] in LIBRARY_SKIP and not mod.startswith(COMPILED_TORCH)
@@ -203,6 +264,11 @@ def call_compiled(f, args: tuple, kwargs: dict, cfg, hint=None):
     from ember.frontend.convert import FrameCompiler   # (convert imports this module)
     target, prefix = f, ()
     if isinstance(f, torch.nn.Module):
+        if wrapped_module_attr(f) is not None:
+            return call_wrapper(f, args, kwargs, cfg)
+        if hooks_in_python(f):
+            forward = f.forward   # (read before the hooks run, as nn.Module.__call__ reads it)
+            return call_with_hooks(f, args, kwargs, lambda a, k: call_compiled(forward, a, k, cfg, hint))
         target, prefix = module_forward(f)
     elif isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
         target, prefix = f.__func__, (f.__self__,)

@@ -18,7 +18,7 @@ from ember.frontend.modes import AUTOCAST_CLASSES
 from ember.frontend.policy import (
     AT_CAPTURE, DYNAMO_WRAPPER_FILE, FACTORIES, MATH_FUNCS, MODULE_TRAVERSALS, OPERATOR_FUNCS, OUTPUT_MODULES,
     PURE_BUILTIN_FUNCS, PURE_METHODS, TORCH_DISABLED_CODE, TORCH_OP_OBJS, TORCH_OPS, AtCapture, is_numpy_ufunc,
-    marked_constant,
+    marked_constant, python_hook, wrapped_module_attr,
 )
 from ember.frontend.py_float import has_py_float, optim_helpers
 from ember.frontend.python_objects import (
@@ -344,6 +344,8 @@ class Calls:
                 module_mod._global_backward_hooks or getattr(module_mod, "_global_backward_pre_hooks", None) or \
                 mod._backward_hooks or getattr(mod, "_backward_pre_hooks", None):
             raise Unsupported("backward hooks or global module hooks", self.where())
+        if (why := self.python_run_module(mod)) is not None:
+            raise Unsupported(why, self.where())
         src = mod_v.source
         g = self.cap.guards
         # hooks registered after the capture must be seen: the global ones and this module's backward ones are
@@ -366,26 +368,46 @@ class Calls:
             else:
                 g.add(f"len({src}._forward_hooks) == {len(mod._forward_hooks)} and "
                       f"len({src}._forward_pre_hooks) == {len(mod._forward_pre_hooks)}", 1)
+        kwargs_v = DictV(dict(kwargs))   # the one kwargs dict every hook with kwargs receives, as in nn.Module
         for hook_id, hook in list(mod._forward_pre_hooks.items()):
-            if mod._forward_pre_hooks_with_kwargs.get(hook_id):
-                raise Unsupported("forward pre-hook with kwargs", self.where())
             hook_v = self.cap.wrap(hook, f"{src}._forward_pre_hooks[{hook_id}]" if src else None)
+            if mod._forward_pre_hooks_with_kwargs.get(hook_id):
+                r = self.call(hook_v, [mod_v, TupleV(list(args)), kwargs_v], {})
+                if not self.is_none(r):
+                    args, kwargs_v = self.hook_args_kwargs(r)
+                continue
             r = self.call(hook_v, [mod_v, TupleV(list(args))], {})
             if not self.is_none(r):
                 args = list(r.items) if isinstance(r, TupleV) else [r]
+        kwargs = dict(kwargs_v.items)
         forward = type(mod).forward
         if "forward" in mod.__dict__:
             out = self.call(self.cap.wrap(mod.__dict__["forward"], attr_source(src, "forward")), args, kwargs)
         else:
             out = self.call(ObjV(forward), [mod_v] + args, kwargs)
         for hook_id, hook in list(mod._forward_hooks.items()):
-            if mod._forward_hooks_with_kwargs.get(hook_id):
-                raise Unsupported("forward hook with kwargs", self.where())
             hook_v = self.cap.wrap(hook, f"{src}._forward_hooks[{hook_id}]" if src else None)
-            r = self.call(hook_v, [mod_v, TupleV(list(args)), out], {})
+            with_kwargs = [kwargs_v] if mod._forward_hooks_with_kwargs.get(hook_id) else []
+            r = self.call(hook_v, [mod_v, TupleV(list(args)), *with_kwargs, out], {})
             if not self.is_none(r):
                 out = r
         return out
+
+    def python_run_module(self, mod: torch.nn.Module) -> str | None:
+        """Why calling this module is a graph break at once (its forward or hooks run as Python there, the module's
+        own forward compiled: break_frames.call_compiled), or None."""
+        if wrapped_module_attr(mod) is not None:
+            return f"{type(mod).__name__}'s forward runs as Python (its {wrapped_module_attr(mod)} compiled)"
+        if any(python_hook(h) for h in [*mod._forward_pre_hooks.values(), *mod._forward_hooks.values()]):
+            return "torch.distributed's module hooks run as Python (the module's forward compiled)"
+        return None
+
+    def hook_args_kwargs(self, r: V) -> tuple[list[V], DictV]:
+        """The (args, kwargs) a forward pre-hook with kwargs returned; anything else Python raises at a break."""
+        if isinstance(r, TupleV) and len(r.items) == 2 and isinstance(r.items[0], TupleV) and \
+                isinstance(r.items[1], DictV) and all(isinstance(k, str) for k in r.items[1].items):
+            return list(r.items[0].items), r.items[1]
+        raise Unsupported(f"a forward pre-hook returned {self.type_name(r)}, not (args, kwargs)", self.where())
 
     def construct(self, cls_v: V, cls: type, args: list[V], kwargs: dict) -> V:
         if issubclass(cls, torch.nn.Module):

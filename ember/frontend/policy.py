@@ -67,6 +67,9 @@ PURE_BUILTIN_FUNCS = {abs, round, divmod, pow, hash, chr, ord, hex, oct, bin, re
 # module wrappers (ember.compile's CompiledModule, added by ember.api) that compiled code sees as the module they
 # wrap (their `_orig_mod`): the inner compile is inlined into the outer graph, as torch.compile inlines its own
 MODULE_WRAPPERS: set[type] = set()
+# that class itself (registered by ember.api, which the frontend cannot import): a module a wrapper such as DDP
+# wraps is compiled as one for the wrapper's call (break_frames.call_wrapper)
+COMPILED_MODULE: list[type] = []
 # Calls ember neither records nor inlines: each is answered at capture time, by one of five rules.
 #   pure:    a function of its arguments: evaluated (when no argument holds a tensor: with one, it is recorded)
 #   mode:    follows the grad or autocast mode, which the entry guards and the capture tracks through the
@@ -154,6 +157,35 @@ def program_in(programs: dict[int, weakref.ref], cfg) -> bool:
 def add_program(programs: dict[int, weakref.ref], cfg) -> None:
     key = id(cfg)
     programs[key] = weakref.ref(cfg, lambda _ref: programs.pop(key, None))
+
+
+# Module hooks from these packages run as Python, never inlined: torch.distributed's (FSDP2's pre-forward all-gather,
+# post-forward reshard) launch collectives and keep per-step state a graph cannot hold. A module with such a hook is
+# a graph break; at the break its hooks run as Python around its forward, compiled (break_frames.call_with_hooks).
+PYTHON_HOOK_PACKAGES = ("torch.distributed",)
+
+
+def python_hook(hook) -> bool:
+    """Whether a module hook must run as Python (PYTHON_HOOK_PACKAGES), by the module of the function it runs."""
+    fn = getattr(hook, "__func__", hook)
+    mod = getattr(fn, "__module__", None) or type(fn).__module__ or ""
+    return mod.startswith(PYTHON_HOOK_PACKAGES)
+
+
+# Library modules whose forward is bookkeeping around the one module they wrap, by class -> the attribute holding
+# it. DistributedDataParallel's forward prepares its reducer for the backward and broadcasts buffers (C++ state
+# changed on every call, collectives): a call is a graph break, its forward runs as Python and the module it wraps
+# runs compiled (break_frames.call_wrapper), as torch.compile skips DDP's frames and compiles the inner module.
+PYTHON_WRAPPER_MODULES = {cls: "module" for cls in [_resolve("torch.nn.parallel.DistributedDataParallel")]
+                          if cls is not None}
+
+
+def wrapped_module_attr(mod) -> str | None:
+    """The attribute holding the module a PYTHON_WRAPPER_MODULES module wraps, where its forward is the library's."""
+    for cls, attr in PYTHON_WRAPPER_MODULES.items():
+        if isinstance(mod, cls) and type(mod).forward is cls.forward:
+            return attr
+    return None
 
 
 def marked_constant(f) -> bool:

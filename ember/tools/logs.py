@@ -1,6 +1,6 @@
 """Logging under the `ember` logger, switched on per topic by EMBER_LOGS (like TORCH_LOGS).
 
-EMBER_LOGS=graph,guards,recompiles,graph_breaks,output_code,fallbacks,dynamic,check  (or "all")
+EMBER_LOGS=graph,guards,recompiles,graph_breaks,output_code,fallbacks,dynamic,check,saved,distributed  (or "all")
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import os
 
 TOPICS = ("graph", "guards", "recompiles", "graph_breaks", "output_code", "fallbacks", "autograd", "bytecode", "autotune",
-          "dynamic", "check", "saved")
+          "dynamic", "check", "saved", "distributed")
 _root = logging.getLogger("ember")
 
 
