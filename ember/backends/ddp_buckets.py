@@ -14,6 +14,8 @@ the graph whole.
 """
 from __future__ import annotations
 
+import functools
+
 import operator
 from typing import Callable
 
@@ -57,7 +59,10 @@ def split_at_ddp_buckets(backend: Callable) -> Callable:
         if pieces is None:
             return backend(gm, example_inputs)
         return compile_pieces(gm, example_inputs, pieces, backend)
-    backend_at_ddp_buckets.__name__ = getattr(backend, "__name__", type(backend).__name__)
+    # the backend's name, module and marks (fail_safe: ember's own), and __wrapped__ to find it by
+    functools.update_wrapper(backend_at_ddp_buckets, backend)
+    if not hasattr(backend, "__name__"):
+        backend_at_ddp_buckets.__name__ = type(backend).__name__
     return backend_at_ddp_buckets
 
 
