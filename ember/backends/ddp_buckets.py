@@ -15,6 +15,7 @@ the graph whole.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import operator
 from typing import Callable
@@ -157,11 +158,36 @@ class _Piece(torch.nn.Module):
         return self.compiled(*args)
 
 
+_TUPLE_RETURN = "tuple_return" in inspect.signature(split_module).parameters
+
+
+def _pieces_return_tuples(split: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Every piece returns a tuple, as a backend takes a graph (torch before 2.12's split_module returns a piece's
+    one value bare, and has no tuple_return): its one value in a tuple, read back with a getitem."""
+    for node in list(split.graph.nodes):
+        if node.op != "call_module":
+            continue
+        sub = getattr(split, node.target)
+        out = next(n for n in sub.graph.nodes if n.op == "output")
+        if isinstance(out.args[0], (tuple, list)):
+            continue
+        out.args = ((out.args[0],),)
+        sub.recompile()
+        with split.graph.inserting_after(node):
+            item = split.graph.call_function(operator.getitem, (node, 0))
+        node.replace_all_uses_with(item, delete_user_cb=lambda user: user is not item)
+    split.recompile()
+    return split
+
+
 def compile_pieces(gm: torch.fx.GraphModule, example_inputs: list, pieces: dict, backend: Callable) -> Callable:
     """gm split into its pieces (torch.fx's split_module), each compiled by the backend on example inputs made from
     the capture's metadata (a piece's inputs from another piece: empty tensors of their size, stride, dtype and
     requires_grad; the backend reads no values)."""
-    split = split_module(gm, None, lambda n: pieces[n], keep_original_order=True, tuple_return=True)
+    if _TUPLE_RETURN:
+        split = split_module(gm, None, lambda n: pieces[n], keep_original_order=True, tuple_return=True)
+    else:
+        split = _pieces_return_tuples(split_module(gm, None, lambda n: pieces[n], keep_original_order=True))
     real = {n.name: t for n, t in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)}
     real.update({n.name: operator.attrgetter(n.target)(gm) for n in gm.graph.nodes if n.op == "get_attr"})
     names = []
