@@ -45,22 +45,14 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     symbolic = lower.is_symbolic(gm)
     hints = {}
     try:
-        with lower.LOWERING_LOCK:
-            try:
-                low, out_spec, _ = lower.lower(gm, example_inputs)
-                hints = dict(symbols.HINTS)
-                # (symbolic: no input written in place, whose overlap test needs fixed extents)
-                sched = schedule.schedule(low, row_buffers=True,
-                                          mutations=None if symbolic else gm.meta.get("ember_input_mutations"))
-                sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
-                source, kernels = cpp.generate(sched)
-            except (TypeError, NotImplementedError) as e:
-                if not symbolic:
-                    raise
-                # a size decision the code generator takes on numbers only (a comparison of symbolic sizes)
-                raise CannotLower(f"no symbolic code for it ({type(e).__name__}: {e})") from e
-            finally:
-                symbols.HINTS.clear()
+        with lower.lowering(symbolic):
+            low, out_spec, _ = lower.lower(gm, example_inputs)
+            hints = dict(symbols.HINTS)
+            # (symbolic: no input written in place, whose overlap test needs fixed extents)
+            sched = schedule.schedule(low, row_buffers=True,
+                                      mutations=None if symbolic else gm.meta.get("ember_input_mutations"))
+            sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
+            source, kernels = cpp.generate(sched)
     except CannotLower as e:
         if symbolic:
             fallback_log.warning("symbolic graph runs as its ATen graph (every size): %s", e)

@@ -215,16 +215,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         return gm.forward
     symbolic = lower.is_symbolic(gm)
     try:
-        with lower.LOWERING_LOCK:
-            try:
-                call, out_spec = _lower_and_print(gm, example_inputs, options or {}, symbolic)
-            except (TypeError, NotImplementedError) as e:
-                if not symbolic:
-                    raise
-                # a size decision the code generator takes on numbers only (a comparison of symbolic sizes)
-                raise CannotLower(f"no symbolic code for it ({type(e).__name__}: {e})") from e
-            finally:
-                symbols.HINTS.clear()
+        with lower.lowering(symbolic):
+            call, out_spec = _lower_and_print(gm, example_inputs, options or {}, symbolic)
     except CannotLower as e:
         fallback_log.warning("%s (Triton backend): %s", "symbolic graph runs as its ATen graph (every size)"
                              if symbolic else "graph runs eagerly", e)

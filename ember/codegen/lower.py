@@ -488,6 +488,22 @@ def _check(out, val, node):
     return out
 
 
+@contextlib.contextmanager
+def lowering(symbolic: bool):
+    """A backend's lowering and printing of one graph: under LOWERING_LOCK, symbols.HINTS cleared after. In a
+    symbolic graph a TypeError or NotImplementedError is a size decision the code generator takes on numbers only
+    (a comparison of symbolic sizes): CannotLower, the graph runs as its ATen graph."""
+    with LOWERING_LOCK:
+        try:
+            yield
+        except (TypeError, NotImplementedError) as e:
+            if not symbolic:
+                raise
+            raise CannotLower(f"no symbolic code for it ({type(e).__name__}: {e})") from e
+        finally:
+            symbols.HINTS.clear()
+
+
 def is_symbolic(gm: torch.fx.GraphModule) -> bool:
     """Whether a graph has symbolic sizes (docs/dynamic.md): a SymInt placeholder or a tensor input with a
     symbolic size or stride."""

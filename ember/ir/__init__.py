@@ -34,7 +34,7 @@ class FloorDiv(sympy.Function):
     def eval(cls, a, b):
         if b == 1:
             return a
-        if a == 0:
+        if a == 0 or b == 0:   # (b 0: a size-0 dim's index, of a tensor no element of which is ever read)
             return sympy.Integer(0)
         if a.is_Integer and b.is_Integer:
             return sympy.Integer(int(a) // int(b))
@@ -59,7 +59,7 @@ class ModIndex(sympy.Function):
 
     @classmethod
     def eval(cls, a, b):
-        if b == 1 or a == 0:
+        if b == 1 or a == 0 or b == 0:   # (b 0: as FloorDiv's)
             return sympy.Integer(0)
         if a.is_Integer and b.is_Integer:
             return sympy.Integer(int(a) % int(b))

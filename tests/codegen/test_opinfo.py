@@ -59,13 +59,10 @@ def _draws_random(n) -> bool:
     return True
 
 
-def run_sample(op, dtype, sample) -> tuple[str, str]:
-    """(status, detail) for one OpInfo sample."""
-    if any(w in op.name for w in NONDETERMINISTIC):
-        return "skip", "nondeterministic or uninitialized output"
+def sample_function(op, sample):
+    """(fn, tensors): the op on an OpInfo sample as a function of the sample's tensors (its other arguments fixed)."""
     leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    tensors = [leaves[i] for i in pos]
 
     def fn(*ts):
         ls = list(leaves)
@@ -73,6 +70,15 @@ def run_sample(op, dtype, sample) -> tuple[str, str]:
             ls[i] = t
         inp, args, kwargs = pytree.tree_unflatten(ls, spec)
         return op.op(inp, *args, **kwargs)
+    fn.structure = (spec, tuple(repr(x) for i, x in enumerate(leaves) if i not in pos))
+    return fn, [leaves[i] for i in pos]
+
+
+def run_sample(op, dtype, sample) -> tuple[str, str]:
+    """(status, detail) for one OpInfo sample."""
+    if any(w in op.name for w in NONDETERMINISTIC):
+        return "skip", "nondeterministic or uninitialized output"
+    fn, tensors = sample_function(op, sample)
     try:
         torch.manual_seed(1234)
         gm, ref = trace_aten(fn, tensors)

@@ -8,23 +8,13 @@ import torch.utils._pytree as pytree
 
 import ember
 from ember.tools.failsafe import STATS
-from tests.codegen.test_opinfo import NONDETERMINISTIC, SUBSET, _ops
+from tests.codegen.test_opinfo import NONDETERMINISTIC, SUBSET, _ops, sample_function
 
 
 def _as_function(op, sample):
     """(fn of the sample's tensors, the tensors, the sample's structure: its non-tensor leaves and tensor ranks)."""
-    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
-    pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-
-    def fn(*ts):
-        ls = list(leaves)
-        for i, t in zip(pos, ts):
-            ls[i] = t
-        inp, args, kwargs = pytree.tree_unflatten(ls, spec)
-        return op.op(inp, *args, **kwargs)
-    tensors = [leaves[i] for i in pos]
-    structure = (spec, tuple(repr(x) for i, x in enumerate(leaves) if i not in pos), tuple(t.dim() for t in tensors))
-    return fn, tensors, structure
+    fn, tensors = sample_function(op, sample)
+    return fn, tensors, (*fn.structure, tuple(t.dim() for t in tensors))
 
 
 def _compare(out, ref):

@@ -234,3 +234,15 @@ def test_an_index_value_read_at_a_gathered_position_is_printed_after_that_positi
         errors = failsafe.STATS["compile_fallbacks"] + failsafe.STATS["launch_fallbacks"]
         torch.testing.assert_close(ember.compile(f)(x, i), f(x, i))
         assert failsafe.STATS["compile_fallbacks"] + failsafe.STATS["launch_fallbacks"] == errors
+
+
+def test_product_with_an_empty_inner_dim_compiles():
+    """A [5, 5, 0] x [0, 5] product (empty inner dim, a result of zeros): its reshapes' indices divide by the size
+    0, which the index simplifier evaluates without dividing (no element of an empty tensor is read)."""
+    from ember.backends.cpp_backend import compile_aten
+    from tests.codegen.aten_trace import trace_aten
+    a, b = torch.randn(5, 5, 0), torch.randn(0, 5)
+    gm, ref = trace_aten(torch.matmul, [a, b])
+    with torch.no_grad():
+        out = compile_aten(gm, [a, b])(a, b)
+    torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, ref)

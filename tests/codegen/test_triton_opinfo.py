@@ -25,16 +25,7 @@ def run_sample(op, dtype, sample) -> tuple[str, str]:
     from tests.codegen.aten_trace import trace_aten
     if any(w in op.name for w in sweep_cpu.NONDETERMINISTIC):
         return "skip", "nondeterministic or uninitialized output"
-    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
-    pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    tensors = [leaves[i] for i in pos]
-
-    def fn(*ts):
-        ls = list(leaves)
-        for i, t in zip(pos, ts):
-            ls[i] = t
-        inp, args, kwargs = pytree.tree_unflatten(ls, spec)
-        return op.op(inp, *args, **kwargs)
+    fn, tensors = sweep_cpu.sample_function(op, sample)
     try:
         gm, ref = trace_aten(fn, tensors)
     except Exception as e:
