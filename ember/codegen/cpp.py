@@ -167,7 +167,7 @@ class Body(printer.Body):
                                               and not off.atoms(IndirectSymbol))
             elif x.op == "index":
                 ok = not (x.args[0].free_symbols & loopvars) and not x.args[0].atoms(IndirectSymbol)
-            elif x.op in ("rand", "checked_index"):
+            elif x.op == "rand":
                 ok = False
             else:
                 ok = all(self._invariant(a) for a in x.args if isinstance(a, Expr))
@@ -651,8 +651,11 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     clause = ""
     if simple:
         clause = f" reduction({OMP_REDUCTION[kind]}:{acc})" + (f" reduction(|:{acc}_nan)" if kind in ("max", "min") else "")
-    head, bind, close = _loops(inner, ind, parallel_inner and simple, clause, simd=simple)
-    b = Body(ptrs, scalars, bind, rows)
+    # the loop in a scope of its own, values that do not change in it (a gathered row's checked index) computed
+    # before it, once (another member's hoisted names may be the same)
+    lind = ind + "  " if m.inner else ind
+    head, bind, close = _loops(inner, lind, parallel_inner and simple, clause, simd=simple)
+    b = Body(ptrs, scalars, bind, rows, hoist=(lind, set(rvars(len(inner)))) if m.inner else None)
     v = b.emit(m.body)
     fl = m.body.dtype.is_floating_point
     if kind == "sum":
@@ -674,7 +677,8 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
         upd = f"if (({v} {cmp} {acc} && !{acc}_nan){nan}) {{ {acc} = {v}; {acc}_i = {flat}; {acc}_nan = ({v} != {v}); }}"
         if not fl:
             upd = f"if ({v} {cmp} {acc}) {{ {acc} = {v}; {acc}_i = {flat}; }}"
-    lines += head + b.lines + [bind + upd] + close
+    loop = b.pre + head + b.lines + [bind + upd] + close
+    lines += [ind + "{"] + loop + [ind + "}"] if m.inner else loop
     if kind in ("max", "min") and fl:
         lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{vt}>::quiet_NaN();")
     result = f"{acc}_i" if kind.startswith("arg") else acc

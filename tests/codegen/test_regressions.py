@@ -246,3 +246,21 @@ def test_product_with_an_empty_inner_dim_compiles():
     with torch.no_grad():
         out = compile_aten(gm, [a, b])(a, b)
     torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, ref)
+
+
+def test_gathered_row_sum_checks_its_index_once_before_the_loop():
+    """x.index_select(0, i).sum(-1): the row's checked index does not change in the reduction loop and is
+    computed before it (inside, its error write kept g++ from vectorizing the sum); an index out of range still
+    raises IndexError."""
+    from ember.backends.cpp_backend import compile_aten
+    from tests.codegen.aten_trace import trace_aten
+    x, i = torch.randn(300, 64), torch.randint(0, 300, (50,))
+    gm, ref = trace_aten(lambda x, i: x.index_select(0, i).sum(-1), [x, i])
+    c = compile_aten(gm, [x, i])
+    out = c(x, i)
+    torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, ref)
+    src = c.compiled.source
+    kernel = src[src.index(" void kernel_"):]
+    assert kernel.index("ember_index(") < kernel.index("#pragma omp simd reduction"), kernel
+    with pytest.raises(IndexError):
+        c(x, torch.tensor([0, 300] + [1] * 48))
