@@ -60,12 +60,13 @@ def test_reductions_over_symbolic_dims(vector_width):
         return aten.sub.Tensor(x, a), b, c
     compiled, _ = compile_symbolic(f, [6, 10, torch.randn(6, 10)], {2: [0, 1]})
     for n, m in [(2, 3), (7, 17), (33, 5), (100, 257), (3, 1000)]:
-        # a float32 sum in another order than eager's (which differs by instruction set): as close to the float64
-        # result as eager is
+        # a float32 sum in another order than eager's (which differs by instruction set; eager's cascade sums
+        # round less): as close to the float64 result as eager is, plus sqrt(k) roundings of the largest
+        # value for a sum of k terms
         x = torch.randn(n, m)
         got, want, exact = compiled(n, m, x), f(n, m, x), f(n, m, x.double())
-        for g, w, e in zip(got, want, exact):
-            assert_as_close_as_eager(g, w, e, msg=f"{n}x{m}")
+        for g, w, e, k in zip(got, want, exact, (m, 1, n * m)):
+            assert_as_close_as_eager(g, w, e, ulps=8 + k ** 0.5, msg=f"{n}x{m}")
 
 
 def test_softmax_rows(vector_width):
