@@ -82,3 +82,15 @@ def check(compiled, fn, args, **tol):
     assert len(out) == len(want)
     for o, w in zip(out, want):
         torch.testing.assert_close(o, w, **tol)
+
+
+def views_by_symbolic_sizes(s0, s1, x):
+    """Views whose sizes are products of symbols, for both backends' tests: a permuted copy flattened, a view of
+    a product, a sum broadcast over a new dim."""
+    aten = torch.ops.aten
+    a = aten.permute.default(x, [1, 0, 2])                       # [s1, s0, 4]
+    b = aten.clone.default(a, memory_format=torch.contiguous_format)
+    c = aten.view.default(b, [s1 * s0 * 4])
+    d = aten.view.default(aten.mul.Tensor(x, 2.0), [s0, s1 * 4])
+    e = aten.expand.default(aten.unsqueeze.default(aten.sum.dim_IntList(x, [2]), 0), [3, s0, s1])
+    return aten.cos.default(c), aten.add.Tensor(d, 1.0), aten.mul.Tensor(e, 2.0)

@@ -8,7 +8,7 @@ from ember import config
 from ember.backends import cpp_backend
 from ember.codegen import cpp
 from ember.runtime import cache
-from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph
+from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph, views_by_symbolic_sizes
 from tests.numerics import assert_as_close_as_eager
 
 aten = torch.ops.aten
@@ -86,13 +86,7 @@ def test_layer_norm_rows(vector_width):
 
 
 def test_views_by_symbolic_sizes(vector_width):
-    def f(s0, s1, x):
-        a = aten.permute.default(x, [1, 0, 2])                       # [s1, s0, 4]
-        b = aten.clone.default(a, memory_format=torch.contiguous_format)
-        c = aten.view.default(b, [s1 * s0 * 4])
-        d = aten.view.default(aten.mul.Tensor(x, 2.0), [s0, s1 * 4])
-        e = aten.expand.default(aten.unsqueeze.default(aten.sum.dim_IntList(x, [2]), 0), [3, s0, s1])
-        return aten.cos.default(c), aten.add.Tensor(d, 1.0), aten.mul.Tensor(e, 2.0)
+    f = views_by_symbolic_sizes
     compiled, _ = compile_symbolic(f, [5, 6, torch.randn(5, 6, 4)], {2: [0, 1]})
     for n, m in [(2, 3), (7, 17), (33, 5), (16, 16)]:
         check(compiled, f, [n, m, torch.randn(n, m, 4)])

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph
+from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph, views_by_symbolic_sizes
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -114,13 +114,7 @@ def test_layer_norm_rows_of_static_length_stay_persistent():
 
 
 def test_views_by_symbolic_sizes():
-    def f(s0, s1, x):
-        a = aten.permute.default(x, [1, 0, 2])                       # [s1, s0, 4]
-        b = aten.clone.default(a, memory_format=torch.contiguous_format)
-        c = aten.view.default(b, [s1 * s0 * 4])
-        d = aten.view.default(aten.mul.Tensor(x, 2.0), [s0, s1 * 4])
-        e = aten.expand.default(aten.unsqueeze.default(aten.sum.dim_IntList(x, [2]), 0), [3, s0, s1])
-        return aten.cos.default(c), aten.add.Tensor(d, 1.0), aten.mul.Tensor(e, 2.0)
+    f = views_by_symbolic_sizes
     compiled = compile_symbolic(f, [5, 6, rand(5, 6, 4)], {2: [0, 1]})
     for n, m in [(2, 3), (7, 17), (33, 5), (16, 16)]:
         check(compiled, f, [n, m, rand(n, m, 4)])
