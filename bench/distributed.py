@@ -43,7 +43,8 @@ COLUMNS = ("eager", "torch.compile", "ember")
 
 def build_model(args, device):
     from transformers import GPT2Config, GPT2LMHeadModel
-    kw = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    # training builds no KV cache (transformers' default use_cache=True makes one per step, as no trainer does)
+    kw = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
     if args.tiny:
         kw.update(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128)
     torch.manual_seed(0)
@@ -79,7 +80,8 @@ def wrap(model, wrapper: str, column: str, args):
 
 
 def full_params(model) -> dict[str, torch.Tensor]:
-    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().cpu()
+    # torch.compile registers a compiled block as `<name>._orig_mod`: compare under the module's own names
+    return {name.replace("._orig_mod", ""): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().cpu()
             for name, p in model.named_parameters()}
 
 
@@ -107,20 +109,27 @@ def overlap_of(a: list, b: list) -> float:
     return total
 
 
-def kernel_times(trace_path: str, steps: int) -> dict:
-    """Per step, in ms: GPU time computing, communicating (NCCL kernels) and only communicating."""
+def kernel_times(trace_path: str, steps: int, top: int = 0) -> dict:
+    """Per step, in ms: GPU time computing, communicating (NCCL kernels) and only communicating; with `top`, the
+    kernels taking the most GPU time (name, ms per step, launches per step)."""
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
     comm, compute = [], []
+    by_name: dict[str, list[float]] = {}
     for e in events:
         if e.get("cat") != "kernel" or "dur" not in e:
             continue
         (comm if "nccl" in e.get("name", "").lower() else compute).append((e["ts"], e["ts"] + e["dur"]))
+        by_name.setdefault(e.get("name", "?")[:90], []).append(e["dur"])
     comm, compute = union(comm), union(compute)
     comm_us = sum(e - s for s, e in comm)
     exposed = comm_us - overlap_of(comm, compute)
-    return {"compute_ms": sum(e - s for s, e in compute) / 1e3 / steps, "comm_ms": comm_us / 1e3 / steps,
-            "comm_only_ms": exposed / 1e3 / steps}
+    out = {"compute_ms": sum(e - s for s, e in compute) / 1e3 / steps, "comm_ms": comm_us / 1e3 / steps,
+           "comm_only_ms": exposed / 1e3 / steps, "kernels_per_step": sum(map(len, by_name.values())) / steps}
+    if top:
+        ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+        out["top_kernels"] = [(name, round(sum(d) / 1e3 / steps, 3), len(d) / steps) for name, d in ranked]
+    return out
 
 
 def run_column(rank: int, world: int, wrapper: str, column: str, args, device, reference: dict) -> dict:
@@ -188,7 +197,7 @@ def run_column(rank: int, world: int, wrapper: str, column: str, args, device, r
         if rank == 0:
             path = os.path.join(tempfile.mkdtemp(), "trace.json")
             prof.export_chrome_trace(path)
-            out.update(kernel_times(path, 3))
+            out.update(kernel_times(path, 3, args.top))
     dist.barrier()
     return out
 
@@ -251,6 +260,7 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--tiny", action="store_true", help="a 2-layer GPT-2 (checks the script)")
     p.add_argument("--fsdp-root", action="store_true", help="FSDP2: also compile the whole model")
+    p.add_argument("--top", type=int, default=0, help="list the N kernels taking the most GPU time per column")
     p.add_argument("--world", type=int, default=0, help="processes (default: the GPUs, or 2 on the CPU)")
     p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "distributed.json"))
     args = p.parse_args()

@@ -143,40 +143,20 @@ def module_forward(m: torch.nn.Module) -> tuple[Any, tuple]:
     return (fwd, ()) if isinstance(fwd, types.FunctionType) else (m, ())
 
 
-def hooks_in_python(m: torch.nn.Module) -> bool:
-    """Whether m's call runs through call_with_hooks: it has forward (pre-)hooks, and no hooks of other kinds (backward,
-    global, always-called), which only nn.Module's own __call__ runs."""
-    from torch.nn.modules import module as torch_module
-    return bool(m._forward_hooks or m._forward_pre_hooks) and not (
-        m._backward_hooks or m._backward_pre_hooks or m._forward_hooks_always_called
-        or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
-        or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks) \
-        and type(m).__call__ is torch.nn.Module.__call__ and type(m)._call_impl is torch.nn.Module._call_impl \
-        and m._compiled_call_impl is None and not torch._C._get_tracing_state()
-
-
-def call_with_hooks(m: torch.nn.Module, args: tuple, kwargs: dict, forward: Callable):
-    """m(*args, **kwargs) as nn.Module.__call__ runs it for a module with forward (pre-)hooks only: each hook runs as
-    Python, in order, with the arguments nn.Module gives it, and `forward(args, kwargs)` (the module's forward,
-    compiled) between them. FSDP2's hooks (all-gather before, reshard after) run so around each compiled block."""
-    for hook_id, hook in tuple(m._forward_pre_hooks.items()):
-        if hook_id in m._forward_pre_hooks_with_kwargs:
-            r = hook(m, args, kwargs)
-            if r is not None:
-                if not (isinstance(r, tuple) and len(r) == 2):
-                    raise RuntimeError(f"forward pre-hook must return None or a tuple of (new_args, new_kwargs), "
-                                       f"but got {r}.")
-                args, kwargs = r
+def call_with_forward(m: torch.nn.Module, args: tuple, kwargs: dict, forward: Callable):
+    """m(*args, **kwargs) through the module's own call (its hooks of every kind, a subclass's __call__: FSDP2's
+    all-gather before and reshard after, a library's checkpointing layer), with `forward` (the module's forward,
+    compiled) standing in for m.forward during the call, as nn.Module's call reads self.forward."""
+    own = m.__dict__
+    had, before = "forward" in own, own.get("forward")
+    own["forward"] = forward
+    try:
+        return m(*args, **kwargs)
+    finally:
+        if had:
+            own["forward"] = before
         else:
-            r = hook(m, args)
-            if r is not None:
-                args = r if isinstance(r, tuple) else (r,)
-    result = forward(args, kwargs)
-    for hook_id, hook in tuple(m._forward_hooks.items()):
-        r = hook(m, args, kwargs, result) if hook_id in m._forward_hooks_with_kwargs else hook(m, args, result)
-        if r is not None:
-            result = r
-    return result
+            own.pop("forward", None)
 
 
 # the compiled stand-in of the module each wrapper (DDP) wraps, per compile config: wrapper -> {id(cfg): CompiledModule}
@@ -266,9 +246,9 @@ def call_compiled(f, args: tuple, kwargs: dict, cfg, hint=None):
     if isinstance(f, torch.nn.Module):
         if wrapped_module_attr(f) is not None:
             return call_wrapper(f, args, kwargs, cfg)
-        if hooks_in_python(f):
-            forward = f.forward   # (read before the hooks run, as nn.Module.__call__ reads it)
-            return call_with_hooks(f, args, kwargs, lambda a, k: call_compiled(forward, a, k, cfg, hint))
+        if f._forward_hooks or f._forward_pre_hooks:   # (capture broke here for hooks that run as Python)
+            forward = f.forward
+            return call_with_forward(f, args, kwargs, lambda *a, **k: call_compiled(forward, a, k, cfg, hint))
         target, prefix = module_forward(f)
     elif isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
         target, prefix = f.__func__, (f.__self__,)

@@ -161,7 +161,7 @@ def add_program(programs: dict[int, weakref.ref], cfg) -> None:
 
 # Module hooks from these packages run as Python, never inlined: torch.distributed's (FSDP2's pre-forward all-gather,
 # post-forward reshard) launch collectives and keep per-step state a graph cannot hold. A module with such a hook is
-# a graph break; at the break its hooks run as Python around its forward, compiled (break_frames.call_with_hooks).
+# a graph break; at the break the module is called as Python with its forward compiled (break_frames.call_with_forward).
 PYTHON_HOOK_PACKAGES = ("torch.distributed",)
 
 

@@ -44,11 +44,18 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class CallingBlock(Block):
+    """A block whose class has its own __call__ around nn.Module's (as transformers' GradientCheckpointingLayer)."""
+
+    def __call__(self, *args, **kwargs):
+        return super().__call__(*args, **kwargs)
+
+
 class Net(nn.Module):
-    def __init__(self, with_break: bool = False, n: int = 2):
+    def __init__(self, with_break: bool = False, n: int = 2, block=Block):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList([Block(WIDTH, with_break and i == 0) for i in range(n)])
+        self.blocks = nn.ModuleList([block(WIDTH, with_break and i == 0) for i in range(n)])
         self.ln = nn.LayerNorm(WIDTH)
         self.head = nn.Linear(WIDTH, VOCAB)
 
@@ -160,11 +167,11 @@ def scenario_ddp(rank: int, with_break: bool, outer: bool):
         assert events.index("allreduce") < len(events) - 1 - events[::-1].index("piece"), events
 
 
-def scenario_fsdp(rank: int, with_break: bool, compile_blocks: bool):
-    """fully_shard on each block and the root, then ember.compile of the whole model (and of each block)."""
+def scenario_fsdp(rank: int, with_break: bool, compile_blocks: bool, compile_model: bool = True, block=Block):
+    """fully_shard on each block and the root, then ember.compile of the whole model and/or of each block."""
     backend = Counting()
     torch.manual_seed(0)
-    check_equal(train(Net(with_break), lambda m: fsdp(m, compile_blocks, True, backend), rank),
+    check_equal(train(Net(with_break, block=block), lambda m: fsdp(m, compile_blocks, compile_model, backend), rank),
                 expected("fsdp", with_break, rank))
     # each block's compute is compiled between FSDP's hooks (all-gather before, reshard after, run as Python)
     assert max(backend.ops) >= (10 if with_break else 20), backend.ops
@@ -175,6 +182,8 @@ SCENARIOS = {
     "ddp_inner_break": lambda r: scenario_ddp(r, True, False),
     "fsdp_model": lambda r: scenario_fsdp(r, False, False),
     "fsdp_blocks_break": lambda r: scenario_fsdp(r, True, True),
+    # only the blocks compiled, each block's class with its own __call__
+    "fsdp_blocks_own_call": lambda r: scenario_fsdp(r, False, True, compile_model=False, block=CallingBlock),
 }
 
 
