@@ -1,0 +1,99 @@
+"""Attention masks that are the causal mask: scaled_dot_product_attention then runs with is_causal=True.
+
+Libraries build a causal mask as a tensor when they are traced (transformers does whenever is_compiling() is True,
+so that the mask does not depend on a data-dependent check), and the fused attention kernels then read it as a
+bias and compute every block, where is_causal lets them skip the half above the diagonal: twice the attention
+work, forward and backward. A mask computed from constants only (aranges and comparisons over static sizes) has
+one value for every call of the graph: it is computed once while tracing, and where it equals
+tril(ones(L, S)) (the lower triangle is_causal means) the call is made with is_causal=True and no mask.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ember.tools.logs import get_logger
+
+log = get_logger("autograd")
+
+# ops whose value is not a function of their arguments: a subgraph holding one is not a constant
+_RANDOM = ("rand", "bernoulli", "dropout", "normal", "multinomial", "poisson", "exponential", "uniform", "cauchy",
+           "geometric", "empty", "manual_seed", "seed")
+
+
+def constant_value(node: torch.fx.Node) -> torch.Tensor | None:
+    """The value of a torch-level node computed from constants alone, evaluated for real (outside the fake and
+    recording modes); None if it reads an input, a module attribute, a symbolic size or random state."""
+    order, seen, todo = [], set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op not in ("call_function", "call_method"):
+            return None
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        if any(word in name.lower() for word in _RANDOM):
+            return None
+        for leaf in pytree.tree_leaves((n.args, n.kwargs)):
+            if isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return None
+        order.append(n)
+        todo += n.all_input_nodes
+    graph, env = torch.fx.Graph(), {}
+    for n in sorted(order, key=_position(node.graph)):
+        env[n] = graph.node_copy(n, lambda x: env[x])
+    graph.output(env[node])
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            out = torch.fx.GraphModule(torch.nn.Module(), graph)()
+    except Exception:   # (whatever raises here raises in the graph's own run too, where it belongs)
+        return None
+    return out if isinstance(out, torch.Tensor) else None
+
+
+def _position(graph: torch.fx.Graph):
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    return index.__getitem__
+
+
+def is_causal_mask(mask: torch.Tensor, q_len: int, kv_len: int) -> bool:
+    """Whether attention with this mask (boolean: True attends; float: added to the scores) is attention with
+    is_causal=True: the mask broadcasts to tril(ones(q_len, kv_len)); a float mask's masked entries at or below
+    its dtype's lowest value (their softmax weight is exactly 0 in any row that attends somewhere)."""
+    if mask.dim() < 2 or mask.dtype not in (torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        return False
+    if any(m not in (1, n) for m, n in zip(mask.shape[-2:], (q_len, kv_len))):
+        return False
+    tril = torch.ones(q_len, kv_len, dtype=torch.bool, device=mask.device).tril()
+    if mask.dtype == torch.bool:
+        return bool((mask == tril).all())
+    return bool(torch.where(tril, mask == 0, mask <= torch.finfo(mask.dtype).min).all())
+
+
+def causal_call(node: torch.fx.Node, args: tuple, kwargs: dict, cache: dict) -> tuple[tuple, dict] | None:
+    """The arguments of scaled_dot_product_attention `node` with its mask replaced by is_causal=True where the
+    mask is a constant causal mask (args/kwargs: the node's values), or None. `cache`: mask node -> verdict."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    bound = dict(zip(names, args), **kwargs)
+    mask_node = node.kwargs["attn_mask"] if "attn_mask" in node.kwargs else \
+        node.args[3] if len(node.args) > 3 else None
+    q, k = bound.get("query"), bound.get("key")
+    if not isinstance(mask_node, torch.fx.Node) or bound.get("is_causal") or \
+            not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in (q, k)) or \
+            not all(type(n) is int for n in (q.shape[-2], k.shape[-2])):
+        return None
+    key = (mask_node, q.shape[-2], k.shape[-2])
+    if key not in cache:
+        value = constant_value(mask_node)
+        with _disable_current_modes():
+            cache[key] = value is not None and is_causal_mask(value, q.shape[-2], k.shape[-2])
+        if cache[key]:
+            log.debug("attention mask %s is the causal mask: is_causal=True (%s)", mask_node.name,
+                      node.meta.get("where", "?"))
+    if not cache[key]:
+        return None
+    bound["attn_mask"], bound["is_causal"] = None, True
+    return (), bound
