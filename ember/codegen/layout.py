@@ -102,25 +102,45 @@ _FLAT = sympy.Symbol("flat", integer=True, nonnegative=True)
 
 
 def value_key(x: TensorBox, stride: tuple) -> tuple | None:
-    """What a dense buffer of `stride` holding x would store at each storage offset (x's value Expr at the index
-    an offset `flat` stands for, each dimension's index `flat // stride % size`), its dtype and size in elements:
-    equal keys, equal storage, whatever the sizes and strides (a matrix, and its transpose stored transposed).
-    None for a layout with gaps or overlaps, for an empty one, and for symbolic sizes."""
+    """What a buffer of `stride` holding x would store at each storage offset (x's value Expr at the index an
+    offset `flat` stands for: each dimension's index `flat // stride % (the next larger stride / stride)`), its
+    dtype and its layout's (stride, size) steps: equal keys, equal storage, whatever the sizes and strides (a
+    matrix, and its transpose stored transposed; rows padded too). None for overlapping layouts, for an empty
+    one, and for symbolic sizes."""
     if not all(symbols.is_static(n) for n in (*x.size, *stride)):
         return None
     size = [int(n) for n in x.size]
     stride = [int(n) for n in stride]
     if 0 in size:
         return None
-    want = 1
-    for d in sorted(range(len(size)), key=lambda d: stride[d]):
-        if size[d] != 1:
-            if stride[d] != want:
-                return None
-            want *= size[d]
-    idx = [sympy.Integer(0) if n == 1 else ir.simplify_index(ModIndex(FloorDiv(_FLAT, st), n))
+    steps = sorted((stride[d], size[d]) for d in range(len(size)) if size[d] != 1)
+    reach = 1
+    for st, n in steps:
+        if st < reach:
+            return None
+        reach = st * n
+    period = {st: (steps[i + 1][0] // st if i + 1 < len(steps) else n) for i, (st, n) in enumerate(steps)}
+    idx = [sympy.Integer(0) if n == 1 else ir.simplify_index(ModIndex(FloorDiv(_FLAT, st), period[st]))
            for n, st in zip(size, stride)]
-    return x.loader(idx), x.dtype, want
+    merged: list = []   # (steps of dims that abut merge: a dense layout's key is its size, whatever its shape)
+    for st, n in steps:
+        if merged and merged[-1][0] * merged[-1][1] == st:
+            merged[-1] = (merged[-1][0], merged[-1][1] * n)
+        else:
+            merged.append((st, n))
+    return x.loader(idx), x.dtype, tuple(merged)
+
+
+def padded(size, stride) -> bool:
+    """Whether a static layout has gaps between its rows (padded_product's results, an aligned bias)."""
+    if not all(symbols.is_static(n) for n in (*size, *stride)):
+        return False
+    reach = 1
+    for st, n in sorted((int(st), int(n)) for n, st in zip(size, stride) if int(n) != 1):
+        if st > reach:
+            return True
+        reach = st * n
+    return False
 
 
 def same_strides(size, a, b) -> bool:

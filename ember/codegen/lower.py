@@ -28,7 +28,7 @@ from ember import ir
 from ember.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, TensorArg, TensorBox, symbols
 from ember.codegen.cat_chains import lower_cat, plan_cat_chains
 from ember.codegen.layout import ALIGNED_ARGUMENTS, CONVOLUTIONS, aligned_strides, channels_last_strides, \
-    is_aligned, is_dense, same_strides, value_key, wants_channels_last
+    is_aligned, is_dense, padded, same_strides, value_key, wants_channels_last
 from ember.codegen.matmul import addmm, lower_sibling_product, mm, plan_sibling_products
 from ember.codegen.onednn import LinearFusion, lower_conv_fusion, lower_linear_fusion, plan_conv_fusions, \
     plan_linear_fusions
@@ -422,8 +422,10 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                         val = a.meta.get("val")
                         stride = (symbols.ints(symbols.sym_sizes(val.stride())) if g.symbolic else val.stride()) \
                             if is_dense(val) else None
-                        if v.strided is not None and v.strided[0].name in g.cl and (  # eager's layout back
-                                stride is None or tuple(int(s) for s in v.strided[1]) != tuple(stride)):
+                        moved = v.strided is not None and (stride is None or not same_strides(v.size, v.strided[1],
+                                                                                               stride))
+                        if moved and (v.strided[0].name in g.cl or stride is not None and padded(v.size, v.strided[1])):
+                            # eager's layout back: of a channels-last value; of a dense one stored with padded rows
                             g.origins = getattr(v, "origin_names", ())
                             v = g.realize(TensorBox(v.size, v.dtype, v.loader),
                                           stride=stride if stride is not None else ir.contiguous_strides(v.size))

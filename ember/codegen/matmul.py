@@ -52,7 +52,7 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
     if parts:
         return NotImplemented
     if prod is None:
-        prod = ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False)
+        prod = padded_product(ir.GRAPH, a, b) or ir.GRAPH.extern(aten.mm.default, (a, b), {}, fallback=False)
     return P.add(prod, bias, dtype=v.dtype)
 
 
@@ -91,9 +91,60 @@ def _returned(node) -> bool:
 
 
 def mm(a, b):
-    """On CPU in float32, a oneDNN inner product where the weight is laid out for one (onednn.cpu_matmul);
-    else ATen's mm (the extern it is listed as)."""
-    return cpu_matmul(ir.GRAPH, a, b) or NotImplemented
+    """On CPU in float32, a oneDNN inner product where the weight is laid out for one (onednn.cpu_matmul); on
+    CUDA with a leading dimension cuBLAS reads slowly, the product with padded rows (padded_product); else ATen's
+    mm (the extern it is listed as)."""
+    return cpu_matmul(ir.GRAPH, a, b) or padded_product(ir.GRAPH, a, b) or NotImplemented
+
+
+# cuBLAS takes its fast kernels only for matrices whose leading dimension (the step between rows) is a multiple of
+# 16 bytes: with GPT-2's 50257-word vocabulary its LM head's three products ran 2x slower (cutlass "align1"
+# kernels). A product big enough for it to matter stores what it computes with rows padded to 16 bytes: its
+# result, and operands ember computes itself (a gradient from the loss); the gaps are never read. Operands
+# already stored (inputs, parameters) are read as they are: a copy to pad them costs a pass of its own.
+LEAD_ALIGN_BYTES = 16
+PAD_MIN_MACS = 1 << 27
+PADDED_DEVICES = ("cuda",)
+
+
+def padded_product(g: "Graph", a: TensorBox, b: TensorBox) -> "TensorBox | None":
+    """a @ b on CUDA through padded_mm where a leading dimension is not a multiple of LEAD_ALIGN_BYTES, or None."""
+    v = out()
+    if v.device.type not in PADDED_DEVICES or g.symbolic or a.ndim != 2 or b.ndim != 2 or not floaty(v.dtype) \
+            or a.dtype != v.dtype or b.dtype != v.dtype:
+        return None
+    m, k, n = int(a.size[0]), int(a.size[1]), int(b.size[1])
+    if m * k * n < PAD_MIN_MACS:
+        return None
+    step = max(LEAD_ALIGN_BYTES // ir.itemsize(v.dtype), 1)
+    width = -(-n // step) * step
+    a2, b2 = _rows_padded(g, a, step), _rows_padded(g, b, step)
+    if a2 is a and b2 is b and width == n:
+        return None
+    return g.extern(padded_mm, (a2, b2, width), {}, fallback=False, out_stride=(width, 1))
+
+
+def _rows_padded(g: "Graph", x: TensorBox, step: int) -> TensorBox:
+    """x stored as eager would store it, its leading dimension padded to a multiple of `step` elements (a
+    transposed value stays transposed: its columns padded); x itself where it is stored already or needs no pad.
+    Stored as a library argument (realize's share): a value and its transpose read by two products (a gradient
+    and the weight's gradient) share one buffer."""
+    if x.strided is not None:
+        return x
+    rows, cols = int(x.size[0]), int(x.size[1])
+    want = getattr(x, "eager_stride", None)
+    transposed = want is not None and int(want[0]) == 1 and cols != 1 and rows != 1
+    lead = rows if transposed else cols
+    if lead % step == 0:
+        return x
+    padded = -(-lead // step) * step
+    return g.realize(x, stride=(1, padded) if transposed else (padded, 1), share=True)
+
+
+def padded_mm(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
+    """a @ b written into rows `width` elements apart (padded_product)."""
+    result = torch.empty_strided((a.shape[0], b.shape[1]), (width, 1), dtype=a.dtype, device=a.device)
+    return torch.mm(a, b, out=result)
 
 
 
