@@ -4,8 +4,9 @@ Libraries build a causal mask as a tensor when they are traced (transformers doe
 so that the mask does not depend on a data-dependent check), and the fused attention kernels then read it as a
 bias and compute every block, where is_causal lets them skip the half above the diagonal: twice the attention
 work, forward and backward. A mask computed from constants only (aranges and comparisons over static sizes) has
-one value for every call of the graph: it is computed once while tracing, and where it equals
-tril(ones(L, S)) (the lower triangle is_causal means) the call is made with is_causal=True and no mask.
+one value for every call of the graph: it is computed once, before the graph is traced (use_is_causal, on the
+torch-level graph), and where it equals tril(ones(L, S)) (the lower triangle is_causal means) the call is made
+with is_causal=True and no mask.
 """
 from __future__ import annotations
 
@@ -73,27 +74,51 @@ def is_causal_mask(mask: torch.Tensor, q_len: int, kv_len: int) -> bool:
     return bool(torch.where(tril, mask == 0, mask <= torch.finfo(mask.dtype).min).all())
 
 
-def causal_call(node: torch.fx.Node, args: tuple, kwargs: dict, cache: dict) -> tuple[tuple, dict] | None:
-    """The arguments of scaled_dot_product_attention `node` with its mask replaced by is_causal=True where the
-    mask is a constant causal mask (args/kwargs: the node's values), or None. `cache`: mask node -> verdict."""
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-    bound = dict(zip(names, args), **kwargs)
-    mask_node = node.kwargs["attn_mask"] if "attn_mask" in node.kwargs else \
-        node.args[3] if len(node.args) > 3 else None
-    q, k = bound.get("query"), bound.get("key")
-    if not isinstance(mask_node, torch.fx.Node) or bound.get("is_causal") or \
-            not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in (q, k)) or \
-            not all(type(n) is int for n in (q.shape[-2], k.shape[-2])):
-        return None
-    key = (mask_node, q.shape[-2], k.shape[-2])
-    if key not in cache:
-        value = constant_value(mask_node)
-        with _disable_current_modes():
-            cache[key] = value is not None and is_causal_mask(value, q.shape[-2], k.shape[-2])
-        if cache[key]:
-            log.debug("attention mask %s is the causal mask: is_causal=True (%s)", mask_node.name,
-                      node.meta.get("where", "?"))
-    if not cache[key]:
-        return None
-    bound["attn_mask"], bound["is_causal"] = None, True
-    return (), bound
+def use_is_causal(gm: torch.fx.GraphModule) -> int:
+    """Rewrite gm's scaled_dot_product_attention calls whose mask is a constant causal mask into is_causal=True
+    calls without it, and drop the mask's ops left unused; returns how many calls changed. Run on a torch-level
+    graph before it is traced or split (a piece holding the attention would receive the mask as an input)."""
+    verdicts: dict = {}
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.nn.functional.scaled_dot_product_attention:
+            continue
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+        bound = dict(zip(names, node.args), **node.kwargs)
+        mask = bound.get("attn_mask")
+        q, k = (getattr(bound.get(n), "meta", {}).get("val") for n in ("query", "key"))
+        if not isinstance(mask, torch.fx.Node) or bound.get("is_causal") or \
+                not all(isinstance(t, torch.Tensor) and t.dim() >= 2 and type(t.shape[-2]) is int for t in (q, k)):
+            continue
+        key = (mask, q.shape[-2], k.shape[-2])
+        if key not in verdicts:
+            value = constant_value(mask)
+            with _disable_current_modes():
+                verdicts[key] = value is not None and is_causal_mask(value, q.shape[-2], k.shape[-2])
+        if not verdicts[key]:
+            continue
+        bound["attn_mask"], bound["is_causal"] = None, True
+        node.args, node.kwargs = (bound.pop("query"), bound.pop("key"), bound.pop("value")), bound
+        changed += 1
+        log.debug("attention mask %s is the causal mask: is_causal=True (%s)", mask.name, node.meta.get("where", "?"))
+    if changed:
+        mask_ops = set()   # the masks' own ops (constant_value's: pure), erased where nothing reads them now
+        for (mask, _q, _k), causal in verdicts.items():
+            if causal:
+                mask_ops |= {mask, *_ancestors(mask)}
+        for n in reversed(list(gm.graph.nodes)):
+            if n in mask_ops and not n.users:
+                gm.graph.erase_node(n)
+        gm.recompile()
+    return changed
+
+
+def _ancestors(node: torch.fx.Node) -> set:
+    """The nodes node reads, directly or not."""
+    seen, todo = set(), list(node.all_input_nodes)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += n.all_input_nodes
+    return seen

@@ -25,6 +25,7 @@ from ember.autograd.symbolic import SymbolicSignature, placeholder_values, shape
 from ember.autograd.trace_meta import TraceMeta
 from ember.tools import collector, failsafe
 from ember.tools.picker import picker
+from ember.autograd.causal import use_is_causal
 from ember.tools.logs import get_logger
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
@@ -147,6 +148,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     bw_compiler = bw_compiler or fw_compiler
     where = getattr(gm, "meta", {}).get("ember_where") if isinstance(getattr(gm, "meta", None), dict) else None
     name = f"{type(gm).__name__} captured from {where}" if where else type(gm).__name__
+    if isinstance(gm, torch.fx.GraphModule):
+        use_is_causal(gm)
     lifted_names = lift_parameters(gm)[0]
     lifted = _lifted_getter(gm, lifted_names)
     artifacts: dict[tuple, _Artifact | None] = {}

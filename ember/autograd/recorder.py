@@ -13,7 +13,6 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ember import config
-from ember.autograd.causal import causal_call
 from ember.autograd.fake_dispatch import _DIRECT, _all_fake, _fake_call, _map_tensors, _memo_fake_call, _tensors
 from ember.autograd.functionalize import _INPLACE_VIEWS, _SCATTER, _UNDECLARED_WRITES, _Base, _bind, _is_write, \
     _Rec, _known_equal, _same_layout, _split, functional_variant
@@ -43,17 +42,11 @@ class _OriginInterpreter(torch.fx.Interpreter):
     def __init__(self, gm: torch.fx.GraphModule, graph: _StampingGraph):
         super().__init__(gm)
         self.stamp = graph
-        self.causal_masks: dict = {}   # causal.causal_call's verdicts
 
     def run_node(self, n: torch.fx.Node):
         if n.op in ("call_function", "call_method", "call_module"):
             self.stamp.origin = {"origin": n.name, **({"where": n.meta["where"]} if "where" in n.meta else {})}
         try:
-            if n.target is torch.nn.functional.scaled_dot_product_attention:
-                args, kwargs = self.fetch_args_kwargs_from_env(n)
-                causal = causal_call(n, args, kwargs, self.causal_masks)
-                if causal is not None:
-                    return self.call_function(n.target, *causal)
             return super().run_node(n)
         finally:
             self.stamp.origin = {}

@@ -86,3 +86,6 @@ register_backend(_ember, name="ember")
 register_backend(_aot_eager, name="aot_eager")
 # ember's own backends: a crash inside them runs the graph eagerly instead of reaching the user (tools/failsafe.py)
 _ember.fail_safe = _aot_eager.fail_safe = eager.fail_safe = True
+# the backends that trace the graph through ember.autograd (which rewrites it first: ddp_buckets does so before
+# splitting it)
+_ember.traces_aten = _aot_eager.traces_aten = True

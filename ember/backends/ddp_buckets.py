@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 from torch.fx.passes.split_module import split_module
 
+from ember.autograd.causal import use_is_causal
 from ember.tools.logs import get_logger
 
 log = get_logger("distributed")
@@ -55,6 +56,8 @@ def split_at_ddp_buckets(backend: Callable) -> Callable:
         ddp = active_ddp()
         if ddp is None or not torch.is_grad_enabled():
             return backend(gm, example_inputs)
+        if getattr(inspect.unwrap(backend), "traces_aten", False):
+            use_is_causal(gm)   # (before the split: the attention's piece would receive the mask as an input)
         params = {id(p) for p in ddp.parameters() if p.requires_grad}
         pieces = piece_of_nodes(gm, example_inputs, params, *bucket_caps(ddp))
         if pieces is None:

@@ -11,7 +11,7 @@ import torch
 
 from ember import ir
 from ember.ir import TensorBox
-from ember.codegen.layout import is_dense
+from ember.codegen.layout import aligned_strides, is_dense
 from ember.codegen.onednn import cpu_matmul
 from ember.decomp import prims as P
 from ember.decomp.common import floaty, out
@@ -139,6 +139,34 @@ def _rows_padded(g: "Graph", x: TensorBox, step: int) -> TensorBox:
         return x
     padded = -(-lead // step) * step
     return g.realize(x, stride=(1, padded) if transposed else (padded, 1), share=True)
+
+
+def stored_for_products(g: "Graph", node: torch.fx.Node, x: TensorBox, stride) -> tuple | None:
+    """The strides to store x (node's value, stored where it is made: several read it) with rows padded to
+    LEAD_ALIGN_BYTES, where CUDA matrix products read it (through views: GPT-2's logits gradient, read by the
+    input's and the weight's gradient products) and its rows are not so already; None to store it as `stride`
+    (eager's layout, or None: contiguous) says."""
+    if g.val is None or getattr(g.val, "device", None) is None or g.val.device.type not in PADDED_DEVICES \
+            or g.symbolic or x.ndim < 2 or not floaty(x.dtype):
+        return None
+    size = [int(n) for n in x.size]
+    if stride is not None and tuple(int(s) for s in stride) != tuple(int(s) for s in ir.contiguous_strides(x.size)):
+        return None
+    step = max(LEAD_ALIGN_BYTES // ir.itemsize(x.dtype), 1)
+    numel = 1
+    for n in size:
+        numel *= n
+    if size[-1] % step == 0 or numel < PAD_MIN_MACS >> 7 or not _read_by_product(node):
+        return None
+    return aligned_strides(x.size, x.dtype)
+
+
+_PRODUCTS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+
+
+def _read_by_product(node: torch.fx.Node) -> bool:
+    return any(u.op == "call_function" and (u.target in _PRODUCTS or u.target in _VIEWS and _read_by_product(u))
+               for u in node.users)
 
 
 def padded_mm(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
