@@ -105,7 +105,8 @@ def mismatch(saved: dict, here: dict | None = None) -> list[str]:
         a, b = saved.get(k), here.get(k)
         if a == b or k == "gpu" and a is None:
             continue
-        if isinstance(a, list) and isinstance(b, list):   # (instruction sets, flags: what only one side has)
+        if isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in a + b):
+            # (instruction sets, flags: what only one side has)
             out.append(f"{k}: only saved {sorted(set(a) - set(b))}, only here {sorted(set(b) - set(a))}")
         else:
             out.append(f"{k}: {a!r} -> {b!r}")
