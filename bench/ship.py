@@ -4,12 +4,15 @@ ember.save_cache wrote, next to torch.compile's cold and warm (its caches) first
     PYTHONPATH=. .venv/bin/python bench/ship.py [--models resnet50,bert,gpt2] [--device cpu|cuda]
 
 Every number is one fresh process's first call of the compiled model (inference, no_grad), model building and
-imports not counted (eager: the model's own first call, oneDNN's first-call setup included):
-  cold    an empty cache directory: capture, trace, code generation, C++/Triton build
-  warm    the cache directory the cold run filled (ember: kernels and extensions on disk; it still captures,
-          traces and generates code, finding the builds done; torch.compile: its FX graph and autotuning caches)
-  loaded  ember.load_cache(file) of the file the cold run saved, in an empty cache directory, then the call:
-          no capture and no code generation (asserted), the load's time included
+imports not counted (eager: the model's own first call, oneDNN's or cuBLAS's first-call setup included; on cuda the
+model is on the GPU, CUDA initialized, before the clock starts, and the call ends with a synchronize):
+  cold    empty cache directories (ember's, Triton's): capture, trace, code generation, C++ build / Triton compile
+  warm    the cache directories the cold run filled (ember: kernels and extensions on disk, Triton's binaries in
+          its cache; it still captures, traces and generates code, finding the builds done; torch.compile: its
+          FX graph, autotuning and Triton caches)
+  loaded  ember.load_cache(file) of the file the cold run saved, with empty ember and Triton cache directories,
+          then the call: no capture, no code generation and (cuda) no Triton compile of ember's kernels
+          (asserted: Triton's compilation listener counts them), the load's time included
   export  ember.export(model, inputs) and .save(file) (one whole graph, parameters saved with it), then
           "exported loaded": ember.load_exported(file) and its first call, in an empty cache directory
 Each ember run checks its result against eager (assert_close, rtol=atol=1e-3: float32 sums in another order).
@@ -64,6 +67,11 @@ def one(name: str, phase: str, device: str, d: str) -> dict:
     result: dict = {}
     if phase in ("ember export", "exported loaded"):
         return _exported(model, x, phase, os.path.join(d, "exported.ember"))
+    compiles: list[str] = []   # Triton compiles (cache misses), by module and kernel name
+    if device == "cuda":
+        from triton import knobs
+        knobs.compilation.listener = lambda src=None, cache_hit=False, **_: cache_hit or compiles.append(
+            f"{getattr(getattr(src, 'fn', None), '__module__', '?')}.{getattr(src, 'name', '?')}")
     if phase.startswith("ember"):
         import ember
         from ember.backends import cpp_backend
@@ -88,9 +96,14 @@ def one(name: str, phase: str, device: str, d: str) -> dict:
             # (float32 sums in another order than ATen's: the tolerance bench/dynamic.py uses)
             torch.testing.assert_close(_first(out), _first(model(*x)), rtol=1e-3, atol=1e-3)
     if phase == "ember loaded":
-        assert convert.STATS["captures"] == 0 and cpp_backend.STATS["graphs"] == 0, (convert.STATS, cpp_backend.STATS)
+        triton = sys.modules.get("ember.backends.triton_backend")
+        generated = cpp_backend.STATS["graphs"] + (triton.STATS["graphs"] if triton else 0)
+        assert convert.STATS["captures"] == 0 and generated == 0, (convert.STATS, cpp_backend.STATS)
+        assert not [c for c in compiles if c.startswith("ember_triton_")], compiles
+    if device == "cuda" and phase.startswith("ember"):
+        result["triton_compiles"] = len(compiles)
     if phase == "ember cold":
-        ember.save_cache(saved, strict=True)
+        result["left_out"] = ember.save_cache(saved)["left_out"]   # (named in a warning: they compile again)
         result["file_mb"] = os.path.getsize(saved) / 2 ** 20
     return result
 
@@ -117,6 +130,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--phases", default=",".join(PHASES[:6]), help=f"a subset of {', '.join(PHASES)}")
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "PHASE", "DIR"))
+    ap.add_argument("--timeout", type=float, default=600, help="seconds one phase's process may take")
+    ap.add_argument("--json", help="the rows so far, written after each model")
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one[0], a.one[1], a.device, a.one[2])))
@@ -128,10 +143,19 @@ def main() -> None:
             row = {"model": name}
             for phase in a.phases.split(","):
                 fresh = phase in ("ember loaded", "exported loaded")
+                ember_cache = os.path.join(d, f"empty cache for {phase}") if fresh else caches["ember"]
                 env = {**os.environ, "PYTHONPATH": ROOT, "TORCHINDUCTOR_CACHE_DIR": caches["torch"],
-                       "EMBER_CACHE_DIR": os.path.join(d, f"empty cache for {phase}") if fresh else caches["ember"]}
-                r = subprocess.run([sys.executable, __file__, "--device", a.device, "--one", name, phase, d],
-                                   capture_output=True, text=True, env=env)
+                       "EMBER_CACHE_DIR": ember_cache,
+                       # Triton's own cache: ember's next to its cache directory, torch.compile's inside its own
+                       "TRITON_CACHE_DIR": os.path.join(caches["torch"] if phase.startswith("torch") else ember_cache,
+                                                        "triton-own")}
+                try:
+                    r = subprocess.run([sys.executable, __file__, "--device", a.device, "--one", name, phase, d],
+                                       capture_output=True, text=True, env=env, timeout=a.timeout)
+                except subprocess.TimeoutExpired:
+                    print(name, phase, f"over {a.timeout:.0f} s", file=sys.stderr, flush=True)
+                    row[phase] = None
+                    continue
                 if r.returncode != 0:
                     print(r.stderr[-3000:], file=sys.stderr)
                     row[phase] = None
@@ -141,19 +165,27 @@ def main() -> None:
                 row.update({f"{phase} {k}": v for k, v in res.items() if k != "s"})
                 print(name, phase, res, file=sys.stderr, flush=True)
             rows.append(row)
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(rows, f, indent=1)
     cpu = platform.processor() or platform.machine()
-    print(f"\n{a.device}, {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, "
-          f"{datetime.date.today().isoformat()}\n")
+    gpu = f", {torch.cuda.get_device_name()}" if a.device == "cuda" else ""
+    print(f"\n{a.device}{gpu}, {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n")
     phases = a.phases.split(",")
     print("| model | " + " | ".join(phases) + " | file |")
     print("|---" * (len(phases) + 2) + "|")
 
     def cell(r, p):
         v, load = r.get(p), r.get(f"{p} load_s")
-        return "failed" if v is None else f"{v:.2f} s" + (f" (load {load:.2f} s)" if load is not None else "")
+        n = r.get(f"{p} triton_compiles")
+        return "failed" if v is None else f"{v:.2f} s" + (f" (load {load:.2f} s)" if load is not None else "") + \
+            (f", {n} Triton compiles" if n is not None and p == "ember loaded" else "")
     for r in rows:
         mb = r.get("ember cold file_mb", r.get("ember export file_mb", 0))
-        print(f"| {r['model']} | " + " | ".join(cell(r, p) for p in phases) + f" | {mb:.1f} MB |")
+        left = r.get("ember cold left_out")
+        print(f"| {r['model']} | " + " | ".join(cell(r, p) for p in phases) + f" | {mb:.1f} MB" +
+              (f" ({left} entries left out)" if left else "") + " |")
 
 
 if __name__ == "__main__":

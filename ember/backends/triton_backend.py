@@ -26,7 +26,7 @@ from ember.codegen.triton.printer import LIBDEVICE_OPS, PRELUDE
 from ember.errors import CannotLower
 from ember.ir import symbols
 from ember.runtime import cuda_launch, triton_launch, triton_workers
-from ember.runtime.triton_launch import FAST_LAUNCH, Launcher, SizedLauncher, load_module
+from ember.runtime.triton_launch import FAST_LAUNCH, SizedLauncher, load_module
 from ember.tools.logs import get_logger
 
 code_log = get_logger("output_code")
