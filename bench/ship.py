@@ -1,7 +1,7 @@
 """Shipped programs: the first call of a compiled model cold, warm from the on-disk cache, and loaded from a file
 ember.save_cache wrote, next to torch.compile's cold and warm (its caches) first calls.
 
-    PYTHONPATH=. .venv/bin/python bench/ship.py [--models resnet50,bert,gpt2] [--device cpu|cuda]
+    PYTHONPATH=. .venv/bin/python bench/ship.py [--models resnet50,bert,gpt2] [--device cpu|cuda] [--jobs N]
 
 Every number is one fresh process's first call of the compiled model (inference, no_grad), model building and
 imports not counted (eager: the model's own first call, oneDNN's or cuBLAS's first-call setup included; on cuda the
@@ -20,6 +20,7 @@ Each ember run checks its result against eager (assert_close, rtol=atol=1e-3: fl
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -27,6 +28,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -132,12 +134,16 @@ def main() -> None:
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "PHASE", "DIR"))
     ap.add_argument("--timeout", type=float, default=600, help="seconds one phase's process may take")
     ap.add_argument("--json", help="the rows so far, written after each model")
+    ap.add_argument("--jobs", type=int, default=1, help="models measured at once")
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one[0], a.one[1], a.device, a.one[2])))
         return
-    rows = []
-    for name in a.models.split(","):
+    models = a.models.split(",")
+    rows: dict = {}
+    lock = threading.Lock()
+
+    def measure(name: str, gpu: int | None) -> None:
         with tempfile.TemporaryDirectory(prefix="ember-ship-") as d:
             caches = {"ember": os.path.join(d, "ember-cache"), "torch": os.path.join(d, "inductor-cache")}
             row = {"model": name}
@@ -149,6 +155,9 @@ def main() -> None:
                        # Triton's own cache: ember's next to its cache directory, torch.compile's inside its own
                        "TRITON_CACHE_DIR": os.path.join(caches["torch"] if phase.startswith("torch") else ember_cache,
                                                         "triton-own")}
+                if gpu is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+                t0 = time.perf_counter()
                 try:
                     r = subprocess.run([sys.executable, __file__, "--device", a.device, "--one", name, phase, d],
                                        capture_output=True, text=True, env=env, timeout=a.timeout)
@@ -157,17 +166,25 @@ def main() -> None:
                     row[phase] = None
                     continue
                 if r.returncode != 0:
-                    print(r.stderr[-3000:], file=sys.stderr)
+                    print(name, phase, "failed:", r.stderr[-3000:], file=sys.stderr)
                     row[phase] = None
                     continue
                 res = json.loads(r.stdout.strip().splitlines()[-1])
                 row[phase] = res["s"]
                 row.update({f"{phase} {k}": v for k, v in res.items() if k != "s"})
-                print(name, phase, res, file=sys.stderr, flush=True)
-            rows.append(row)
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump(rows, f, indent=1)
+                print(name, phase, res, f"(process {time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+            with lock:
+                rows[name] = row
+                if a.json:
+                    with open(a.json, "w") as f:
+                        json.dump([rows[m] for m in models if m in rows], f, indent=1)
+
+    # --jobs N: N models at once (each its phases in turn), on the GPUs in turn: the numbers then include the
+    # other models' compiles competing for the CPU
+    gpus = torch.cuda.device_count() if a.device == "cuda" and a.jobs > 1 else 0
+    with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
+        list(pool.map(measure, models, [i % gpus if gpus else None for i in range(len(models))]))
+    rows = [rows[m] for m in models if m in rows]
     cpu = platform.processor() or platform.machine()
     gpu = f", {torch.cuda.get_device_name()}" if a.device == "cuda" else ""
     print(f"\n{a.device}{gpu}, {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, "
