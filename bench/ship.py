@@ -15,7 +15,9 @@ model is on the GPU, CUDA initialized, before the clock starts, and the call end
           (asserted: Triton's compilation listener counts them), the load's time included
   export  ember.export(model, inputs) and .save(file) (one whole graph, parameters saved with it), then
           "exported loaded": ember.load_exported(file) and its first call, in an empty cache directory
-Each ember run checks its result against eager (assert_close, rtol=atol=1e-3: float32 sums in another order).
+Each ember run checks its result against eager (assert_close, rtol=atol=1e-3: float32 sums in another order; on
+cuda 2e-2, bench/gpu.py's: eager's cuDNN convolutions run in TF32, and a random resnet50's logits differ by 1.4e-2
+between TF32 computations in another order).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("resnet50", "bert", "gpt2")
+TOLERANCE = {"cpu": {"rtol": 1e-3, "atol": 1e-3}, "cuda": {"rtol": 2e-2, "atol": 2e-2}}
 PHASES = ("eager", "ember cold", "ember warm", "ember loaded", "torch.compile cold", "torch.compile warm",
           "ember export", "exported loaded")
 
@@ -96,7 +99,7 @@ def one(name: str, phase: str, device: str, d: str) -> dict:
         result["s"] = time.perf_counter() - t0
         if phase.startswith("ember"):
             # (float32 sums in another order than ATen's: the tolerance bench/dynamic.py uses)
-            torch.testing.assert_close(_first(out), _first(model(*x)), rtol=1e-3, atol=1e-3)
+            torch.testing.assert_close(_first(out), _first(model(*x)), **TOLERANCE[device])
     if phase == "ember loaded":
         triton = sys.modules.get("ember.backends.triton_backend")
         generated = cpp_backend.STATS["graphs"] + (triton.STATS["graphs"] if triton else 0)
@@ -121,7 +124,7 @@ def _exported(model, x, phase: str, path: str) -> dict:
     out = program(*x)
     result = {"s": time.perf_counter() - t0}
     with torch.no_grad():
-        torch.testing.assert_close(_first(out), _first(model(*x)), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(_first(out), _first(model(*x)), **TOLERANCE[x[0].device.type])
     assert convert.STATS["captures"] == 0
     return result
 
