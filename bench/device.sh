@@ -18,6 +18,8 @@
 #                                       # float64), JOBS rows at once (4), no row started after BUDGET s (470), each
 #                                       # row at most ROW_TIMEOUT s (90): fits one command; ARGS go to zoo.py, e.g.
 #                                       # --models hf_beit,resnet18 or --shard 2/4 (then zoo.py --merge the JSONs)
+#   bash bench/device.sh ship           # the saved-program tests on the GPU, then bench/ship.py --device cuda (MODELS=,
+#                                       # PHASES= to choose; its table, and ship.json after each model, in $OUT)
 #   bash bench/device.sh distributed [ARGS]  # bench/distributed.py: DDP and FSDP2 on every GPU (nvidia-h200-x2)
 #   bash bench/device.sh run SCRIPT [ARGS]   # any bench script with this set-up, e.g.
 #                                       # run bench/gpu.py --only "train step" --columns ember --phases
@@ -95,11 +97,19 @@ run)
   shift
   name=$(basename "${1:?usage: bash bench/device.sh run SCRIPT [ARGS]}" .py)
   timeout 580 python3 "$@" 2>&1 | tee "$OUT/$name.log" | grep -v -i warn | tail -40 ;;
+ship)
+  timeout "${TEST_S:-80}" python3 -m pytest -q -n 4 -p no:cacheprovider tests/frontend/test_saved.py tests/runtime/test_artifacts.py \
+    tests/backends/test_triton_program.py -k "${TESTS_K:-triton or gpu or graphed}" 2>&1 | tee "$OUT/tests.log" \
+    | grep -E "passed|failed|^E  |FAILED|Error" | head -30
+  timeout "${BENCH_S:-230}" python3 bench/ship.py --device cuda --models "${MODELS:-resnet50,bert,gpt2}" --timeout 150 \
+    --phases "${PHASES:-ember cold,ember warm,ember loaded,torch.compile cold,torch.compile warm}" \
+    --json "$OUT/ship.json" > "$OUT/ship.log" 2>&1
+  grep -E "^\||^cuda|^[a-z0-9]+ (ember|torch)|Error|assert" "$OUT/ship.log" | cut -c1-400 | tail -40 ;;
 distributed)   # bench/distributed.py on every GPU of the machine (kind nvidia-h200-x2): DDP and FSDP2, eager /
   shift          # torch.compile / ember; ARGS go to the script (--wrappers ddp, --batch 8, --fsdp-root...)
   timeout 460 python3 bench/distributed.py --json "$OUT/distributed.json" "$@" 2>&1 | tee "$OUT/distributed.log" \
     | grep -E "^\||^(ddp|fsdp) |^torch |Error" | tail -30 ;;
 *)
-  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|distributed [ARGS]|run SCRIPT [ARGS]" >&2
+  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|ship|distributed [ARGS]|run SCRIPT [ARGS]" >&2
   exit 2 ;;
 esac

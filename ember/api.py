@@ -17,6 +17,7 @@ import torch
 
 from ember.backends import backend_name, lookup_backend, with_mode
 from ember.backends.ddp_buckets import split_at_ddp_buckets
+from ember.errors import GraphBreakError
 from ember.frontend.policy import COMPILED_MODULE, MODULE_WRAPPERS
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -222,7 +223,7 @@ def _call_module(mod, *args, **kwargs):
 
 
 def export(model: Callable, example_args: tuple, example_kwargs: dict | None = None, *,
-           dynamic_shapes: Any = None, backend: str = "ember", options: dict | None = None):
+           dynamic_shapes: Any = None, backend: str = "ember", options: dict | None = None, training: bool = False):
     """One whole graph of `model` (a function or nn.Module) on these example inputs, compiled, as a standalone
     program: its guards over the inputs become its input constraints, its parameters and buffers are saved
     with it (`.save(path)`, then ember.load_exported(path) anywhere of the same environment, with neither the
@@ -230,14 +231,20 @@ def export(model: Callable, example_args: tuple, example_kwargs: dict | None = N
     among them, is an error naming its file:line) and run under no_grad.
 
     dynamic_shapes: which dims of the example's tensors vary: None (all fixed), True (every dim), or per
-    positional argument (a tuple) or by name (a dict), None or the dims (a dict {dim: name}, or a list)."""
+    positional argument (a tuple) or by name (a dict), None or the dims (a dict {dim: name}, or a list).
+    training: captured with grad enabled and run as the caller's grad mode says: the program's parameters are
+    Parameters of its own (`program.named_parameters()`), and a backward of its results computes their
+    gradients and the inputs' with the backward compiled at export (the joint graph, partitioned), saved with
+    it; the example inputs' requires_grad say which inputs get gradients."""
     import inspect
     from ember.frontend.convert import FrameCompiler
     from ember.frontend.dynamic_dims import mark_dynamic
     from ember.frontend.exported import ExportedProgram, single_entry
     example_kwargs = dict(example_kwargs or {})
-    args = [a.detach() if isinstance(a, torch.Tensor) else a for a in example_args]   # (marks on our own objects)
-    kwargs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in example_kwargs.items()}
+    def own(v):   # (marks on our own objects; training: as requiring grad as the example)
+        return v.detach().requires_grad_(training and v.requires_grad) if isinstance(v, torch.Tensor) else v
+    args = [own(a) for a in example_args]
+    kwargs = {k: own(v) for k, v in example_kwargs.items()}
     if dynamic_shapes is not None and dynamic_shapes is not True:
         names = list(inspect.signature(model.forward if isinstance(model, torch.nn.Module) else model).parameters)
         per_name = dynamic_shapes if isinstance(dynamic_shapes, dict) else dict(zip(names, dynamic_shapes))
@@ -257,20 +264,31 @@ def export(model: Callable, example_args: tuple, example_kwargs: dict | None = N
     fc = FrameCompiler(fn, cfg)   # (its own: not the cache ember.compile keeps, nor entries ember.load_cache read)
     fc.restore_asked = True
     call_args = (model, *args) if fn is _call_module else tuple(args)
-    with torch.no_grad():
-        fc(call_args, kwargs)
+    try:
+        with torch.set_grad_enabled(training):
+            fc(call_args, kwargs)
+    except GraphBreakError as e:
+        if "backward()" not in str(e):
+            raise
+        raise GraphBreakError(f"{e}\nember.export exports one forward graph: export the model with training=True "
+                              f"and call .backward() on the program's result (its backward is compiled with "
+                              f"it)") from e
     entry = single_entry(fc)
     frame_args = fc.bind(*call_args, **kwargs)
     if fn is _call_module:
         forward = getattr(type(model).forward, "__code__", None)
         where = f"{forward.co_filename}:{forward.co_firstlineno}" if forward else type(model).__module__
-        return ExportedProgram.from_entry(fc, entry, frame_args, None, ["args", "kwargs"],
-                                          type(model).__qualname__, where)
-    sig = inspect.signature(fn)   # (without annotations: the program binds arguments, it checks no types)
-    sig = sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
-                      return_annotation=sig.empty)
-    return ExportedProgram.from_entry(fc, entry, frame_args, sig, list(fc.params),
-                                      fn.__qualname__, f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}")
+        program = ExportedProgram.from_entry(fc, entry, frame_args, None, ["args", "kwargs"],
+                                             type(model).__qualname__, where, training)
+    else:
+        sig = inspect.signature(fn)   # (without annotations: the program binds arguments, it checks no types)
+        sig = sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+                          return_annotation=sig.empty)
+        program = ExportedProgram.from_entry(fc, entry, frame_args, sig, list(fc.params), fn.__qualname__,
+                                             f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}", training)
+    if training:
+        program.compile_backward([own(a) for a in example_args], {k: own(v) for k, v in example_kwargs.items()})
+    return program
 
 
 def disable(fn: Callable | None = None, recursive: bool = True):

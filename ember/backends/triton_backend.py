@@ -14,7 +14,8 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-from ember.backends import cpp_backend, host_scalars
+from ember.backends import cpp_backend, host_scalars, triton_program
+from ember.backends.triton_program import KernelLaunch
 from ember.codegen import lower, mm_template, schedule, wrapper
 from ember.codegen.schedule import FusedGroup, Schedule
 from ember.codegen.triton.heuristics import launch_meta
@@ -25,7 +26,7 @@ from ember.codegen.triton.printer import LIBDEVICE_OPS, PRELUDE
 from ember.errors import CannotLower
 from ember.ir import symbols
 from ember.runtime import cuda_launch, triton_launch, triton_workers
-from ember.runtime.triton_launch import FAST_LAUNCH, Launcher, SizedLauncher, load_module
+from ember.runtime.triton_launch import FAST_LAUNCH, SizedLauncher, load_module
 from ember.tools.logs import get_logger
 
 code_log = get_logger("output_code")
@@ -108,19 +109,12 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
     """The host program for a schedule on `device`: `call(list of inputs) -> list of outputs`."""
     source, kernels = generate(sched)
     mod = load_module(source)
-    launch = {}
-    globs = {}
     hints = {str(s): v for s, v in symbols.HINTS.items()}   # a symbolic graph's size symbols
-    for group, name, args, cfg, grid in kernels:
-        launch[group.name] = (name, args, grid, "fixup" in cfg)
-        n_sizes = sum(a in hints for a in args)
-        if n_sizes or isinstance(grid, str):   # a symbolic graph's kernel: sizes as arguments, the grid by the host
-            globs[f"_launch_{group.name}"] = SizedLauncher(getattr(mod, name), launch_meta(cfg), device, n_sizes)
-        else:
-            globs[f"_launch_{group.name}"] = Launcher(getattr(mod, name), grid, launch_meta(cfg), device)
-        if "fixup" in cfg:   # a flagged pair (_flagged_sincos): its flag and counter, zero between calls
-            globs[f"_flag_{group.name}"] = torch.zeros(2, dtype=torch.int32, device=device)
-            globs[f"_fixup_{group.name}"] = Launcher(getattr(mod, f"{name}_fixup"), cfg["fixup"], FIXUP_META, device)
+    launches = [KernelLaunch(group.name, name, launch_meta(cfg), grid, sum(a in hints for a in args),
+                             len(args) + ("fixup" in cfg), (cfg["fixup"], FIXUP_META) if "fixup" in cfg else None)
+                for group, name, args, cfg, grid in kernels]
+    launch = {group.name: (name, args, grid, "fixup" in cfg) for group, name, args, cfg, grid in kernels}
+    globs = triton_program.launchers(mod, launches, device)
     for group, *_ in kernels:   # rows the schedule keeps local but a Triton tile cannot: one buffer each
         for b in inline_locals(group)[1]:
             buf = sched.buffers[b]
@@ -151,6 +145,7 @@ def compile_schedule(sched: Schedule, fallback: Callable, device: torch.device, 
     call.namespace["_empty"] = functools.partial(torch.empty_strided, device=device)
     call.kernel_source = source
     call.kernels = kernels
+    call.launches = launches
     call.sched = sched
     if code_log.isEnabledFor(10):
         code_log.debug("triton kernels (%d):\n%s\nhost program:\n%s", len(kernels), source[len(PRELUDE):],
@@ -231,11 +226,10 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
     STATS["graphs"] += 1
     STATS["kernels"] += len({name for _, name, *_ in call.kernels})
 
-    unflatten = wrapper.fast_unflatten(out_spec)
-
-    def run(*args):
-        return unflatten(call(list(args)))
-    run.compiled = call
+    run = triton_program.runner(call, out_spec)
+    device = _device_of(gm, example_inputs)
+    # (ember.save_cache: the kernels' source and binaries, the host program; loaded with no codegen or compile)
+    run.ember_saved = lambda: triton_program.saved_form(call, call.launches, device, out_spec, gm)
     return run
 
 

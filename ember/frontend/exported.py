@@ -10,6 +10,11 @@ call's own arguments:
   constraint; guards on anything else (the module's structure, its hooks) held at export and are dropped with
   the state they guarded;
 - the outputs are rebuilt as the entry rebuilt them (an output class is found by its module and name).
+An inference program (the default) runs under no_grad. A training program (`training=True`) was captured with grad
+enabled: its graph is compiled as a forward and a backward (the joint graph, partitioned), the saved tensors that
+required grad are Parameters of the program's own (`named_parameters()`, by their path in the module), and the
+backward is compiled at export by one backward of the example's results, so a loaded program computes gradients
+with no trace or compile either.
 What the program needs is saved by ember.runtime.artifacts (the graph in its backend's saved form), so a
 process that loads it needs neither the model's source nor its class.
 """
@@ -50,12 +55,15 @@ def _names(text: str) -> set[str]:
 
 class ExportedProgram:
     """A standalone compiled program: `program(*args, **kwargs)` runs ember's compiled code on inputs its
-    constraints admit (under no_grad: an exported program is an inference program). `.save(path)`;
+    constraints admit (under no_grad, unless exported with training=True). `.save(path)`;
     ember.load_exported(path) loads it in any process of the same environment."""
 
     def __init__(self, name: str, where: str, params: list[str], argnames: list[str],
-                 signature: inspect.Signature | None, constraints: list[str], body: list[str], namespace: dict):
+                 signature: inspect.Signature | None, constraints: list[str], body: list[str], namespace: dict,
+                 training: bool = False, state_names: dict[str, str] | None = None):
         self.name, self.where, self.params, self.signature = name, where, params, signature
+        self.training = training
+        self.state_names = state_names or {}   # saved tensor (___S0...) -> its path in the module (`l1.weight`)
         self.argnames = argnames   # the frame's arguments in the compiler's order (co_varnames')
         self.constraints, self.body, self.namespace = constraints, body, namespace
         checks = []
@@ -90,6 +98,8 @@ class ExportedProgram:
             bound = self.signature.bind(*args, **kwargs)
             bound.apply_defaults()
             frame = tuple(bound.arguments[p] for p in self.argnames)
+        if self.training:
+            return self._run(*frame)
         prev = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
@@ -97,9 +107,30 @@ class ExportedProgram:
         finally:
             torch._C._set_grad_enabled(prev)
 
+    def named_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """A training program's parameters by their path in the module (for an optimizer; the saved tensors
+        that required grad at export)."""
+        return {self.state_names.get(k, k): v for k, v in self.namespace.items()
+                if isinstance(v, torch.nn.Parameter)}
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.named_parameters().values())
+
+    def compile_backward(self, args: list, kwargs: dict) -> None:
+        """Run the program and a backward of its results once (ones as their gradients), so that the backward
+        is compiled and saved with it; the gradients it leaves are dropped."""
+        import torch.utils._pytree as pytree
+        with torch.enable_grad():
+            outs = [t for t in pytree.tree_leaves(self(*args, **kwargs))
+                    if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        for p in self.parameters():
+            p.grad = None
+
     def save(self, path: str | os.PathLike) -> None:
         state = {"name": self.name, "where": self.where, "params": self.params, "argnames": self.argnames,
-                 "signature": self.signature,
+                 "signature": self.signature, "training": self.training, "state_names": self.state_names,
                  "constraints": self.constraints, "body": self.body, "namespace": self.namespace}
         try:
             data, files = artifacts.dumps(state, refused=(FrameCompiler,))
@@ -108,19 +139,22 @@ class ExportedProgram:
         artifacts.write(path, {"exported": data}, files)
 
     def __repr__(self) -> str:
-        return f"ExportedProgram({self.name}, {len(self.constraints)} constraints)"
+        kind = ", training" if self.training else ""
+        return f"ExportedProgram({self.name}, {len(self.constraints)} constraints{kind})"
 
     @classmethod
     def from_entry(cls, fc: FrameCompiler, entry: Entry, frame_args: tuple, signature: inspect.Signature | None,
-                   user_params: list[str], name: str, where: str) -> "ExportedProgram":
+                   user_params: list[str], name: str, where: str, training: bool = False) -> "ExportedProgram":
         """The entry as a program over `user_params` (the frame's parameters the caller passes), the inputs
-        read from anything else taken from `frame_args` (the example call's)."""
+        read from anything else taken from `frame_args` (the example call's): in a training program, those
+        that require grad as Parameters of its own (sharing the model's storage, as torch.export's state)."""
         ns = entry.fn.__globals__
         lines = entry.source.split("        return ___MISS\n")[-1].splitlines()
         values = {k: v for k, v in ns.items() if k.startswith("___K")}
         allowed = set(user_params) | {"___torch", *dir(builtins)}
         allowed |= {k for k, v in values.items() if isinstance(v, _VALUE_CONSTS)}
         namespace: dict[str, Any] = {}
+        state_names: dict[str, str] = {}
         body = []
         if lines and _GRAPH_CALL.match(lines[0]):
             state: dict[int, str] = {}
@@ -134,7 +168,10 @@ class ExportedProgram:
                     raise ExportError(f"ember.export: the graph of {where} reads {source}, which is no tensor "
                                       f"and not computed from the arguments")
                 saved_as = state.setdefault(id(value), f"___S{len(state)}")
-                namespace[saved_as] = value.detach()
+                if saved_as not in namespace:
+                    namespace[saved_as] = torch.nn.Parameter(value.detach()) if training and value.requires_grad \
+                        else value.detach()
+                    state_names[saved_as] = _state_name(source) or saved_as
                 inputs.append(saved_as)
             namespace["___graph"] = ns["___graph"]
             body.append(f"    ___o = ___graph({', '.join(inputs)})")
@@ -150,7 +187,17 @@ class ExportedProgram:
         constraints = [g for g in entry.guards if _names(g) <= allowed]
         used |= {n for g in constraints for n in _names(g)}
         namespace.update({k: v for k, v in values.items() if k in used})
-        return cls(name, where, fc.entry_params, fc.argnames, signature, constraints, body, namespace)
+        return cls(name, where, fc.entry_params, fc.argnames, signature, constraints, body, namespace, training,
+                   state_names)
+
+
+def _state_name(source: str) -> str:
+    """A saved tensor's path from the source that read it: in the module (`mod._modules['l1']._parameters
+    ['weight']` -> `l1.weight`), else the names after its root (a global's name)."""
+    root = re.match(r"\w+", source)
+    keys = re.findall(r"\['(\w+)'\]|\.(\w+)", source[root.end():] if root else source)
+    parts = [a or b for a, b in keys if (a or b) not in ("_modules", "_parameters", "_buffers")]
+    return ".".join(parts) if parts else (root.group(0) if root else "")
 
 
 def _shown(v) -> str:

@@ -2,7 +2,8 @@
 
 An entry is saved as its Python source (guards, graph call, side effects, resume calls), its guards' texts and
 the constants its source names, among them the compiled graph in the saved form its backend gives it
-(ember.runtime.artifacts: a C++ graph as its ATen graph, host program and built library). Entries are filed
+(ember.runtime.artifacts: a C++ graph as its ATen graph, host program and built library; a Triton graph as its
+kernels' source, host program and each kernel's binary; a CUDA graph without its recordings). Entries are filed
 under their function's code: the module and qualified name of the code object and a hash of its bytecode,
 constants and names (not its file's path or line numbers: the same source installed elsewhere loads), the
 compiler's kind (shared by closures, a generator's steps) and the compile's Config (backend, mode, options,

@@ -77,29 +77,36 @@ def _cpu_flags() -> list[str]:
                                                                            "amx", "asimd", "sve", "neon")))
 
 
-def environment() -> dict:
-    """What compiled code depends on: a file built where any of these differ is not loaded."""
-    gpu = None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        gpu = [torch.cuda.get_device_name(), list(torch.cuda.get_device_capability())]
+def _gpu(query: bool) -> list | None:
+    """The GPU compiled code runs on: [name, [major, minor]] of the current device when CUDA is in use
+    (initialized, or `query`: asked for, which initializes it)."""
+    if torch.cuda.is_available() and (query or torch.cuda.is_initialized()):
+        return [torch.cuda.get_device_name(), list(torch.cuda.get_device_capability())]
+    return None
+
+
+def environment(gpu: bool = False) -> dict:
+    """What compiled code depends on: a file built where any of these differ is not loaded. The GPU is the one
+    in use (`gpu`: the current device's, even before this process used CUDA)."""
     return {"format": FORMAT, "ember": _version("ember"), "ember_source": _ember_source(), "torch": torch.__version__,
             "torch_git": str(torch.version.git_version), "triton": _version("triton"),
             "python": f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}",
             "machine": platform.machine(), "cpu_isa": config.CPU_ISA, "cxxflags": cache.cxxflags(),
             # the native target is this CPU's: the instruction sets it has
-            "cpu_flags": _cpu_flags() if config.CPU_ISA == "native" else None, "gpu": gpu}
+            "cpu_flags": _cpu_flags() if config.CPU_ISA == "native" else None, "gpu": _gpu(gpu)}
 
 
 def mismatch(saved: dict, here: dict | None = None) -> list[str]:
     """The environment entries that differ, as `name: saved -> here` (empty: the file fits this process). A
-    GPU is compared only when the file was built with one."""
-    here = here or environment()
+    GPU is compared only when the file was built with one (Triton's binaries are for its name and capability)."""
+    here = here or environment(gpu=saved.get("gpu") is not None)
     out = []
     for k in sorted(set(saved) | set(here)):
         a, b = saved.get(k), here.get(k)
         if a == b or k == "gpu" and a is None:
             continue
-        if isinstance(a, list) and isinstance(b, list):   # (instruction sets, flags: what only one side has)
+        if isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in a + b):
+            # (instruction sets, flags: what only one side has)
             out.append(f"{k}: only saved {sorted(set(a) - set(b))}, only here {sorted(set(b) - set(a))}")
         else:
             out.append(f"{k}: {a!r} -> {b!r}")

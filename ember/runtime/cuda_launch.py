@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ember.runtime.cache import Extension
 
@@ -120,6 +120,7 @@ class Loaded:
     nulls: int      # Triton's scratch parameters after the pointers
     device: int
     launch: object
+    compiled: object = field(default=None, compare=False)   # Triton's compiled kernel (its saved form)
 
 
 def _entry_params(ptx: str, name: str) -> list[str] | None:
@@ -149,4 +150,4 @@ def load(kernel, n_pointers: int, device) -> Loaded | None:
     threads = md.num_warps * drv.get_current_target().warp_size
     if threads > max_threads:
         return None
-    return Loaded(function, threads, md.shared, len(params) - n_pointers, index, ext.launch)
+    return Loaded(function, threads, md.shared, len(params) - n_pointers, index, ext.launch, kernel)

@@ -79,6 +79,9 @@ class GraphPool:
     def owns(self, t: torch.Tensor) -> bool:
         return t.untyped_storage().data_ptr() in self.graph_storages
 
+    def ember_saved(self) -> tuple:   # (ember.runtime.artifacts: a new pool on the same device, nothing in it)
+        return (GraphPool, (self.device.index,))
+
 
 class Saved:
     """Tensors a graphed forward keeps for its backward; they live in graph memory until taken or evacuated."""
@@ -274,6 +277,14 @@ class CUDAGraphed:
         self.evicted = 0
         self._last: _Recording | None = None
 
+    def ember_saved(self) -> tuple:
+        """The saved form (ember.runtime.artifacts): the compiled callable and how it is replayed, without its
+        recordings (a CUDA graph holds this process's addresses). Loaded, it records again at its first calls,
+        as a fresh compile does: recording launches the compiled kernels, it compiles nothing."""
+        return (_graphed, (self.fn, None if self.auto else sorted(self.static), self.pool, self.num_user_outputs,
+                           self.clone_outputs, self.warmup, self.saved_as_aliases, self.copies_back,
+                           sorted(self.mutated_inputs), self.name))
+
     def __call__(self, *inputs: torch.Tensor, consuming: Saved | None = None) -> tuple:
         rec = self._last
         if self.static is None:
@@ -404,6 +415,16 @@ class CUDAGraphed:
         rec.ints = tuple((i, t) for i, t in enumerate(inputs) if type(t) is int)
         rec.with_native_checks(inputs)
         return rec
+
+
+def _graphed(fn: Callable, static: list | None, pool: GraphPool, num_user_outputs: int | None, clone_outputs: bool,
+             warmup: int, saved_as_aliases: bool, copied_back: list, mutated: list, name: str) -> CUDAGraphed:
+    """A CUDAGraphed as its ember_saved wrote it, recorded at none of its signatures yet."""
+    g = CUDAGraphed(fn, static, pool=pool, num_user_outputs=num_user_outputs, clone_outputs=clone_outputs,
+                    warmup=warmup, saved_as_aliases=saved_as_aliases, copied_back=copied_back,
+                    mutations=[(i, None) for i in mutated])
+    g.name = name
+    return g
 
 
 def graphed_autograd_function(forward: Callable, backward: Callable, *, num_user_outputs: int,

@@ -109,9 +109,11 @@ class Launcher:
         self.aligned_only = True
         self.raw: bool | None = None    # whether the launcher takes integer pointers (None: not tried yet)
         self.native = None   # ember's launcher and its first arguments (cuda_launch), when it loaded the kernel
+        self.compiled = None   # Triton's compiled kernel this launches (a saved program ships its binary)
 
     def preloaded(self, kernel) -> None:
         """Launch `kernel` (compiled by warmup with every pointer 16-byte aligned) from the first call on."""
+        self.compiled = kernel.compiled if isinstance(kernel, cuda_launch.Loaded) else kernel
         if isinstance(kernel, cuda_launch.Loaded):
             self.native = (kernel.launch, (kernel.function, self.grid, kernel.threads, kernel.shared, kernel.nulls,
                                            kernel.device))
@@ -158,8 +160,10 @@ class SizedLauncher:
         self.fn, self.meta, self.n = fn, meta, n_sizes
         self.device_index = device.index if device.index is not None or not FAST_LAUNCH else torch.cuda.current_device()
         self.native = None   # (launch, function, threads, shared, nulls, device) of cuda_launch.Loaded
+        self.compiled = None   # Triton's compiled kernel this launches (a saved program ships its binary)
 
     def preloaded(self, kernel) -> None:
+        self.compiled = kernel.compiled if isinstance(kernel, cuda_launch.Loaded) else kernel
         if isinstance(kernel, cuda_launch.Loaded) and FAST_LAUNCH:
             self.native = (kernel.launch, kernel.function, kernel.threads, kernel.shared, kernel.nulls, kernel.device)
 

@@ -72,3 +72,31 @@ def test_dynamic_shapes_by_name_and_every_dim():
         torch.testing.assert_close(every(x, w), scale_and_shift(x, w))
     with pytest.raises(ValueError, match="'y'"):
         ember.export(scale_and_shift, (torch.randn(5, 4), w), dynamic_shapes={"y": [0]})
+
+
+def tanh_step(x, w):
+    loss = torch.tanh(x @ w).square().sum()
+    loss.backward()
+    return loss
+
+
+def test_a_training_export_computes_gradients_with_the_backward_compiled_at_export():
+    from ember.backends import cpp_backend
+    w = torch.randn(4, 3, requires_grad=True)
+    program = ember.export(scale_and_shift, (torch.randn(5, 4, requires_grad=True), w), training=True)
+    assert program.training and program.parameters() == []   # (w is an argument: it gets its gradient as one)
+    graphs = cpp_backend.STATS["graphs"]
+    x, w2 = torch.randn(5, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    out = program(x, w2)
+    out.square().sum().backward()
+    x_ref, w_ref = x.detach().requires_grad_(), w2.detach().requires_grad_()
+    ref = scale_and_shift(x_ref, w_ref)
+    ref.square().sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close((x.grad, w2.grad), (x_ref.grad, w_ref.grad))
+    assert cpp_backend.STATS["graphs"] == graphs   # (forward and backward compiled at export)
+    with pytest.raises(ConstraintViolation, match="is_grad_enabled"), torch.no_grad():
+        program(x, w2)   # a training program is called with grad enabled (an inference one under no_grad)
+    # a step that calls backward itself is no one forward graph: the error says what to export instead
+    with pytest.raises(ember.GraphBreakError, match="training=True"):
+        ember.export(tanh_step, (torch.randn(5, 4), w), training=True)

@@ -17,11 +17,14 @@ from ember.runtime.artifacts import CannotSave
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def run_programs(mode: str, path: pathlib.Path, seed: int, cache: pathlib.Path, **env) -> dict:
-    """tests/frontend/saved_programs.py in a fresh process (its own cache directory): its report."""
-    r = subprocess.run([sys.executable, "-m", "tests.frontend.saved_programs", mode, str(path), str(seed)],
+def run_programs(mode: str, path: pathlib.Path, seed: int, cache: pathlib.Path,
+                 programs: str = "tests.frontend.saved_programs", **env) -> dict:
+    """tests/frontend/saved_programs.py (or `programs`) in a fresh process (its own cache directories): its
+    report."""
+    r = subprocess.run([sys.executable, "-m", programs, mode, str(path), str(seed)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "EMBER_CACHE_DIR": str(cache), **env})
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "EMBER_CACHE_DIR": str(cache),
+                            "TRITON_CACHE_DIR": str(cache / "triton-own"), **env})
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -47,6 +50,26 @@ def test_a_file_of_another_environment_compiles_again(saved_file, tmp_path):
     report = run_programs("load", saved_file, 3, tmp_path / "cache", EMBER_CPU_ISA="portable")
     assert report["loaded"] is False
     assert report["captures"] > 0 and report["graphs"] > 0 and report["restored"] == 0, report
+
+
+def test_a_loaded_triton_program_runs_with_no_capture_code_generation_or_triton_compile(tmp_path):
+    # the Triton backend's programs (inference, a training step, a symbolic graph at two sizes; on a GPU under
+    # mode="reduce-overhead" too): saved with their kernels' sources and host programs, and on a GPU each kernel's
+    # binary; loaded by a process with empty ember and Triton caches, other weights and inputs. Without a GPU they
+    # run through Triton's interpreter (the sources and host programs: there are no binaries)
+    pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+    triton_programs = "tests.frontend.saved_triton_programs"
+    saved = run_programs("save", tmp_path / "triton.ember", 1, tmp_path / "cache", triton_programs)
+    assert saved["left_out"] == 0 and saved["entries"] >= 3 and saved["graphs"] >= 4, saved
+    report = run_programs("load", tmp_path / "triton.ember", 2, tmp_path / "fresh cache", triton_programs)
+    assert report["loaded"] is True and report["restored"] >= 3, report
+    assert report["captures"] == 0 and report["graphs"] == 0 and not report["codegen_imported"], report
+    assert report["ember_kernel_compiles"] == [], report
+    if report["cuda"]:   # the kernels from their saved binaries
+        assert report["restored_kernels"] > 0, report
+        # (a CUDA graph's replay copies its outputs with one helper kernel, compiled once per machine at the
+        # first recording: a runtime helper, not a kernel of the program)
+        assert all(name.endswith("_copy_blocks") for name in report["other_compiles"]), report
 
 
 class Twice(torch.autograd.Function):

@@ -91,3 +91,53 @@ def test_a_file_of_another_environment_is_not_read(tmp_path, monkeypatch):
     (tmp_path / "other").write_bytes(pickle.dumps({}))
     with pytest.raises(ValueError, match="not a file"):
         artifacts.read(tmp_path / "other")
+
+
+def _rewrite_environment(path, **changes) -> None:
+    lines = path.read_bytes().split(b"\n", 2)
+    env = {**json.loads(lines[1]), **changes}
+    path.write_bytes(b"\n".join([lines[0], json.dumps(env).encode(), lines[2]]))
+
+
+def test_a_file_of_another_gpu_or_triton_is_not_read(tmp_path, monkeypatch):
+    # Triton's binaries are for one GPU (name, compute capability) and one Triton: a file built for another is
+    # not read (the program compiles as usual)
+    path = tmp_path / "f.ember"
+    artifacts.write(path, {"value": torch.arange(3)}, {})
+    _rewrite_environment(path, triton="0.0.1")
+    with pytest.raises(artifacts.Mismatch, match=r"triton: '0.0.1' -> "):
+        artifacts.read(path)
+    here = ["NVIDIA H200", [9, 0]]
+    monkeypatch.setattr(artifacts, "_gpu", lambda query: here if query else None)
+    artifacts.write(path, {"value": torch.arange(3)}, {})
+    _rewrite_environment(path, gpu=["NVIDIA A100-SXM4-80GB", [8, 0]])
+    # (the file names a GPU: this process's is asked for, though it has not used CUDA yet)
+    with pytest.raises(artifacts.Mismatch, match=r"gpu: \['NVIDIA A100-SXM4-80GB', \[8, 0\]\] -> \['NVIDIA H200'"):
+        artifacts.read(path)
+    _rewrite_environment(path, gpu=here)
+    torch.testing.assert_close(artifacts.read(path)["value"], torch.arange(3))
+    monkeypatch.setattr(artifacts, "_gpu", lambda query: None)   # a machine without one
+    with pytest.raises(artifacts.Mismatch, match=r"gpu: .* -> None"):
+        artifacts.read(path)
+
+
+def test_a_cuda_graphed_callable_is_saved_without_its_recordings():
+    # its recordings hold this process's addresses: the saved form is the compiled callable and how it is
+    # replayed; loaded, it runs eagerly first and records at its next call, as a fresh compile does
+    from ember.runtime.cudagraphs import CUDAGraphed, GraphPool
+    k = torch.randn(3)
+
+    def step(x, state):
+        return (x * k + state, x.sin())
+    g = CUDAGraphed(step, pool=GraphPool(0), num_user_outputs=1, copied_back=[(1, 0)], mutations=[(1, 0)])
+    g.name = "a step"
+    g.recordings[("a signature",)] = "a recording"
+    back = round_trip([g, g.pool])
+    h, pool = back
+    assert type(h) is CUDAGraphed and h.pool is pool and pool is not g.pool and pool.device == g.pool.device
+    assert h.recordings == {} and h.name == "a step" and h.auto and h.static is None
+    assert (h.num_user_outputs, h.copies_back, h.mutated_inputs) == (1, [(1, 0)], frozenset({1}))
+    x, state = torch.randn(3), torch.randn(3)
+    out, saved = h(x, state)
+    torch.testing.assert_close(out, step(x, state)[0])
+    torch.testing.assert_close(saved.take(), [x.sin()])
