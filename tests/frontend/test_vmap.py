@@ -1,0 +1,123 @@
+"""torch.vmap inside a compiled program (ember.frontend.vmap): inlined as torch.compile inlines it, the batching
+done by torch's own rules when the graph runs (and, for the ember backend, when its ATen graph is traced). Counts
+as torch.compile's (EMBER_TEST_BASELINE=torch): each vmap call is 1 decomposition load + enter + exit around its
+add_batch_dim / remove_batch_dim per mapped input and output."""
+import functools
+
+import pytest
+import torch
+
+import ember
+from tests.frontend.harness import BASELINE, check, explain, rand, reset
+
+
+def test_vmap_of_a_closure_over_a_pointwise_function():
+    def f(a, b, w):
+        def combine(x, y):
+            return x * y + w                       # w: an unmapped tensor of the enclosing frame
+        return torch.vmap(combine)(a, b)
+    r = check(f, rand(4, 3), rand(4, 3), rand(3))
+    # 3 bookkeeping + 2 add_batch_dim + 2 ops + 1 remove_batch_dim
+    assert r.graphs == 1 and r.ops == [8]
+
+
+def test_vmap_batching_rules_of_reductions_and_products():
+    def f(x, m):
+        def row(v):
+            return (v @ m).softmax(-1).sum(0) + v.mean()
+        return torch.vmap(row, in_dims=1, out_dims=0)(x)
+    r = check(f, rand(5, 4, 3), rand(3, 6))
+    assert r.graphs == 1 and r.ops == [10]
+
+
+def test_vmap_in_dims_none_nested_tuples_and_two_outputs():
+    def f(pair, s):
+        def g(xy, scale):
+            x, y = xy
+            return x * scale, (y - x).abs()
+        a, b = torch.vmap(g, in_dims=((0, 1), None), out_dims=(1, 0))(pair, s)
+        return a + 1, b * 2
+    r = check(f, (rand(4, 3), rand(3, 4)), rand(3))
+    assert r.graphs == 1 and r.ops == [12]
+
+
+def test_nested_vmap():
+    def f(x, y):
+        return torch.vmap(torch.vmap(lambda a, b: a * b + 1))(x, y)
+    r = check(f, rand(2, 3, 4), rand(2, 3, 4))
+    assert r.graphs == 1
+
+
+def test_vmap_made_before_the_compiled_call():
+    mapped = torch.vmap(lambda x, y: torch.dot(x, y))
+
+    def f(x, y):
+        return mapped(x, y).relu()
+    r = check(f, rand(6, 5), rand(6, 5))
+    assert r.graphs == 1 and r.ops == [8]
+
+
+def test_torch_pytree_flatten_and_unflatten_inside_the_program():
+    import torch.utils._pytree as pytree
+
+    def f(x, y):
+        leaves, spec = pytree.tree_flatten({"a": (x, y), "b": [x * 2]})
+        doubled = pytree.tree_unflatten([t + 1 for t in leaves], spec)
+        return doubled["a"][1] * doubled["b"][0], spec.num_leaves, torch.Size([2, 3, 4]).numel()
+    r = check(f, rand(3), rand(3))
+    assert r.graphs == 1 and r.ops == [5]
+
+
+def test_break_inside_the_mapped_function_runs_the_vmap_as_python():
+    def f(x, y):
+        def g(a, b):
+            print("mapped")                        # a break: vmap runs it eagerly, once per call
+            return a * b
+        return torch.vmap(g)(x, y).sum(0) + x[0]
+    r = check(f, rand(4, 3), rand(4, 3))
+    # ember: the vmap call runs as Python, the rest is one graph (sum, x[0], add); torch.compile: 1 graph, no break
+    assert BASELINE or r.graphs == 1 and r.ops == [3]
+    reset()
+    ex = explain(f, rand(4, 3), rand(4, 3))
+    assert BASELINE or ex.graph_break_count == 1 and "print" in str(ex.break_reasons[0])
+
+
+def test_vmap_errors_as_eager():
+    def wrong_in_dims(x):
+        return torch.vmap(torch.sin, in_dims=(0, 0))(x)
+
+    def sizes_differ(x, y):
+        return torch.vmap(torch.mul)(x, y)
+
+    def random_inside(x):
+        return torch.vmap(lambda v: v + torch.rand(3))(x)
+    check(wrong_in_dims, rand(3, 2))
+    check(sizes_differ, rand(3, 2), rand(4, 2))
+    check(random_inside, rand(3, 3))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_vmap_gradients_and_values_through_the_whole_pipeline(backend):
+    """The scan of transformers' Mamba under a compiler (torch's associative_scan, generic mode: a vmapped
+    combine function applied over slices), forward and backward, against eager."""
+    from torch._higher_order_ops.associative_scan import associative_scan   # (the test's own use of torch)
+
+    def scan(a, b):
+        def combine(left, right):
+            return left[0] * right[0], right[0] * left[1] + right[1]
+        return associative_scan(combine, (a, b), dim=1, combine_mode="generic")[1].square().sum()
+
+    a, b = rand(2, 7, 3), rand(2, 7, 3)
+    ember.reset()
+    compiled = ember.compile(scan, backend=backend)
+    ea, eb = a.clone().requires_grad_(), b.clone().requires_grad_()
+    ca, cb = a.clone().requires_grad_(), b.clone().requires_grad_()
+    expected, actual = scan(ea, eb), compiled(ca, cb)
+    torch.testing.assert_close(actual, expected)
+    expected.backward()
+    actual.backward()
+    torch.testing.assert_close(ca.grad, ea.grad)
+    torch.testing.assert_close(cb.grad, eb.grad)
+    ember.reset()
+    ex = ember.explain(functools.partial(scan, a, b))()
+    assert ex.graph_count == 1 and ex.graph_break_count == 0
