@@ -121,3 +121,21 @@ def test_vmap_gradients_and_values_through_the_whole_pipeline(backend):
     ember.reset()
     ex = ember.explain(functools.partial(scan, a, b))()
     assert ex.graph_count == 1 and ex.graph_break_count == 0
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "ember"])
+def test_vmap_randomness_same_draws_as_eager(backend):
+    """randomness="different" draws one batched sample, "same" one shared: as eager, and the generator after."""
+    def f(x):
+        return (torch.vmap(lambda v: v * torch.rand(3), randomness="different")(x),
+                torch.vmap(lambda v: v + torch.randn(()), randomness="same")(x))
+    x = rand(4, 3)
+    ember.reset()
+    compiled = ember.compile(f, backend=backend)
+    for _ in range(2):
+        torch.manual_seed(0)
+        expected, after = f(x), torch.rand(2)
+        torch.manual_seed(0)
+        actual, c_after = compiled(x), torch.rand(2)
+        torch.testing.assert_close(actual, expected)
+        torch.testing.assert_close(c_after, after)
