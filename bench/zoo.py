@@ -578,7 +578,7 @@ def report(rows: list[dict]) -> str:
             brk = ""
         if "error" in t:
             brk = (brk + " | " if brk else "") + f"torch.compile: {t['error']}"
-        out.append([r["name"], r["mode"], col(ec, "graphs"), col(ec, "breaks"), col(ec, "ops"), col(ec, "dead"),
+        out.append([r["name"], r["mode"], col(ec, "graphs"), col(ec, "breaks"), col(ec, "ops"), (ec or {}).get("dead", "-"),
                     col(tc, "graphs"), col(tc, "breaks"), col(tc, "ops"), ratio_cell(ec), equal[:60], brk])
     lines.append(table(["model", "mode", "ember graphs", "breaks", "ops", "dead", "torch.compile graphs", "breaks", "ops",
                         "f64 ratio", "equal", "ember's first break"], out))

@@ -139,3 +139,17 @@ def test_vmap_randomness_same_draws_as_eager(backend):
         actual, c_after = compiled(x), torch.rand(2)
         torch.testing.assert_close(actual, expected)
         torch.testing.assert_close(c_after, after)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "ember"])
+def test_vmap_writing_a_mapped_input_in_place(backend):
+    """v.add_(w) on a batched input writes the caller's tensor, as in eager."""
+    def f(x, y):
+        return torch.vmap(lambda v, w: v.add_(w).mul(2))(x, y), x * 3
+    x, y = rand(4, 3), rand(4, 3)
+    ember.reset()
+    compiled = ember.compile(f, backend=backend)
+    for _ in range(2):
+        ex, cx = x.clone(), x.clone()
+        torch.testing.assert_close(compiled(cx, y), f(ex, y))
+        torch.testing.assert_close(cx, ex)
