@@ -19,6 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.errors import Unsupported
+from ember.frontend.python_objects import is_namedtuple_cls
 from ember.frontend.values import ConstV, DictV, ListV, ObjV, PartialV, TensorV, TupleV, V
 
 if TYPE_CHECKING:
@@ -174,6 +175,8 @@ def _tree_of(v: V):
     """A V's containers as Python containers (a pytree), other Vs as its leaves."""
     if isinstance(v, TupleV) and v.cls is tuple:
         return tuple(_tree_of(x) for x in v.items)
+    if isinstance(v, TupleV) and is_namedtuple_cls(v.cls):   # (a pytree node to torch, as tuples)
+        return v.cls(*[_tree_of(x) for x in v.items])
     if isinstance(v, ListV):
         return [_tree_of(x) for x in v.items]
     if isinstance(v, DictV) and v.cls is dict:
@@ -183,7 +186,7 @@ def _tree_of(v: V):
 
 def _from_tree(x) -> V:
     if isinstance(x, tuple):
-        return TupleV([_from_tree(y) for y in x])
+        return TupleV([_from_tree(y) for y in x], None, type(x))
     if isinstance(x, list):
         return ListV([_from_tree(y) for y in x])
     if isinstance(x, dict):

@@ -41,6 +41,17 @@ def test_vmap_in_dims_none_nested_tuples_and_two_outputs():
     assert r.graphs == 1 and r.ops == [12]
 
 
+def test_vmap_over_a_named_tuple():
+    import collections
+    Pair = collections.namedtuple("Pair", "a b")
+
+    def f(p):
+        out = torch.vmap(lambda q: Pair(q.a + q.b, q.a * q.b))(p)
+        return out.a - out.b
+    r = check(f, Pair(rand(4, 3), rand(4, 3)))
+    assert r.graphs == 1 and r.ops == [10]
+
+
 def test_nested_vmap():
     def f(x, y):
         return torch.vmap(torch.vmap(lambda a, b: a * b + 1))(x, y)
