@@ -164,3 +164,15 @@ def test_vmap_writing_a_mapped_input_in_place(backend):
         ex, cx = x.clone(), x.clone()
         torch.testing.assert_close(compiled(cx, y), f(ex, y))
         torch.testing.assert_close(cx, ex)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_vmap_with_symbolic_sizes(backend):
+    """dynamic=True: the mapped size is specialized (guarded), the others stay symbolic; each new shape equal."""
+    def f(x, y, w):
+        return torch.vmap(lambda a, b: (a * b + w).sum(-1), in_dims=(0, 1))(x, y)
+    ember.reset()
+    compiled = ember.compile(f, backend=backend, dynamic=True)
+    for n, m in [(4, 3), (5, 3), (4, 6), (7, 2)]:
+        x, y, w = rand(n, m), rand(m, n), rand(m)
+        torch.testing.assert_close(compiled(x, y, w), f(x, y, w))
