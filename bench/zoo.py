@@ -564,7 +564,7 @@ def report(rows: list[dict]) -> str:
     for r in rows:
         e, t = r.get("ember", {}), r.get("torch", {})
         if "skipped" in e or "skipped" in t:
-            out.append([r["name"], r["mode"], "-", "-", "-", "-", "-", "-", "-", "skipped",
+            out.append([r["name"], r["mode"], *["-"] * 8, "skipped",
                         e.get("skipped", t.get("skipped"))])
             continue
         ec, tc = e.get("counts", {}), t.get("counts", {} if t else None)
