@@ -176,3 +176,16 @@ def test_vmap_with_symbolic_sizes(backend):
     for n, m in [(4, 3), (5, 3), (4, 6), (7, 2)]:
         x, y, w = rand(n, m), rand(m, n), rand(m)
         torch.testing.assert_close(compiled(x, y, w), f(x, y, w))
+
+
+def test_associative_scan_pointwise_mode_runs_as_python():
+    """combine_mode="pointwise" (transformers' choice on CUDA) calls torch's associative_scan higher-order op,
+    which ember does not capture: a break at the call (Python runs it), the values as eager's."""
+    from torch._higher_order_ops.associative_scan import associative_scan   # (the test's own use of torch)
+
+    def scan(a, b):
+        def combine(left, right):
+            return left[0] * right[0], right[0] * left[1] + right[1]
+        return associative_scan(combine, (a.exp(), b), dim=1, combine_mode="pointwise")[1] + 1
+    r = check(scan, rand(2, 7, 3), rand(2, 7, 3))
+    assert BASELINE or r.graphs == 2   # exp before the call, + 1 after it
