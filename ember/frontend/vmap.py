@@ -83,9 +83,12 @@ def torch_vmapped_parts(f) -> dict[str, Any] | None:
     """A function torch.vmap returned (made before the capture): its func, in_dims, out_dims, randomness and
     chunk_size, or None."""
     code = getattr(f, "__code__", None)
-    if code is None or code is not _torch_wrapper_code():
+    if code is None or code is not _torch_wrapper_code() or not set(_PARTS) <= set(code.co_freevars):
         return None
     return {name: cell.cell_contents for name, cell in zip(code.co_freevars, f.__closure__)}
+
+
+_PARTS = ("func", "in_dims", "out_dims", "randomness", "chunk_size")
 
 
 def call_torch_vmapped(frame: Frame, fn_v: V, f, args: list[V], kwargs: dict[str, V]) -> V:
@@ -93,7 +96,7 @@ def call_torch_vmapped(frame: Frame, fn_v: V, f, args: list[V], kwargs: dict[str
     src = fn_v.source
     index = {name: i for i, name in enumerate(f.__code__.co_freevars)}
     vals = [frame.cap.wrap(parts[k], f"{src}.__closure__[{index[k]}].cell_contents" if src else None)
-            for k in ("func", "in_dims", "out_dims", "randomness", "chunk_size")]
+            for k in _PARTS]
     return call_vmapped(frame, vals + list(args), kwargs)
 
 
