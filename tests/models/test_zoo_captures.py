@@ -143,6 +143,6 @@ def test_mamba_associative_scan_vmap_one_graph(train):
                        rtol=1e-5, atol=1e-6)
     else:
         rec = _compare(model, (ids,))
-    # torch.compile: 1 graph, 399 ops (411 with the loss); ember's graph holds 323 (331) and drops 76 (80) dead
-    # ones: the scan's products no output needs
+    # torch.compile: 1 graph of 399 calls (411 with the loss), 2 of them API-usage logging, which ember leaves out;
+    # ember's graph holds 323 ops (331) and drops 76 (80) dead ones, the scan's products no output needs
     assert len(rec.graphs) == 1 and _captured_ops(rec) == (411 if train else 399)
