@@ -8,7 +8,8 @@
 
 Each (model, mode) row:
 - counts: graphs, graph breaks and captured ops (call_function/call_method/call_module nodes of the graphs, less
-  calls that compute nothing: NOT_OPS, torch's API-usage logging, which torch.compile records in its graphs) of
+  calls that compute nothing: NOT_OPS, torch's API-usage logging, which torch.compile records in its graphs; for
+  ember, plus the ops it captured and then dropped as dead, the "dead" column: torch.compile's graphs keep them) of
   ember (ember.explain with the chosen backend) and of torch.compile (torch._dynamo.explain, the eager backend),
   with each one's first break reason and the user's file:line. torch.compile's counts are cached per torch version
   in bench/zoo_counts/torch-<version>.json (recomputed only with --recount-torch or when missing).
@@ -412,7 +413,9 @@ def grad_norm_ratio(model, m32s: list, m64) -> float | None:
 
 
 def counts(ex) -> dict:
-    return dict(graphs=ex.graph_count, breaks=ex.graph_break_count, ops=sum(op_count(g) for g in ex.graphs),
+    # ops: those ember captured, the dead ones its graphs drop included (torch.compile's graphs keep dead ops)
+    return dict(graphs=ex.graph_count, breaks=ex.graph_break_count,
+                ops=sum(op_count(g) for g in ex.graphs) + ex.dead_op_count, dead=ex.dead_op_count,
                 calls=sum(op_count(g, all_calls=True) for g in ex.graphs), first_break=first_ember_break(ex))
 
 
@@ -561,7 +564,7 @@ def report(rows: list[dict]) -> str:
     for r in rows:
         e, t = r.get("ember", {}), r.get("torch", {})
         if "skipped" in e or "skipped" in t:
-            out.append([r["name"], r["mode"], "-", "-", "-", "-", "-", "-", "skipped",
+            out.append([r["name"], r["mode"], *["-"] * 8, "skipped",
                         e.get("skipped", t.get("skipped"))])
             continue
         ec, tc = e.get("counts", {}), t.get("counts", {} if t else None)
@@ -575,9 +578,9 @@ def report(rows: list[dict]) -> str:
             brk = ""
         if "error" in t:
             brk = (brk + " | " if brk else "") + f"torch.compile: {t['error']}"
-        out.append([r["name"], r["mode"], col(ec, "graphs"), col(ec, "breaks"), col(ec, "ops"),
+        out.append([r["name"], r["mode"], col(ec, "graphs"), col(ec, "breaks"), col(ec, "ops"), (ec or {}).get("dead", "-"),
                     col(tc, "graphs"), col(tc, "breaks"), col(tc, "ops"), ratio_cell(ec), equal[:60], brk])
-    lines.append(table(["model", "mode", "ember graphs", "breaks", "ops", "torch.compile graphs", "breaks", "ops",
+    lines.append(table(["model", "mode", "ember graphs", "breaks", "ops", "dead", "torch.compile graphs", "breaks", "ops",
                         "f64 ratio", "equal", "ember's first break"], out))
     lines.append("")
     lines += summary(rows)

@@ -40,9 +40,14 @@ class ExplainOutput:
     def op_count(self) -> int:
         return sum(len(ops) for ops in self.ops_per_graph)
 
+    @property
+    def dead_op_count(self) -> int:
+        """Ops captured, then dropped from the graphs as nothing used them (torch.compile's graphs keep these)."""
+        return sum(gm.meta.get("ember_dead_ops", 0) for gm in self.graphs)
+
     def __str__(self):
         lines = [f"Graph count: {self.graph_count}", f"Graph break count: {self.graph_break_count}",
-                 f"Op count: {self.op_count}", "Ops per graph: " + ", ".join(str(len(ops)) for ops in self.ops_per_graph)]
+                 f"Op count: {self.op_count} (and {self.dead_op_count} dead ops dropped)", "Ops per graph: " + ", ".join(str(len(ops)) for ops in self.ops_per_graph)]
         if self.break_reasons:
             lines.append("Break reasons:")
             lines += [f"  {i + 1}. {b}" for i, b in enumerate(self.break_reasons)]

@@ -136,12 +136,12 @@ def object_attribute(frame: Frame, obj: ObjV, name: str) -> V:
 
 
 def tuple_attribute(frame: Frame, obj: TupleV, name: str) -> V:
-    """A named tuple's or struct sequence's fields and methods; count and index."""
+    """A named tuple's or struct sequence's fields and methods; count and index; a torch.Size's numel."""
     if obj.cls is not tuple and (is_namedtuple_cls(obj.cls) or is_structseq_cls(obj.cls)):
         fields = structseq_fields(obj.cls) if not is_namedtuple_cls(obj.cls) else list(obj.cls._fields)
         if name in fields:
             return obj.items[fields.index(name)]
-    if name in ("count", "index"):
+    if name in ("count", "index") or name == "numel" and obj.cls is torch.Size:
         return BoundV(obj, name)
     if is_namedtuple_cls(obj.cls) and name in ("_asdict", "_replace"):
         return BoundV(obj, name)

@@ -69,7 +69,10 @@ def _static_type(fr: Frame, v: V) -> type:
         return types.FunctionType
     if isinstance(v, BoundV):
         return types.MethodType if not isinstance(v.func, str) else types.BuiltinMethodType
-    return v.python_type()
+    try:
+        return v.python_type()
+    except NotImplementedError:   # (a context manager's exit, a cell...): Python answers at a break
+        raise Unsupported(f"type() of a {type(v).__name__}", fr.where()) from None
 
 
 def _type(fr: Frame, args, kwargs):

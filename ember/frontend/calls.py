@@ -9,6 +9,7 @@ import types
 from typing import TYPE_CHECKING
 
 import torch
+import torch.utils._pytree as pytree
 
 from ember.errors import Unsupported
 from ember.frontend.attributes import attr_source
@@ -24,6 +25,7 @@ from ember.frontend.py_float import has_py_float, optim_helpers
 from ember.frontend.python_objects import (
     CO_ASYNC_GENERATOR, CO_COROUTINE, MISSING, hashable, is_namedtuple_cls, lookup_static,
 )
+from ember.frontend.vmap import call_torch_vmapped, call_vmapped, make_vmapped, torch_vmapped_parts, vmapped
 from ember.frontend.values import (
     AutocastExitV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV,
     NoOpCtxV, ObjV, PartialV, TensorV, TupleV, V,
@@ -124,6 +126,10 @@ class Calls:
     def call_value(self, fn_v: V, f, args: list[V], kwargs: dict[str, V]) -> V:
         if getattr(f, "__ember_disable__", False) or getattr(getattr(f, "__func__", None), "__ember_disable__", False):
             raise Unsupported(f"{getattr(f, '__qualname__', f)} is marked ember.disable", self.where())
+        if f is torch.vmap:
+            return make_vmapped(self, args, kwargs)
+        if f is vmapped:
+            return call_vmapped(self, args, kwargs)
         rule = AT_CAPTURE.get(f) if hashable(f) else None
         if rule is not None and not (rule.rule == "pure" and (_any_tensor(args) or _any_tensor(list(kwargs.values())))):
             return self.at_capture(f, rule, args, kwargs)
@@ -180,6 +186,8 @@ class Calls:
                    for k, a in f.keywords.items()}
             return self.call(inner, pargs + args, {**pkw, **kwargs})
         if isinstance(f, types.FunctionType):
+            if torch_vmapped_parts(f) is not None:
+                return call_torch_vmapped(self, fn_v, f, args, kwargs)
             if (f.__module__ or "").split(".")[0] in OUTPUT_MODULES:
                 raise Unsupported(f"{f.__module__}.{f.__qualname__} writes output: it runs in Python", self.where())
             if f.__code__.co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR):
@@ -426,6 +434,8 @@ class Calls:
             return CellV(args[0] if args else None)
         if cls is functools.partial:
             return PartialV(args[0], list(args[1:]), dict(kwargs))
+        if cls is pytree.TreeSpec:
+            return self.construct_treespec(args, kwargs)
         if cls.__module__.split(".")[0] in ("builtins",) or cls.__new__ is not object.__new__ or \
                 cls.__module__.split(".")[0] == "torch":
             if all(isinstance(a, ConstV) for a in [*args, *kwargs.values()]) and cls in (
@@ -445,6 +455,17 @@ class Calls:
         if dataclasses.is_dataclass(cls) and getattr(cls, "__post_init__", None) is None:
             pass
         return obj
+
+    def construct_treespec(self, args: list[V], kwargs: dict) -> V:
+        """A pytree's structure (torch.utils._pytree.tree_flatten builds one per node): immutable, so it is built at
+        capture from its node type, context and children's specs, which must be known then."""
+        def plain(v):
+            if isinstance(v, ConstV) or isinstance(v, ObjV) and isinstance(v.value, (type, pytree.TreeSpec)):
+                return v.value
+            if isinstance(v, (ListV, TupleV)):
+                return type(v.items)(plain(x) for x in v.items) if isinstance(v, ListV) else tuple(map(plain, v.items))
+            raise Unsupported(f"a pytree TreeSpec of a {self.type_name(v)}", self.where())
+        return ObjV(pytree.TreeSpec(*map(plain, args), **{k: plain(v) for k, v in kwargs.items()}))
 
     def construct_stateless_module(self, cls: type, args: list[V], kwargs: dict) -> V:
         """A module made inside the program (transformers' `ACT2FN[name](x)` builds its activation on every call):

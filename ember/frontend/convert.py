@@ -552,7 +552,7 @@ class EntryCodegen:
         for i, v in enumerate(needed):
             self.outputs[id(v)] = i
         cap.graph.output(tuple(out_nodes))
-        eliminate_dead_code(cap.graph)
+        dead_ops = eliminate_dead_code(cap.graph)
         for inp in list(cap.inputs):  # inputs the graph ended up not using (still guarded) are not passed
             if not inp.node.users and not isinstance(inp.real, int):
                 cap.graph.erase_node(inp.node)
@@ -567,6 +567,7 @@ class EntryCodegen:
                 root.register_buffer(n.target, n.meta["tensor"], persistent=False)
         gm = torch.fx.GraphModule(root, cap.graph, class_name="GraphModule")
         gm.meta["ember_where"] = _code_where(self.fc.code)
+        gm.meta["ember_dead_ops"] = dead_ops   # captured, then dropped as dead (explain's dead_op_count)
         gm.meta["ember_guarded"] = True   # called only with inputs matching example_inputs' metadata, grad mode
         example_inputs = [inp.real for inp in cap.inputs]
         if enabled("graph"):

@@ -7,6 +7,7 @@ import operator
 import torch
 
 from ember.autograd.backward import grads_of
+from ember.frontend.vmap import EFFECTS as VMAP_EFFECTS
 
 
 INPLACE_OPERATORS = {operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul,
@@ -23,12 +24,23 @@ def has_effect(node: torch.fx.Node) -> bool:
     if name.endswith("_") and not name.endswith("__") or t in INPLACE_OPERATORS:
         return True
     if t in (torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
-             torch.amp.autocast_mode._exit_autocast, grads_of) or "out" in node.kwargs:
+             torch.amp.autocast_mode._exit_autocast, grads_of, *VMAP_EFFECTS) or "out" in node.kwargs:
         return True
     return any(w in name for w in RANDOM_WORDS)
 
 
-def eliminate_dead_code(graph: torch.fx.Graph) -> None:
+def eliminate_dead_code(graph: torch.fx.Graph) -> int:
+    """Drops them; returns how many (explain and bench/zoo.py count them as captured: torch.compile's graphs keep
+    dead ops)."""
+    dropped = 0
     for node in reversed(list(graph.nodes)):
         if node.op in ("call_function", "call_method") and not node.users and not has_effect(node):
             graph.erase_node(node)
+            dropped += not _item_of_outputs(node)
+    return dropped
+
+
+def _item_of_outputs(node: torch.fx.Node) -> bool:
+    # the capture reads every item of a multi-output op: the unread ones are no op of the program
+    return node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and \
+        isinstance(node.args[0].meta.get("val"), (tuple, list))

@@ -2,6 +2,7 @@
 methods, grad-mode contexts, named tuples' _make, iterators' __next__."""
 from __future__ import annotations
 
+import functools
 import operator
 from typing import TYPE_CHECKING
 
@@ -161,7 +162,7 @@ def set_method(frame: Frame, self_v: SetV, name: str, args: list[V], kwargs: dic
 
 
 def tuple_method(frame: Frame, self_v: TupleV, name: str, args: list[V], kwargs: dict) -> V:
-    """count and index; a named tuple's _asdict and _replace."""
+    """count and index; a named tuple's _asdict and _replace; a torch.Size's numel."""
     if name == "_asdict":
         return DictV(dict(zip(self_v.cls._fields, self_v.items)))
     if name == "_replace":
@@ -170,6 +171,8 @@ def tuple_method(frame: Frame, self_v: TupleV, name: str, args: list[V], kwargs:
         for k, v in kwargs.items():
             items[fields.index(k)] = v
         return TupleV(items, None, self_v.cls)
+    if name == "numel":   # a torch.Size's product (symbolic sizes stay symbolic)
+        return functools.reduce(lambda a, b: frame.binary(operator.mul, a, b, False), self_v.items, ConstV(1))
     target = args[0]
     matches = [frame.truth(frame.binary(operator.eq, x, target, False)) for x in self_v.items]
     return ConstV(sum(matches) if name == "count" else matches.index(True))

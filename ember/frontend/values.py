@@ -23,6 +23,7 @@ in terms of sources.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -230,6 +231,9 @@ class PartialV(V):
     args: list
     kwargs: dict
     source: str | None = None
+
+    def python_type(self):
+        return functools.partial
 
 
 @dataclasses.dataclass(eq=False)

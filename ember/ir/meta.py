@@ -113,6 +113,8 @@ def _pointwise(mode, target, args, kwargs, inplace: bool, unary: bool = False):
     if not tensors or type(args[0]) is not FakeTensor and (inplace or target not in _OPERATORS):
         return None
     first = tensors[0]
+    if type(first) is not FakeTensor:   # (a batched tensor of vmap, a subclass: dispatched)
+        return None
     device, shape, dtype = first.fake_device, first.shape, first.dtype
     for a in args:
         if isinstance(a, torch.Tensor):

@@ -167,7 +167,44 @@ def while_data_dependent(x, log):
     return x
 
 
+def try_depth1(x, log):
+    try:
+        y = try3(x.exp(), log)
+    except KeyError:
+        log.append("not raised")
+        y = x
+    return y - 1
+
+
+def try_depth2(x, log):
+    try:
+        y = try2(x.exp(), log)
+    finally:
+        log.append("root finally")
+    return y - 1
+
+
 # ------------------------------------------------------------------ closures defined in the compiled frame
+
+def closures_depth1(x, log):
+    offset = x.sum()
+
+    def c1(t):
+        t = t + offset
+        print("closure at depth 1")
+        log.append("c1")
+        return t * 2
+    return c1(x.exp()) - 1
+
+
+def closures_depth2(x, log):
+    def c2(t):
+        def c3(u):
+            print("closure at depth 2", u.shape[0])
+            return u * t.shape[0]
+        return c3(t.sin()).cos()
+    return c2(x.exp()) - 1
+
 
 def closures_depth3(x, log):
     scale = 2.0
@@ -211,6 +248,15 @@ def test_function_made_by_an_entry_compiled_on_its_own():
 
 # ------------------------------------------------------------------ generators
 
+def gen_level3(t, log, n):
+    for i in range(n):
+        yield level3(t + i, log)   # a break at depth 1 below the generator
+
+
+def gen_depth2(x, log):
+    return sum(gen_level3(x.exp(), log, 2)) - 1
+
+
 def gen_level2(t, log, n):
     for i in range(n):
         yield level2(t * i, log)   # a break at depth 2 below the generator
@@ -226,9 +272,13 @@ CASES = [
     (depth2, (6, 6), (6, 6)),
     (depth3, (8, 8), (8, 8)),
     (depth3_two_breaks, (8, 8), (8, 8)),
-    (try_depth3, (8, 8), (0, 0)),            # torch.compile runs frames with a break in a try block as Python
+    (try_depth1, (4, 4), (0, 0)),            # torch.compile runs frames with a break in a try block as Python
+    (try_depth2, (6, 6), (0, 0)),
+    (try_depth3, (8, 8), (0, 0)),
     (raise_caught_depth2, (3, 3), (2, 2)),
     (raise_escapes_depth2, (3, 3), (3, 3)),
+    (closures_depth1, (4, 5), (4, 5)),
+    (closures_depth2, (5, 5), (5, 5)),
     (closures_depth3, (8, 8), (8, 8)),
     (lambda_depth2, (5, 5), (5, 5)),
     (ambiguous_bool_caught, (1, 2), (0, 0)),   # after the exception, its handler and the rest run as Python
@@ -308,6 +358,7 @@ def gen_yield_in_try(x, log):
 
 GEN_CASES = [
     # torch.compile skips generator frames (0 graphs) but compiles the frames they call (gen_depth3)
+    (gen_depth2, (8, 8), (4, 4)),
     (gen_depth3, (12, 12), (7, 7)),
     (gen_interleaved, (4, 4), (0, 0)),
     (gen_send, (4, 4), (0, 0)),

@@ -129,6 +129,11 @@ def p_defaults_kwonly(x):
     def f(a, b=2, *, c=3): return a * b + c
     return f(x), f(x, c=0), f(x, 1, c=1)
 def p_partial(x): return functools.partial(torch.add, alpha=2)(x, x), functools.partial(helper_add, n=5)(x)
+
+
+def p_type_of_partial(x):
+    p = functools.partial(torch.mul, x)      # type() of a partial made in the program (was an internal error)
+    return p(2) if type(p) is functools.partial else x
 def p_call_star_unpack(x): args = (x, 2); kw = {"n": 3}; return helper_add(*args[:1], **kw)
 def p_reduce(x): return functools.reduce(lambda a, b: a * b, [x, x + 1, x + 2])
 
@@ -235,7 +240,7 @@ CASES = [
     case(p_generator_function, XS, 3), case(p_generator_next, XS, 3), case(p_yield_from, XS, 6),
     case(p_closure, XS, 1), case(p_nonlocal, XS, 2), case(p_lambda_map, lambda: (rand(3),), 3),
     case(p_lambda_filter, XS, 3), case(p_star_args, XS, 5), case(p_defaults_kwonly, XS, 6),
-    case(p_partial, XS, 2), case(p_call_star_unpack, XS, 1), case(p_reduce, XS, 4),
+    case(p_partial, XS, 2), case(p_type_of_partial, XS, 1), case(p_call_star_unpack, XS, 1), case(p_reduce, XS, 4),
     case(p_isinstance_type, XS, 1), case(p_len_range_enumerate, XS, 6), case(p_zip_reversed, XS, 3),
     case(p_sorted_min_max, XS, 4), case(p_sum_any_all, XS, 1), case(p_getattr_hasattr, XS, 3),
     case(p_int_float_str_bool_casts, XS, 5), case(p_abs_pow_round, XS, 3), case(p_fstring, XS, 1),

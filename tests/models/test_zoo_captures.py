@@ -1,8 +1,8 @@
 """Models whose capture needed issue 26's items 2 and 3: torchvision vit_b_16 (nn.MultiheadAttention's fast-path
-checks), transformers bloom (a torch.autograd.Function in train mode) and mixtral (a torch.library custom op for
-its grouped expert matmul). Tiny configs, random weights; outputs (and in train mode every parameter's gradient)
-equal to eager; graphs and ops next to torch.compile(backend=Recorder())'s, measured with torch 2.14.1 (CPU),
-transformers 5.24.0, torchvision 0.29.1.
+checks), transformers bloom (a torch.autograd.Function in train mode), mixtral (a torch.library custom op for
+its grouped expert matmul) and mamba (a module built in forward; torch.vmap in its associative scan). Tiny
+configs, random weights; outputs (and in train mode every parameter's gradient) equal to eager; graphs and ops next
+to torch.compile(backend=Recorder())'s, measured with torch 2.14.1 (CPU), transformers 5.24.0, torchvision 0.29.1.
 """
 from __future__ import annotations
 
@@ -110,9 +110,8 @@ def test_mixtral_train_gradients_through_the_custom_ops_autograd():
 
 
 def test_mamba_activation_built_in_forward_one_graph():
-    """Mamba's mixer calls ACT2FN[name](x): a new activation module on every call, built at capture. Its default
-    use_associative_scan=True takes torch._higher_order_ops.associative_scan under a compiler, a torch.compile-only
-    higher-order op ember does not capture (8 graphs; torch.compile 1 graph of 397 ops): the sequential scan here."""
+    """Mamba's mixer calls ACT2FN[name](x): a new activation module on every call, built at capture. The
+    sequential scan here (use_associative_scan=False); the default's is test_mamba_associative_scan_vmap_one_graph."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.MambaConfig(vocab_size=100, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
@@ -121,3 +120,29 @@ def test_mamba_activation_built_in_forward_one_graph():
     rec = _compare(model, (torch.randint(0, 100, (2, 8)),))
     # torch.compile: 1 graph, 289 ops
     assert len(rec.graphs) == 1 and rec.ops == 289
+
+
+def _captured_ops(rec) -> int:
+    """Ops in the graphs and those ember dropped as dead (torch.compile's graphs keep them)."""
+    return rec.ops + sum(g.meta.get("ember_dead_ops", 0) for g in rec.graphs)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_mamba_associative_scan_vmap_one_graph(train):
+    """Mamba's default use_associative_scan=True under a compiler takes torch's associative_scan, whose generic
+    mode on the CPU applies a torch.vmap of the combine function over slices: vmap inlined (ember.frontend.vmap),
+    one graph as torch.compile's; train mode's gradients (through the batching rules) equal to eager."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=100, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                                   conv_kernel=4, use_cache=False)
+    model = transformers.MambaForCausalLM(cfg).train(train)
+    ids = torch.randint(0, 100, (2, 8))
+    if train:
+        rec = _compare(model, (ids,), {"labels": ids}, backend="aot_eager", train_loss=lambda out: out.loss,
+                       rtol=1e-5, atol=1e-6)
+    else:
+        rec = _compare(model, (ids,))
+    # torch.compile: 1 graph of 399 calls (411 with the loss), 2 of them API-usage logging, which ember leaves out;
+    # ember's graph holds 323 ops (331) and drops 76 (80) dead ones, the scan's products no output needs
+    assert len(rec.graphs) == 1 and _captured_ops(rec) == (411 if train else 399)
