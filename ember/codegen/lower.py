@@ -29,7 +29,7 @@ from ember.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, Te
 from ember.codegen.cat_chains import lower_cat, plan_cat_chains
 from ember.codegen.layout import ALIGNED_ARGUMENTS, CONVOLUTIONS, aligned_strides, channels_last_strides, \
     is_aligned, is_dense, padded, same_strides, value_key, wants_channels_last
-from ember.codegen.matmul import addmm, lower_sibling_product, mm, plan_sibling_products, stored_for_products
+from ember.codegen.matmul import addmm, lower_sibling_product, mm, plan_sibling_products
 from ember.codegen.onednn import LinearFusion, lower_conv_fusion, lower_linear_fusion, plan_conv_fusions, \
     plan_linear_fusions
 from ember.codegen.reductions import one_hot_sum, split_reduction
@@ -407,8 +407,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                     # is slower and attention reads it in another layout than eager's)
                     want = getattr(out, "eager_stride", None)
                     keep = want is not None and not g.reads_layout_changed(out)
-                    out = g.realize(out, stride=stored_for_products(g, node, out, want if keep else None)
-                                    or (want if keep else None))
+                    out = g.realize(out, stride=want if keep else None)
                     out.origin_names = g.origins
                 elif isinstance(out, TensorBox) and out.strided is None and _moves_elements(node) \
                         and out.index_size() > INDEX_BUDGET:

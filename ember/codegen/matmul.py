@@ -11,7 +11,7 @@ import torch
 
 from ember import ir
 from ember.ir import TensorBox
-from ember.codegen.layout import aligned_strides, is_dense
+from ember.codegen.layout import is_dense
 from ember.codegen.onednn import cpu_matmul
 from ember.decomp import prims as P
 from ember.decomp.common import floaty, out
@@ -97,18 +97,20 @@ def mm(a, b):
     return cpu_matmul(ir.GRAPH, a, b) or padded_product(ir.GRAPH, a, b) or NotImplemented
 
 
-# cuBLAS takes its fast kernels only for matrices whose leading dimension (the step between rows) is a multiple of
-# 16 bytes: with GPT-2's 50257-word vocabulary its LM head's three products ran 2x slower (cutlass "align1"
-# kernels). A product big enough for it to matter stores what it computes with rows padded to 16 bytes: its
-# result, and operands ember computes itself (a gradient from the loss); the gaps are never read. Operands
-# already stored (inputs, parameters) are read as they are: a copy to pad them costs a pass of its own.
+# cuBLAS takes its fast kernels (vector loads and stores) only where each matrix's contiguous extent and leading
+# dimension are multiples of 16 bytes: with GPT-2's 50257-word vocabulary its LM head's three products ran as
+# cutlass "align1" kernels at 2x the time (a padded leading dimension alone does not do: the kernels also need
+# the extent). A product big enough for it to matter runs on operands zero-padded along those dimensions, and its
+# result is a slice of the padded product: zeros added along K add nothing; rows and columns added along M and N
+# are sliced off. A padded operand ember computes itself is computed straight into its padded buffer; a stored one
+# (a weight) is copied, a pass over it, small next to the product.
 LEAD_ALIGN_BYTES = 16
 PAD_MIN_MACS = 1 << 27
 PADDED_DEVICES = ("cuda",)
 
 
 def padded_product(g: "Graph", a: TensorBox, b: TensorBox) -> "TensorBox | None":
-    """a @ b on CUDA through padded_mm where a leading dimension is not a multiple of LEAD_ALIGN_BYTES, or None."""
+    """a @ b on CUDA as a slice of the product of operands padded as the comment above says, or None."""
     v = out()
     if v.device.type not in PADDED_DEVICES or g.symbolic or a.ndim != 2 or b.ndim != 2 or not floaty(v.dtype) \
             or a.dtype != v.dtype or b.dtype != v.dtype:
@@ -117,63 +119,33 @@ def padded_product(g: "Graph", a: TensorBox, b: TensorBox) -> "TensorBox | None"
     if m * k * n < PAD_MIN_MACS:
         return None
     step = max(LEAD_ALIGN_BYTES // ir.itemsize(v.dtype), 1)
-    width = -(-n // step) * step
-    a2, b2 = _rows_padded(g, a, step), _rows_padded(g, b, step)
-    if a2 is a and b2 is b and width == n:
+    a_cols, b_cols = _along_columns(a), _along_columns(b)   # (the dim each is contiguous along)
+    pad_m = not a_cols and m % step != 0
+    pad_k = (a_cols or not b_cols) and k % step != 0
+    pad_n = n % step != 0
+    if not (pad_m or pad_k or pad_n):
         return None
-    return g.extern(padded_mm, (a2, b2, width), {}, fallback=False, out_stride=(width, 1))
+    mp, kp, np_ = (-(-d // step) * step if p else d for d, p in ((m, pad_m), (k, pad_k), (n, pad_n)))
+    a2 = _padded(g, a, mp, kp, a_cols) if (mp, kp) != (m, k) else a
+    b2 = _padded(g, b, kp, np_, b_cols) if (kp, np_) != (k, n) else b
+    with g.lowering_as(torch.empty((mp, np_), dtype=v.dtype, device="meta")):
+        prod = g.extern(aten.mm.default, (a2, b2), {}, fallback=False)
+    if mp != m:
+        prod = P.slice_(prod, 0, 0, m)
+    return P.slice_(prod, 1, 0, n) if np_ != n else prod
 
 
-def _rows_padded(g: "Graph", x: TensorBox, step: int) -> TensorBox:
-    """x stored as eager would store it, its leading dimension padded to a multiple of `step` elements (a
-    transposed value stays transposed: its columns padded); x itself where it is stored already or needs no pad.
-    Stored as a library argument (realize's share): a value and its transpose read by two products (a gradient
-    and the weight's gradient) share one buffer."""
-    if x.strided is not None:
-        return x
-    rows, cols = int(x.size[0]), int(x.size[1])
-    want = getattr(x, "eager_stride", None)
-    transposed = want is not None and int(want[0]) == 1 and cols != 1 and rows != 1
-    lead = rows if transposed else cols
-    if lead % step == 0:
-        return x
-    padded = -(-lead // step) * step
-    return g.realize(x, stride=(1, padded) if transposed else (padded, 1), share=True)
+def _along_columns(x: TensorBox) -> bool:
+    """Whether matrix x is (or, not yet stored, will be as eager lays it out) contiguous along its columns (dim 1:
+    row-major) rather than its rows (a transposed view)."""
+    stride = x.strided[1] if x.strided is not None else getattr(x, "eager_stride", None)
+    return stride is None or int(x.size[0]) == 1 or not (int(stride[0]) == 1 and int(x.size[1]) != 1)
 
 
-def stored_for_products(g: "Graph", node: torch.fx.Node, x: TensorBox, stride) -> tuple | None:
-    """The strides to store x (node's value, stored where it is made: several read it) with rows padded to
-    LEAD_ALIGN_BYTES, where CUDA matrix products read it (through views: GPT-2's logits gradient, read by the
-    input's and the weight's gradient products) and its rows are not so already; None to store it as `stride`
-    (eager's layout, or None: contiguous) says."""
-    if g.val is None or getattr(g.val, "device", None) is None or g.val.device.type not in PADDED_DEVICES \
-            or g.symbolic or x.ndim < 2 or not floaty(x.dtype):
-        return None
-    size = [int(n) for n in x.size]
-    if stride is not None and tuple(int(s) for s in stride) != tuple(int(s) for s in ir.contiguous_strides(x.size)):
-        return None
-    step = max(LEAD_ALIGN_BYTES // ir.itemsize(x.dtype), 1)
-    numel = 1
-    for n in size:
-        numel *= n
-    if size[-1] % step == 0 or numel < PAD_MIN_MACS >> 7 or not _read_by_product(node):
-        return None
-    return aligned_strides(x.size, x.dtype)
-
-
-_PRODUCTS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
-
-
-def _read_by_product(node: torch.fx.Node) -> bool:
-    return any(u.op == "call_function" and (u.target in _PRODUCTS or u.target in _VIEWS and _read_by_product(u))
-               for u in node.users)
-
-
-def padded_mm(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
-    """a @ b written into rows `width` elements apart (padded_product)."""
-    result = torch.empty_strided((a.shape[0], b.shape[1]), (width, 1), dtype=a.dtype, device=a.device)
-    return torch.mm(a, b, out=result)
-
+def _padded(g: "Graph", x: TensorBox, rows: int, cols: int, along_columns: bool) -> TensorBox:
+    """x zero-padded to [rows, cols], stored contiguous along the dim x is (a library argument: realize's share)."""
+    p = P.pad(x, (0, cols - int(x.size[1]), 0, rows - int(x.size[0])), 0)
+    return g.realize(p, stride=(cols, 1) if along_columns else (1, rows), share=True)
 
 
 @dataclasses.dataclass(eq=False)
