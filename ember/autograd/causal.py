@@ -74,6 +74,10 @@ def is_causal_mask(mask: torch.Tensor, q_len: int, kv_len: int) -> bool:
     return bool(torch.where(tril, mask == 0, mask <= torch.finfo(mask.dtype).min).all())
 
 
+# masks evaluated while compiling at most this big (broadcast included): the check compares every element
+MAX_MASK_ELEMENTS = 1 << 28
+
+
 def use_is_causal(gm: torch.fx.GraphModule) -> int:
     """Rewrite gm's scaled_dot_product_attention calls whose mask is a constant causal mask into is_causal=True
     calls without it, and drop the mask's ops left unused; returns how many calls changed. Run on a torch-level
@@ -91,6 +95,9 @@ def use_is_causal(gm: torch.fx.GraphModule) -> int:
                 not all(isinstance(t, torch.Tensor) and t.dim() >= 2 and type(t.shape[-2]) is int for t in (q, k)):
             continue
         key = (mask, q.shape[-2], k.shape[-2])
+        shown = mask.meta.get("val")
+        if not isinstance(shown, torch.Tensor) or shown.numel() > MAX_MASK_ELEMENTS:
+            continue
         if key not in verdicts:
             value = constant_value(mask)
             with _disable_current_modes():
