@@ -8,7 +8,9 @@ from ember import config
 from ember.backends import cpp_backend
 from ember.codegen import cpp
 from ember.runtime import cache
-from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph, views_by_symbolic_sizes
+from tests.codegen.symbolic_graphs import (
+    SGD_MUTATIONS, aten_fn, check, check_sgd_in_place, sgd_momentum, symbolic_graph, views_by_symbolic_sizes,
+)
 from tests.numerics import assert_as_close_as_eager
 
 aten = torch.ops.aten
@@ -297,3 +299,49 @@ def test_batch_norm_training_over_a_symbolic_batch():
     compiled, _ = compile_symbolic(f, inputs(6), {1: [0]})
     for n in (2, 3, 17):
         check(compiled, f, inputs(n), rtol=1e-5, atol=1e-5)
+
+
+def test_inputs_written_in_place_at_every_size():
+    """A symbolic graph's new values of its inputs are stored into them (no fresh buffer, no copy back) when the
+    inputs do not overlap, checked at each call from the call's sizes (`_overlap(tensors, sizes)`)."""
+    compiled, _ = compile_symbolic(sgd_momentum, [7, torch.randn(7), torch.randn(7), torch.randn(7)],
+                                   {1: [0], 2: [0], 3: [0]}, meta=SGD_MUTATIONS)
+    check_sgd_in_place(compiled, torch.randn)
+    src = compiled.compiled.call.source
+    assert src.count("# updated in place") == 2 and "_overlap((" in src, src
+
+
+def test_an_optimizer_step_under_dynamic_true_writes_in_place():
+    """ember.compile(dynamic=True) of an SGD-with-momentum step over tensors of run-time sizes: one symbolic graph
+    for every size, its parameters and momenta written in place (no copy back), each call as eager's; inputs
+    that share memory are still right."""
+    from tests.codegen.recording import compiled_graphs
+
+    def step(ps, gs, bufs):
+        for p, g, b in zip(ps, gs, bufs):
+            b.mul_(0.9).add_(g)
+            p.add_(b, alpha=-0.1)
+
+    def inputs(n):
+        return [[torch.randn(n, 4), torch.randn(n), torch.randn(2, n)] for _ in range(3)]
+
+    def both(f, args, aliased=lambda ts: ts):
+        want = aliased([[t.clone() for t in ts] for ts in args])
+        args = aliased(args)
+        step(*want)
+        f(*args)
+        for got_ts, want_ts in zip(args, want):
+            for got, w in zip(got_ts, want_ts):
+                torch.testing.assert_close(got, w)
+    f, graphs = compiled_graphs(step, inputs(5), run=lambda f, a: both(f, a), dynamic=True)
+    for n in (3, 9, 17, 5):
+        both(f, inputs(n))
+    assert len(graphs) == 1
+    src = graphs[0].call.source
+    assert src.count("# updated in place") == 6 and "_overlap((" in src, src
+
+    def overlapping(ts):   # a parameter and its gradient, views of one tensor (the last list), overlapping
+        (ps, gs, bufs), base = ts[:3], ts[3][0]
+        ps[1], gs[1] = base[:6], base[3:9]
+        return [ps, gs, bufs]
+    both(f, inputs(6) + [[torch.randn(40)]], overlapping)
