@@ -282,9 +282,9 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
     ir.reset_interning()
     symbols.HINTS.clear()
     g = Graph(gm, target)
-    shape_env = None
+    shape_env = symbols.SHAPE_ENV = None
     if g.symbolic:
-        shape_env = shape_env_of(gm)
+        shape_env = symbols.SHAPE_ENV = shape_env_of(gm)
         symbols.HINTS.update(hints_of(shape_env))
         guards_before = len(shape_env.guards)
     ir.GRAPH = g
@@ -502,6 +502,7 @@ def lowering(symbolic: bool):
             raise CannotLower(f"no symbolic code for it ({type(e).__name__}: {e})") from e
         finally:
             symbols.HINTS.clear()
+            symbols.SHAPE_ENV = None
 
 
 def is_symbolic(gm: torch.fx.GraphModule) -> bool:

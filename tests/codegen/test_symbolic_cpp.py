@@ -345,3 +345,26 @@ def test_an_optimizer_step_under_dynamic_true_writes_in_place():
         ps[1], gs[1] = base[:6], base[3:9]
         return [ps, gs, bufs]
     both(f, inputs(6) + [[torch.randn(40)]], overlapping)
+
+
+def test_a_table_sliced_to_a_guarded_length_and_a_fused_linear():
+    """What BERT's embeddings and feed-forward hold under dynamic=True: a position table sliced to the sequence
+    length the program checked against the table's length (`s1 <= 64`: the guarded range decides the slice's
+    clamping), and linear + gelu (a oneDNN product with a post-op, its result viewed back to [s0, s1, 512]), in
+    kernels at every length."""
+    from tests.codegen.recording import compiled_graphs
+    torch.manual_seed(0)
+    table = torch.randn(64, 256)
+    lin = torch.nn.Linear(256, 512)   # (big enough for oneDNN: onednn.ONEDNN_MIN_WORK)
+
+    def f(x):
+        n = x.shape[1]
+        if n > table.shape[0]:
+            raise ValueError("too long")
+        return torch.nn.functional.gelu(lin(x + table[:n]))
+    with torch.no_grad():
+        compiled, graphs = compiled_graphs(f, torch.randn(4, 9, 256), dynamic=True)
+        for n in (9, 17, 64, 5):
+            x = torch.randn(4, n, 256)
+            torch.testing.assert_close(compiled(x), f(x))
+    assert len(graphs) == 1 and not graphs[0].sched.lowered.fallbacks, graphs[0].sched.lowered.fallbacks
