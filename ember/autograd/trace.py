@@ -142,9 +142,9 @@ def _run(gm: torch.nn.Module, example_inputs: list, grad: bool, lift: bool = Tru
     values = placeholder_values(gm)
     if values is not None and symbolic:
         fake_mode, fakes = _symbolic_fakes(values, inputs)
-    else:          # (a symbolic graph's int inputs, traced statically: constants of this trace)
-        fake_mode = FakeTensorMode()
-        fakes = [x if values is not None and type(x) is int else _fakes(fake_mode, [x])[0] for x in inputs]
+    else:          # (a symbolic graph's int inputs traced statically, or sizes the capture specialized: its
+        fake_mode = FakeTensorMode()   # guards fix their values, constants of this trace)
+        fakes = [x if type(x) is int else _fakes(fake_mode, [x])[0] for x in inputs]
     rec = _Recorder(fake_mode)
     primals, program_inputs = [], []
     with fake_mode:

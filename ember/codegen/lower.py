@@ -313,9 +313,15 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                     inputs.append(buf)
                 elif g.symbolic and isinstance(v, torch.SymInt):
                     sym = symbols.sym_expr(v)
-                    if not sym.is_Symbol:
+                    if sym.is_Integer:   # specialized at capture (the entry guards its value): a constant
+                        env[node], symbol_inputs[idx] = sym, sympy.Symbol(f"_fixed{idx}")
+                    elif not sym.is_Symbol:
                         raise CannotLower(f"size input {node.name} is {sym}, not a symbol")
-                    symbol_inputs[idx] = env[node] = sym
+                    else:
+                        symbol_inputs[idx] = env[node] = sym
+                    inputs.append(None)
+                elif type(v) is int:   # a size the capture specialized (guarded): a constant of the trace
+                    env[node], symbol_inputs[idx] = sympy.Integer(v), sympy.Symbol(f"_fixed{idx}")
                     inputs.append(None)
                 else:
                     raise CannotLower(f"non-tensor graph input {node.name}")

@@ -368,3 +368,29 @@ def test_a_table_sliced_to_a_guarded_length_and_a_fused_linear():
             x = torch.randn(4, n, 256)
             torch.testing.assert_close(compiled(x), f(x))
     assert len(graphs) == 1 and not graphs[0].sched.lowered.fallbacks, graphs[0].sched.lowered.fallbacks
+
+
+@pytest.mark.parametrize("other_dim_symbolic", [False, True])
+def test_a_size_specialized_at_capture_compiles_as_a_constant(other_dim_symbolic, caplog):
+    """A symbol the capture specialized (a list indexed by it: guarded equal) after its int input was made: the
+    graph still takes the int, a constant of the trace (all sizes fixed: a static trace) or of the lowering (other
+    dims symbolic), compiled to kernels, not run eagerly."""
+    from tests.codegen.recording import compiled_graphs
+    table = [10.0 * k for k in range(12)]
+
+    def f(x):
+        return (x.sin() * x.shape[0]) * table[x.shape[0]]
+
+    def inputs(n):
+        x = torch.randn(n, 5 + n)
+        if not other_dim_symbolic:
+            import ember
+            ember.mark_dynamic(x, 0)
+        return x
+    kw = {"dynamic": True} if other_dim_symbolic else {"dynamic": False}
+    with caplog.at_level("WARNING", logger="ember.fallbacks"):
+        compiled, graphs = compiled_graphs(f, inputs(4), **kw)
+        for n in (4, 6, 4):
+            x = inputs(n)
+            torch.testing.assert_close(compiled(x), f(x))
+    assert len(graphs) == 1 and not [r for r in caplog.records if r.name == "ember.fallbacks"], caplog.text
