@@ -61,11 +61,20 @@ def fakes(shapes: dict, dtype, dynamic_dims: dict):
     return env, mode, out
 
 
-def probe(label, shapes, dynamic_dims, dtype, mask=False, causal=False):
+def heads_view(t, heads: int):
+    """[B, S, H*D] -> [B, H, S, D] as transformers' attention makes q, k, v (a view: strides S*H*D, D, H*D, 1)."""
+    b, s, hd = t.shape
+    return t.view(b, s, heads, hd // heads).transpose(1, 2)
+
+
+def probe(label, shapes, dynamic_dims, dtype, mask=False, causal=False, heads=None):
     print(f"\n== {label} {dtype} mask={mask} causal={causal}")
     for what in ("F.sdpa", "recorder", "checks", "matmul"):
         env, mode, t = fakes(shapes, dtype, dynamic_dims)
         q, k, v, m = t["q"], t["k"], t["v"], t.get("mask")
+        if heads:   # (inside the fake mode: views of the projections' outputs)
+            with mode:
+                q, k, v = (heads_view(x, heads) for x in (q, k, v))
         log: list = []
         try:
             with mode, _OpsThatGuard(env, log):
@@ -104,6 +113,9 @@ def main() -> None:
     for dtype in (torch.float32, torch.float16):
         bert = {"q": (8, 12, 28, 64), "k": (8, 12, 28, 64), "v": (8, 12, 28, 64)}
         probe("bert", bert, {"q": (2,), "k": (2,), "v": (2,)}, dtype)
+        proj = {"q": (8, 28, 768), "k": (8, 28, 768), "v": (8, 28, 768)}
+        probe("bert as transformers lays it out (head views)", proj, {"q": (1,), "k": (1,), "v": (1,)}, dtype,
+              heads=12)
         probe("bert", {**bert, "mask": (8, 1, 28, 28)}, {"q": (2,), "k": (2,), "v": (2,), "mask": (2, 3)}, dtype,
               mask=True)
         dec = {"q": (1, 12, 1, 64), "k": (1, 12, 37, 64), "v": (1, 12, 37, 64)}
