@@ -18,6 +18,7 @@ from ember.autograd.functionalize import _INPLACE_VIEWS, _SCATTER, _UNDECLARED_W
     _Rec, _known_equal, _same_layout, _split, functional_variant
 from ember.autograd.symbolic import SymNodes
 from ember.autograd.trace_meta import TraceError
+from ember.ir.meta import MATMUL_METHODS, MATMULS, symbolic_matmul
 
 aten = torch.ops.aten
 _PRIM_DEVICE = torch.ops.prim.device.default
@@ -56,7 +57,18 @@ class _OriginInterpreter(torch.fx.Interpreter):
             fused = _cuda_fused_sdpa(*args, **kwargs)
             if fused is not None:
                 return fused
+        if target in MATMULS and len(args) == 2 and not kwargs:
+            out = symbolic_matmul(*args)   # (a batched product of symbolic sizes: its ops recorded one by one)
+            if out is not None:
+                return out
         return super().call_function(target, args, kwargs)
+
+    def call_method(self, target, args, kwargs):
+        if target in MATMUL_METHODS and len(args) == 2 and not kwargs:
+            out = symbolic_matmul(*args)
+            if out is not None:
+                return out
+        return super().call_method(target, args, kwargs)
 
 
 def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -307,3 +307,42 @@ def _cat(mode, args, kwargs):
 
 _FUNCTION_RULES = ((F.batch_norm, _batch_norm), (torch.conv2d, _conv2d), (torch.cat, _cat),
                    (F.layer_norm, _layer_norm), (F.linear, _linear), (torch.addmm, _addmm))
+
+
+# torch.matmul spelled as a function, an operator or a method: `symbolic_matmul` computes it for symbolic sizes
+MATMULS = {torch.matmul, operator.matmul}
+MATMUL_METHODS = {"matmul", "__matmul__"}
+
+
+def _symbolic(t) -> bool:
+    return isinstance(t, torch.Tensor) and any(isinstance(x, torch.SymInt) and not x.node.expr.is_Integer
+                                               for x in (*t.shape, *t.stride()))
+
+
+def symbolic_matmul(a, b) -> torch.Tensor | None:
+    """a @ b of a batched product (both operands at least 2-D, one at least 3-D) with a symbolic size, as torch.matmul
+    computes it (the batch of a 2-D `b` folded into `a`'s rows and one mm; else both expanded to the broadcast
+    batch and one bmm), in torch ops over the sizes as SymInts; None for any other product (torch.matmul runs).
+    torch's own C++ matmul reads some sizes as ints (torch 2.11: `q @ k.transpose(-2, -1)` of a symbolic sequence
+    length), which pins each symbol to its value: a graph per length."""
+    if not (_symbolic(a) or _symbolic(b)) or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) \
+            or min(a.dim(), b.dim()) < 2 or max(a.dim(), b.dim()) < 3:
+        return None
+    return batched_matmul(a, b)
+
+
+def batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """symbolic_matmul's product, for any sizes."""
+    n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+    if b.dim() == 2:
+        rows = 1
+        for x in a.shape[:-1]:
+            rows = rows * x
+        return torch.mm(a.reshape(rows, k), b).view(*a.shape[:-1], m)
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    count = 1
+    for x in batch:
+        count = count * x
+    a3 = a.expand(*batch, n, k).reshape(count, n, k)
+    b3 = b.expand(*batch, k, m).reshape(count, k, m)
+    return torch.bmm(a3, b3).view(*batch, n, m)
