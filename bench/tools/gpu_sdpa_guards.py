@@ -6,7 +6,7 @@ lengths that compiles a graph per length on the GPU, not on the CPU).
 For attention shapes of BERT (no mask, a float mask), GPT-2 decoding (one query, a growing key length) and
 prefill (causal), in float32 and float16: fake CUDA tensors whose sequence lengths are symbols of one ShapeEnv go
 through F.scaled_dot_product_attention (what ember's frontend runs), ember's recorder choice
-(autograd.recorder._cuda_fused_sdpa), torch.backends.cuda's can_use_* checks one by one, and a batched matmul;
+(autograd.recorder.cuda_attention: the fused kernel, else the math path over SymInts), torch.backends.cuda's can_use_* checks one by one, and a batched matmul;
 each prints the guards it added (a guard `Eq(s0, 28)` pins the length to its value: a graph per length).
 """
 from __future__ import annotations
@@ -82,8 +82,10 @@ def probe(label, shapes, dynamic_dims, dtype, mask=False, causal=False, heads=No
                     o = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)
                     log.append(f"out {tuple(o.shape)} stride {o.stride()}")
                 elif what == "recorder":
-                    from ember.autograd.recorder import _cuda_fused_sdpa
-                    o = _cuda_fused_sdpa(q, k, v, attn_mask=m, is_causal=causal)
+                    from ember.autograd.recorder import _cuda_fused_sdpa, cuda_attention
+                    fused = _cuda_fused_sdpa(q, k, v, attn_mask=m, is_causal=causal) is not None
+                    o = cuda_attention(q, k, v, attn_mask=m, is_causal=causal)
+                    log.append(f"fused kernel: {fused}")
                     log.append("declined (None)" if o is None else f"out {tuple(o.shape)} stride {o.stride()}")
                 elif what == "checks":
                     p = torch.backends.cuda.SDPAParams(q, k, v, m, 0.0, causal, False)

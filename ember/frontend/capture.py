@@ -13,6 +13,7 @@ import types
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -26,6 +27,7 @@ from ember.frontend.symbolic import SYM_TYPES, Symbols, check_no_unbacked, log_d
 from ember.frontend.values import (
     CellV, ConstV, DictV, GradExit, GradModeExitV, ListV, ObjV, SetV, TensorV, TupleV, V,
 )
+from ember.autograd.recorder import cuda_attention
 from ember.ir.meta import MATMUL_METHODS, MATMULS, fake_of_real, fast_result, symbolic_matmul
 
 # What an op's own argument checks raise (a shape mismatch, an index out of range): raised by a fake run, the op
@@ -233,6 +235,9 @@ class Capture:
                 target in MATMULS if kind == "call_function" else kind == "call_method" and target in MATMUL_METHODS):
             with self.fake_mode:
                 out = symbolic_matmul(*fake_args)
+        elif symbolic and target is F.scaled_dot_product_attention:
+            with self.fake_mode:   # (what the ATen recorder records: torch's C++ choice on fakes reads sizes as ints)
+                out = cuda_attention(*fake_args, **fake_kwargs)
         if out is None:
             try:
                 with self.fake_mode:

@@ -346,3 +346,28 @@ def batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a3 = a.expand(*batch, n, k).reshape(count, n, k)
     b3 = b.expand(*batch, k, m).reshape(count, k, m)
     return torch.bmm(a3, b3).view(*batch, n, m)
+
+
+def symbolic_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention as torch's math path computes it (q and k each scaled by sqrt(scale), a
+    causal or boolean mask made additive, a softmax whose fully masked rows are zeros, two products), in torch
+    ops over SymInts (symbolic_matmul); None where that path needs more (dropout, grouped heads, a symbolic head
+    dim). For CUDA tensors of symbolic sizes whose fused kernel ember does not choose: torch picks its kernel
+    inside C++ from the sizes, and on fakes its math path reads them as ints (a graph per sequence length)."""
+    if dropout_p or enable_gqa or q.dim() < 2 or not isinstance(q.shape[-1], int):
+        return None
+    import math
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    keys = (k * factor).transpose(-2, -1)
+    attn = symbolic_matmul(q * factor, keys)
+    attn = torch.matmul(q * factor, keys) if attn is None else attn
+    masks = [attn_mask] if attn_mask is not None else []
+    if is_causal:
+        masks.append(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril())
+    for m in masks:
+        if m.dtype == torch.bool:
+            m = torch.zeros(m.shape, dtype=attn.dtype, device=attn.device).masked_fill(m.logical_not(), float("-inf"))
+        attn = attn + m
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    out = symbolic_matmul(attn, v)
+    return torch.matmul(attn, v) if out is None else out
