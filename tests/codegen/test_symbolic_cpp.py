@@ -394,3 +394,36 @@ def test_a_size_specialized_at_capture_compiles_as_a_constant(other_dim_symbolic
             x = inputs(n)
             torch.testing.assert_close(compiled(x), f(x))
     assert len(graphs) == 1 and not [r for r in caplog.records if r.name == "ember.fallbacks"], caplog.text
+
+
+def test_batched_matmul_attention_of_every_length_one_graph():
+    """q @ k^T, softmax, @ v and a 3-D @ 2-D projection under dynamic=True, forward and backward: one graph for
+    every sequence length (ir.meta.symbolic_matmul: no symbol pinned to its value), each call as eager's."""
+    import ember
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+
+    def f(x):
+        q = x @ w
+        att = (q @ x.transpose(-2, -1)).softmax(-1)
+        return (att @ x).sum()
+    graphs = []
+
+    def count(gm, ex):
+        graphs.append(gm)
+        from ember.backends import lookup_backend
+        return lookup_backend("ember")(gm, ex)
+    compiled = ember.compile(f, backend=count, dynamic=True)
+    for n in (5, 9, 17, 5):
+        x = torch.randn(2, 3, n, 16, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        out, want = compiled(x), f(xe)
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+        out.backward()
+        gw = w.grad.clone()
+        w.grad = None
+        want.backward()
+        torch.testing.assert_close(gw, w.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(x.grad, xe.grad, rtol=1e-4, atol=1e-4)
+        w.grad = None
+    assert len(graphs) == 1, len(graphs)
