@@ -236,8 +236,11 @@ class Capture:
             with self.fake_mode:
                 out = symbolic_matmul(*fake_args)
         elif symbolic and target is F.scaled_dot_product_attention:
-            with self.fake_mode:   # (what the ATen recorder records: torch's C++ choice on fakes reads sizes as ints)
-                out = cuda_attention(*fake_args, **fake_kwargs)
+            try:   # (what the ATen recorder records: torch's C++ choice on fakes reads sizes as ints)
+                with self.fake_mode:
+                    out = cuda_attention(*fake_args, **fake_kwargs)
+            except Exception:   # (arguments the op itself refuses: its own run below says how)
+                out = None
         if out is None:
             try:
                 with self.fake_mode:
