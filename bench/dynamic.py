@@ -1,6 +1,8 @@
 """Dynamic shapes: loops whose input sizes change, eager vs torch.compile vs ember, side by side in one run.
 
     PYTHONPATH=. .venv/bin/python bench/dynamic.py [--device cpu|cuda] [--loops bert,gpt2,train] [--compilers ...]
+        [--logs DIR]   (each child's stderr to DIR/<loop>-<compiler>.log: with EMBER_LOGS=recompiles,dynamic, why
+                        each graph was compiled)
 
 Each (loop, compiler) runs in a fresh process, so each total includes every compile the loop triggers, as a user
 sees it. Both compilers run with their defaults (dynamic=None: static first, then symbolic for the sizes that
@@ -24,6 +26,7 @@ import platform
 import subprocess
 import sys
 import time
+import types
 
 import torch
 
@@ -158,17 +161,27 @@ def child(loop: str, compiler: str, device: str) -> dict:
     return out
 
 
-def run_child(loop: str, compiler: str, device: str, timeout: float) -> dict:
+def run_child(loop: str, compiler: str, device: str, timeout: float, logs: str | None = None) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", f"{loop}:{compiler}", "--device", device]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
+        p = types.SimpleNamespace(stdout="", stderr=e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or "")
+        _save_log(logs, loop, compiler, p.stderr)
         return {"error": f"timeout after {timeout:.0f} s"}
+    _save_log(logs, loop, compiler, p.stderr)
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:160]}
+
+
+def _save_log(logs: str | None, loop: str, compiler: str, text: str) -> None:
+    if logs:
+        os.makedirs(logs, exist_ok=True)
+        with open(os.path.join(logs, f"{loop}-{compiler.replace('.', '_')}.log"), "w") as f:
+            f.write(text)
 
 
 def _fmt(r: dict, key: str, spec: str) -> str:
@@ -181,6 +194,7 @@ def main() -> None:
     ap.add_argument("--loops", default=",".join(LOOPS))
     ap.add_argument("--compilers", default=",".join(COMPILERS))
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--logs", help="a folder for each child's stderr (EMBER_LOGS=recompiles,dynamic: why it compiled)")
     ap.add_argument("--child")
     a = ap.parse_args()
     if a.child:
@@ -192,7 +206,7 @@ def main() -> None:
     print(f"bench/dynamic.py  {a.device} ({name})  torch {torch.__version__}  {datetime.date.today()}  "
           f"commit {commit.strip()}")
     for loop in a.loops.split(","):
-        rows = {c: run_child(loop, c, a.device, a.timeout) for c in a.compilers.split(",")}
+        rows = {c: run_child(loop, c, a.device, a.timeout, a.logs) for c in a.compilers.split(",")}
         metric = {"bert": ("steady_ms", "ms/call after"), "gpt2": ("tokens_per_s", "tokens/s after"),
                   "train": ("steady_ms", "ms/step after")}[loop]
         print(f"\n{loop}: | compiler | total s (compiles included) | graphs | {metric[1]} | same as eager |")
@@ -200,7 +214,7 @@ def main() -> None:
         ref = rows.get("eager", {})
         for c, r in rows.items():
             same = "—"
-            if "error" not in r and "error" not in ref and c != "eager":
+            if ref and "error" not in r and "error" not in ref and c != "eager":
                 key = {"gpt2": "ids", "train": "losses"}.get(loop)
                 if key == "ids":
                     same = "yes" if r[key] == ref[key] else "no"

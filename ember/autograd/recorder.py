@@ -18,6 +18,8 @@ from ember.autograd.functionalize import _INPLACE_VIEWS, _SCATTER, _UNDECLARED_W
     _Rec, _known_equal, _same_layout, _split, functional_variant
 from ember.autograd.symbolic import SymNodes
 from ember.autograd.trace_meta import TraceError
+from ember.ir.meta import MATMUL_METHODS, MATMULS, symbolic_attention, symbolic_matmul
+from ember.ir.symbols import has_symbols
 
 aten = torch.ops.aten
 _PRIM_DEVICE = torch.ops.prim.device.default
@@ -53,10 +55,35 @@ class _OriginInterpreter(torch.fx.Interpreter):
 
     def call_function(self, target, args, kwargs):
         if target is torch.nn.functional.scaled_dot_product_attention:
-            fused = _cuda_fused_sdpa(*args, **kwargs)
-            if fused is not None:
-                return fused
+            out = cuda_attention(*args, **kwargs)
+            if out is not None:
+                return out
+        if target in MATMULS and len(args) == 2 and not kwargs:
+            out = symbolic_matmul(*args)   # (a batched product of symbolic sizes: its ops recorded one by one)
+            if out is not None:
+                return out
         return super().call_function(target, args, kwargs)
+
+    def call_method(self, target, args, kwargs):
+        if target in MATMUL_METHODS and len(args) == 2 and not kwargs:
+            out = symbolic_matmul(*args)
+            if out is not None:
+                return out
+        return super().call_method(target, args, kwargs)
+
+
+def cuda_attention(*args, **kwargs):
+    """F.scaled_dot_product_attention on CUDA tensors as ember records it, or None (torch's own op runs): the fused
+    kernel eager would run (_cuda_fused_sdpa), else, for symbolic sizes, the math path written over SymInts
+    (ir.meta.symbolic_attention: torch's C++ choice on fakes would pin the sizes to their values)."""
+    fused = _cuda_fused_sdpa(*args, **kwargs)
+    if fused is not None:
+        return fused
+    q = args[0] if args else kwargs.get("query")
+    if isinstance(q, torch.Tensor) and q.is_cuda and any(
+            isinstance(t, torch.Tensor) and has_symbols(t) for t in (*args, *kwargs.values())):
+        return symbolic_attention(*args, **kwargs)
+    return None
 
 
 def _cuda_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -142,9 +142,13 @@ def _run(gm: torch.nn.Module, example_inputs: list, grad: bool, lift: bool = Tru
     values = placeholder_values(gm)
     if values is not None and symbolic:
         fake_mode, fakes = _symbolic_fakes(values, inputs)
-    else:          # (a symbolic graph's int inputs, traced statically: constants of this trace)
-        fake_mode = FakeTensorMode()
-        fakes = [x if values is not None and type(x) is int else _fakes(fake_mode, [x])[0] for x in inputs]
+    else:          # (a symbolic graph's int inputs traced statically, and sizes the capture specialized, whose
+        fake_mode = FakeTensorMode()   # placeholders hold a SymInt of a fixed value: the entry guards it; constants)
+        nodes = gm.graph.nodes if isinstance(gm, torch.fx.GraphModule) else ()
+        fixed = {i for i, n in enumerate(n for n in nodes if n.op == "placeholder")
+                 if isinstance(n.meta.get("val"), torch.SymInt) and n.meta["val"].node.maybe_as_int() is not None}
+        fakes = [x if type(x) is int and (values is not None or i in fixed) else _fakes(fake_mode, [x])[0]
+                 for i, x in enumerate(inputs)]
     rec = _Recorder(fake_mode)
     primals, program_inputs = [], []
     with fake_mode:

@@ -48,9 +48,7 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
         with lower.lowering(symbolic):
             low, out_spec, _ = lower.lower(gm, example_inputs)
             hints = dict(symbols.HINTS)
-            # (symbolic: no input written in place, whose overlap test needs fixed extents)
-            sched = schedule.schedule(low, row_buffers=True,
-                                      mutations=None if symbolic else gm.meta.get("ember_input_mutations"))
+            sched = schedule.schedule(low, row_buffers=True, mutations=gm.meta.get("ember_input_mutations"))
             sched = schedule.split_elementwise(sched, cpp.too_big_for_one_function)
             source, kernels = cpp.generate(sched)
     except CannotLower as e:

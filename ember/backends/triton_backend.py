@@ -235,10 +235,9 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
 
 def _lower_and_print(gm: torch.fx.GraphModule, example_inputs: list, options: dict, symbolic: bool):
     """(the host program, the outputs' tree spec) of an ATen graph on CUDA tensors (under LOWERING_LOCK).
-    Symbolic graphs write no input in place (the overlap test needs fixed extents: the functional graph's
-    results are copied back) and take no matmul templates (timed at one size)."""
+    Symbolic graphs take no matmul templates (timed at one size)."""
     low, out_spec, _ = lower.lower(gm, example_inputs, target="gpu")
-    mutations = None if symbolic else gm.meta.get("ember_input_mutations")
+    mutations = gm.meta.get("ember_input_mutations")
     if os.environ.get("TRITON_INTERPRET") != "1":   # (there every kernel reads CPU tensors)
         _no_kernel_reads_cpu(low, example_inputs)
     sched = split_few_row_groups(schedule.schedule(low, mutations=mutations, across=True))

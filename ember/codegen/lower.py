@@ -282,9 +282,9 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
     ir.reset_interning()
     symbols.HINTS.clear()
     g = Graph(gm, target)
-    shape_env = None
+    shape_env = symbols.SHAPE_ENV = None
     if g.symbolic:
-        shape_env = shape_env_of(gm)
+        shape_env = symbols.SHAPE_ENV = shape_env_of(gm)
         symbols.HINTS.update(hints_of(shape_env))
         guards_before = len(shape_env.guards)
     ir.GRAPH = g
@@ -313,9 +313,15 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                     inputs.append(buf)
                 elif g.symbolic and isinstance(v, torch.SymInt):
                     sym = symbols.sym_expr(v)
-                    if not sym.is_Symbol:
+                    if sym.is_Integer:   # specialized at capture (the entry guards its value): a constant
+                        env[node], symbol_inputs[idx] = sym, sympy.Symbol(f"_fixed{idx}")
+                    elif not sym.is_Symbol:
                         raise CannotLower(f"size input {node.name} is {sym}, not a symbol")
-                    symbol_inputs[idx] = env[node] = sym
+                    else:
+                        symbol_inputs[idx] = env[node] = sym
+                    inputs.append(None)
+                elif type(v) is int:   # a size the capture specialized (guarded): a constant of the trace
+                    env[node], symbol_inputs[idx] = sympy.Integer(v), sympy.Symbol(f"_fixed{idx}")
                     inputs.append(None)
                 else:
                     raise CannotLower(f"non-tensor graph input {node.name}")
@@ -504,6 +510,7 @@ def lowering(symbolic: bool):
             raise CannotLower(f"no symbolic code for it ({type(e).__name__}: {e})") from e
         finally:
             symbols.HINTS.clear()
+            symbols.SHAPE_ENV = None
 
 
 def is_symbolic(gm: torch.fx.GraphModule) -> bool:

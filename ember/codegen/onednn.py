@@ -261,4 +261,4 @@ def lower_linear_fusion(g: "Graph", f: LinearFusion, env: dict):
     bias, a, b = (env[x] for x in f.mm.args) if len(f.mm.args) == 3 else (None, *(env[x] for x in f.mm.args))
     with g.lowering_as(f.mm.meta["val"]) as out_val:
         y = cpu_matmul(g, a, b, bias, f.post_op, any_weight=True)
-    return P.reshape(y, list(out_val.shape))
+    return P.reshape(y, list(symbols.sym_sizes(out_val.shape)))

@@ -720,6 +720,11 @@ def recompute_scalars(sched: Schedule, mutations: list | None, linked: frozenset
         sched.items = kept
 
 
+def _same_sizes(a: tuple, b: tuple) -> bool:
+    """Whether two tuples of sizes (strides, offsets) are equal at every size the guards admit."""
+    return len(a) == len(b) and all(symbols.same(x, y) for x, y in zip(a, b))
+
+
 def _reads_only(x, name: str, m) -> bool:
     """Whether member x reads buffer `name` only at the element member m stores, over m's loops (a row's
     epilogue reading the value its row just stored: Adam's update of a batch norm's weight reads the new
@@ -747,11 +752,10 @@ def _write_in_place(sched: Schedule, ii: int, oi: int, where: dict, member_of: d
     low = sched.lowered
     out = low.outputs[oi]
     b = m.buf
-    layout = (tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), int(b.offset))
+    layout = (*b.size, *b.stride)
     if not isinstance(b, Pointwise) or m.local or m.dest or b.dtype != inp.dtype or m.body is None \
-            or layout != (tuple(out.size), tuple(out.stride), out.offset) \
-            or layout[:2] != (tuple(int(s) for s in inp.size), tuple(int(s) for s in inp.stride)) \
-            or inp.name in sched.inplace.values():
+            or not _same_sizes((*layout, b.offset), (*out.size, *out.stride, out.offset)) \
+            or not _same_sizes(layout, (*inp.size, *inp.stride)) or inp.name in sched.inplace.values():
         return
     j = where[b.name]
     # (pinned: a graph output, or read by an ATen fallback, whose result may be a view of it)

@@ -87,9 +87,15 @@ class _LoggedFallback:
             if not isinstance(a, torch.Tensor):
                 return f"input {i} ({b.name}) is a {type(a).__name__}, compiled for a tensor"
             got = (tuple(a.shape), a.stride(), a.dtype)
-            if self.check_inputs and got != want:
+            if self.check_inputs and not _matches(got, want):
                 return f"input {i} ({b.name}) is (shape, stride, dtype) {got}, compiled for {want}"
         return "an input written in place shares memory with another input"
+
+
+def _matches(got: tuple, want: tuple) -> bool:
+    """Whether (shape, stride, dtype) matches a compiled layout, whose symbolic sizes match any value."""
+    return got[2] == want[2] and all(len(g) == len(w) and all(not isinstance(y, int) or x == y for x, y in zip(g, w))
+                                     for g, w in zip(got[:2], want[:2]))
 
 
 class _Overlap:
@@ -97,33 +103,41 @@ class _Overlap:
     are fixed (checked or guarded), so each one's byte range follows from its address; the addresses of the
     last call that passed are remembered (an optimizer passes the same tensors every step): only pairs with an
     input whose address changed since are checked again (a fresh step-counter pack each call: a few pairs, not
-    all written inputs against all inputs)."""
+    all written inputs against all inputs).
 
-    def __init__(self, written: tuple, extents: list[int]):
-        self.written, self.extents, self.last = written, extents, None
+    A symbolic graph's extents are Python over its size symbols (`extents` holds strings for those, `sizes` the
+    symbols' names): the host program passes the call's sizes, `overlap(args, sizes)`, and the extents are
+    computed again only when they differ from the last call's (a loop of one size pays a tuple compare)."""
+
+    def __init__(self, written: tuple, extents: list, sizes: tuple = ()):
+        self.written, self.extents, self.sizes = written, extents, sizes
         self.is_written = [False] * len(extents)
         for i in written:
             self.is_written[i] = True
+        self.extents_at = eval(f"lambda {', '.join(sizes)}: [{', '.join(map(str, extents))}]") if sizes else None
+        # (the sizes, the extents at them, the addresses of the last call that passed): one object, replaced whole
+        self.state = ((), extents, None)
 
     def ember_saved(self) -> tuple:   # (ember.runtime.artifacts: without the last call's addresses)
-        return (_Overlap, (self.written, self.extents))
+        return (_Overlap, (self.written, self.extents, self.sizes))
 
-    def __call__(self, args: list) -> bool:
+    def __call__(self, args: list, sizes: tuple = ()) -> bool:
         native = native_guards.EXTENSION.module   # once loaded (an Adam step over densenet121 passes 1,456 tensors)
         ptrs = native.data_ptrs(tuple(args)) if native is not None else None
         if ptrs is None:
             ptrs = tuple(map(_data_ptr, args))   # (map over the C method: faster than a comprehension)
-        last = self.last
-        if ptrs == last:
+        seen, ext, last = self.state
+        if sizes != seen:   # other sizes: other extents, every pair checked again
+            ext, last = self.extents_at(*sizes), None
+        elif ptrs == last:
             return False
         changed = self.written if last is None else [k for k, (a, b) in enumerate(zip(ptrs, last)) if a != b]
-        ext = self.extents
         if len(changed) * len(self.written) > 8 * len(ptrs):
             # many moved (an optimizer's fresh gradients every step: hundreds x thousands of pairs): one sweep over
             # all inputs by address instead
-            if self._sweep_overlaps(ptrs):
+            if self._sweep_overlaps(ptrs, ext):
                 return True
-            self.last = ptrs
+            self.state = (sizes, ext, ptrs)
             return False
         for i in changed:
             lo, hi = ptrs[i], ptrs[i] + ext[i]
@@ -134,18 +148,18 @@ class _Overlap:
                     return True
             elif any(j != i and ext[j] and ptrs[j] < hi and lo < ptrs[j] + ext[j] for j in self.written):
                 return True
-        self.last = ptrs
+        self.state = (sizes, ext, ptrs)
         return False
 
-    def _sweep_overlaps(self, ptrs: list) -> bool:
+    def _sweep_overlaps(self, ptrs: list, ext: list) -> bool:
         """Whether some input in `written` overlaps another input: in address order, an input overlaps one
         before it iff it starts below the highest end seen so far (of any input if it is written, else of the
         written ones)."""
         end_any = end_written = -1
-        for lo, i in sorted((p, i) for i, p in enumerate(ptrs) if self.extents[i]):
+        for lo, i in sorted((p, i) for i, p in enumerate(ptrs) if ext[i]):
             if lo < (end_any if self.is_written[i] else end_written):
                 return True
-            hi = lo + self.extents[i]
+            hi = lo + ext[i]
             end_any = max(end_any, hi)
             if self.is_written[i]:
                 end_written = max(end_written, hi)
@@ -167,12 +181,14 @@ def tuple_code(xs) -> str:
     return "(" + ", ".join(symbols.python_code(x) for x in xs) + ("," if len(xs) == 1 else "") + ")"
 
 
-def _extent(b) -> int:
-    """Bytes between the first and one past the last element of an input buffer."""
-    size, stride = [int(x) for x in b.size], [int(x) for x in b.stride]
+def _extent(b):
+    """Bytes between the first and one past the last element of an input buffer: an int, or a symbolic graph's
+    size expression (symbolic sizes are at least 2 and strides never negative, docs/dynamic.md)."""
+    size, stride = symbols.ints(b.size), symbols.ints(b.stride)
     if any(n == 0 for n in size):
         return 0
-    return (sum((n - 1) * abs(st) for n, st in zip(size, stride)) + 1) * b.dtype.itemsize
+    e = (sum((n - 1) * (abs(st) if isinstance(st, int) else st) for n, st in zip(size, stride)) + 1) * b.dtype.itemsize
+    return e if isinstance(e, int) else symbols.ints([e])[0]
 
 
 # extern ops that write into a given buffer through their `out=` overload (one output, no views)
@@ -305,9 +321,15 @@ def python_wrapper(sched: Schedule, kernel_call: Callable[[FusedGroup], str], ex
     if sched.inplace:
         # an input written in place must not share memory with another input (then the kernels would read
         # values already overwritten): such a call runs the functional graph, whose results are copied back
-        written = sorted({names.index(d) for d in sched.inplace.values()})
-        w.globals["_overlap"] = _Overlap(tuple(written), [_extent(b) for b in low.inputs])
-        checks.append("_overlap(args)")
+        # (a symbolic graph's: of its tensor inputs, at the call's sizes)
+        tensor_names = [b.name for b in tensors]
+        written = sorted({tensor_names.index(d) for d in sched.inplace.values()})
+        extents = [_extent(b) for b in tensors]
+        sizes = sorted({str(x) for e in extents for x in symbols.free_symbols(e)})
+        w.globals["_overlap"] = _Overlap(tuple(written), [e if isinstance(e, int) else symbols.python_code(e)
+                                                          for e in extents], tuple(sizes))
+        checks.append("_overlap(args)" if len(tensors) == len(low.inputs) else
+                      f"_overlap(({', '.join(tensor_names)},), ({', '.join(sizes)}{',' if sizes else ''}))")
     if checks:
         w.globals["_fallback"] = _LoggedFallback(w.globals["_fallback"], low.inputs, check_inputs)
         L.append(f"    if {' or '.join(checks)}:")

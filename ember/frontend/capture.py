@@ -13,6 +13,7 @@ import types
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -26,7 +27,8 @@ from ember.frontend.symbolic import SYM_TYPES, Symbols, check_no_unbacked, log_d
 from ember.frontend.values import (
     CellV, ConstV, DictV, GradExit, GradModeExitV, ListV, ObjV, SetV, TensorV, TupleV, V,
 )
-from ember.ir.meta import fake_of_real, fast_result
+from ember.autograd.recorder import cuda_attention
+from ember.ir.meta import MATMUL_METHODS, MATMULS, fake_of_real, fast_result, symbolic_matmul
 
 # What an op's own argument checks raise (a shape mismatch, an index out of range): raised by a fake run, the op
 # raises on the real tensors too. Fake tensors' own errors (data-dependent sizes, no fake kernel) are subclasses.
@@ -229,6 +231,16 @@ class Capture:
         # the commonest ops on plain inputs: the result's metadata without a FakeTensorMode dispatch (ember.ir.meta)
         symbolic = self.symbols is not None and self.symbols.any
         out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs) if not symbolic else None
+        if symbolic and not fake_kwargs and len(fake_args) == 2 and (
+                target in MATMULS if kind == "call_function" else kind == "call_method" and target in MATMUL_METHODS):
+            with self.fake_mode:
+                out = symbolic_matmul(*fake_args)
+        elif symbolic and target is F.scaled_dot_product_attention:
+            try:   # (what the ATen recorder records: torch's C++ choice on fakes reads sizes as ints)
+                with self.fake_mode:
+                    out = cuda_attention(*fake_args, **fake_kwargs)
+            except Exception:   # (arguments the op itself refuses: its own run below says how)
+                out = None
         if out is None:
             try:
                 with self.fake_mode:

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import keyword
 import linecache
+import math
 import sys
 import types
 import warnings
@@ -914,7 +915,7 @@ class EntryCodegen:
 
 def base_namespace(cfg) -> dict:
     """The names every entry's code may use besides its own constants."""
-    return {"___MISS": MISS, DICT_GET: dict.get, "___torch": torch, "___NULL": NULL, "___new_object": _new_object,
+    return {"___MISS": MISS, DICT_GET: dict.get, "___torch": torch, "___math": math, "___NULL": NULL, "___new_object": _new_object,
             "___make_cell": _make_cell, "___grad_exit": _GradExit, "__call_compiled": call_compiled, "___cfg": cfg,
             "___MethodType": types.MethodType, "___make_function": make_function, "___iter_rest": tuple_iter_rest,
             "___raiser": Raiser, "___loop_resume": loop_resume, "___STEP_RETURN": STEP_RETURN,

@@ -121,6 +121,10 @@ AT_CAPTURE = {
         "torch._C._get_mkldnn_enabled", "torch.backends.mha.get_fastpath_enabled",
         "torch._C._get_privateuse1_backend_name", "torch._C._is_torch_function_enabled",
         "torch._C._is_torch_function_mode_enabled", "torch._C._len_torch_function_stack")),
+    **_entries("guarded", "whether the current CUDA stream is capturing a CUDA graph (libraries skip checks that "
+                          "would sync, transformers' is_tracing): False on a plain call, guarded. A graph break "
+                          "otherwise, on the GPU only (torch.cuda answers False without CUDA)", (
+        "torch._C._cuda_isCurrentStreamCapturing", "torch.cuda.is_current_stream_capturing")),
     **_entries("guarded", "TorchScript tracing (torch.jit.trace of a compiled function): None, guarded", (
         "torch._C._get_tracing_state", "torch._C._is_tracing")),
     **_entries("guarded", "the TorchDispatchMode stack the caller runs the program under (torch's own "

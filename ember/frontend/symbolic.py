@@ -53,6 +53,14 @@ class _SourcePrinter(PythonPrinter):
         return f"({srcs[0]})"
 
 
+# torch's printer writes these functions as `torch.sym_float(...)`, `math.floor(...)`: in an entry's namespace they are
+# Python's float and ___math (a size turned float: `x.shape[0] / 2`, `(n - 1) ** 0.5`, guarded on its value)
+for _name, _fn in (("ToFloat", "float"), ("OpaqueUnaryFn_sqrt", "___math.sqrt"), ("floor", "___math.floor"),
+                   ("FloorToInt", "___math.floor"), ("ceiling", "___math.ceil"), ("CeilToInt", "___math.ceil"),
+                   ("TruncToInt", "___math.trunc")):
+    setattr(_SourcePrinter, f"_print_{_name}", lambda self, e, fn=_fn: f"{fn}({self._print(e.args[0])})")
+
+
 class Symbols:
     """The symbols of one capture."""
 

@@ -309,3 +309,67 @@ def _cat(mode, args, kwargs):
 
 _FUNCTION_RULES = ((F.batch_norm, _batch_norm), (torch.conv2d, _conv2d), (torch.cat, _cat),
                    (F.layer_norm, _layer_norm), (F.linear, _linear), (torch.addmm, _addmm))
+
+
+# torch.matmul spelled as a function, an operator or a method: `symbolic_matmul` computes it for symbolic sizes
+MATMULS = {torch.matmul, operator.matmul}
+MATMUL_METHODS = {"matmul", "__matmul__"}
+
+
+def _symbolic(t) -> bool:
+    return isinstance(t, torch.Tensor) and any(isinstance(x, torch.SymInt) and not x.node.expr.is_Integer
+                                               for x in (*t.shape, *t.stride()))
+
+
+def symbolic_matmul(a, b) -> torch.Tensor | None:
+    """a @ b of a batched product (both operands at least 2-D, one at least 3-D) with a symbolic size, as torch.matmul
+    computes it (the batch of a 2-D `b` folded into `a`'s rows and one mm; else both expanded to the broadcast
+    batch and one bmm), in torch ops over the sizes as SymInts; None for any other product (torch.matmul runs).
+    torch's own C++ matmul reads some sizes as ints (torch 2.11: `q @ k.transpose(-2, -1)` of a symbolic sequence
+    length), which pins each symbol to its value: a graph per length."""
+    if not (_symbolic(a) or _symbolic(b)) or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) \
+            or min(a.dim(), b.dim()) < 2 or max(a.dim(), b.dim()) < 3:
+        return None
+    return batched_matmul(a, b)
+
+
+def batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """symbolic_matmul's product, for any sizes."""
+    n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+    if b.dim() == 2:
+        rows = 1
+        for x in a.shape[:-1]:
+            rows = rows * x
+        return torch.mm(a.reshape(rows, k), b).view(*a.shape[:-1], m)
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    count = 1
+    for x in batch:
+        count = count * x
+    a3 = a.expand(*batch, n, k).reshape(count, n, k)
+    b3 = b.expand(*batch, k, m).reshape(count, k, m)
+    return torch.bmm(a3, b3).view(*batch, n, m)
+
+
+def symbolic_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention as torch's math path computes it (q and k each scaled by sqrt(scale), a
+    causal or boolean mask made additive, a softmax whose fully masked rows are zeros, two products), in torch
+    ops over SymInts (symbolic_matmul); None where that path needs more (dropout, grouped heads, a symbolic head
+    dim). For CUDA tensors of symbolic sizes whose fused kernel ember does not choose: torch picks its kernel
+    inside C++ from the sizes, and on fakes its math path reads them as ints (a graph per sequence length)."""
+    if dropout_p or enable_gqa or q.dim() < 2 or not isinstance(q.shape[-1], int):
+        return None
+    import math
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    keys = (k * factor).transpose(-2, -1)
+    attn = symbolic_matmul(q * factor, keys)
+    attn = torch.matmul(q * factor, keys) if attn is None else attn
+    masks = [attn_mask] if attn_mask is not None else []
+    if is_causal:
+        masks.append(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril())
+    for m in masks:
+        if m.dtype == torch.bool:
+            m = torch.zeros(m.shape, dtype=attn.dtype, device=attn.device).masked_fill(m.logical_not(), float("-inf"))
+        attn = attn + m
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    out = symbolic_matmul(attn, v)
+    return torch.matmul(attn, v) if out is None else out

@@ -12,6 +12,7 @@ import sympy
 import torch
 
 HINTS: dict = {}   # sympy Symbol -> the example's int, for the graph being compiled (empty: a static graph)
+SHAPE_ENV = None   # the ShapeEnv of the graph being compiled, whose guards facts may use (set and cleared with HINTS)
 
 
 def sym_expr(x):
@@ -127,13 +128,27 @@ def _lower_bound(e):
     return sympy.Add(*out)
 
 
+def _guards_prove(fact) -> bool:
+    """Whether the graph's ShapeEnv proves `fact` (a sympy relation over its symbols) from its guards and the
+    symbols' ranges (`s1 <= s0` where the program checked a length against a table's, `s0 <= 512`); False where
+    it cannot, or the fact holds ember's own index functions."""
+    from ember.ir import FloorDiv, ModIndex
+    if SHAPE_ENV is None or fact.has(FloorDiv, ModIndex):
+        return False
+    try:
+        return SHAPE_ENV._maybe_evaluate_static(fact) is sympy.true
+    except Exception:   # (a private method of torch's: an expression it cannot take proves nothing)
+        return False
+
+
 def is_positive(e) -> bool:
     """Whether e > 0 at every size (False when sympy cannot tell)."""
     if not isinstance(e, sympy.Basic):
         return e > 0
     if e.is_Integer:
         return int(e) > 0
-    return bool(e.is_positive) or bool(sympy.expand(_at_least_two(_lower_bound(e))).is_positive)
+    return bool(e.is_positive) or bool(sympy.expand(_at_least_two(_lower_bound(e))).is_positive) or \
+        _guards_prove(sympy.Gt(e, 0))
 
 
 def is_nonnegative(e) -> bool:
@@ -142,7 +157,8 @@ def is_nonnegative(e) -> bool:
         return e >= 0
     if e.is_Integer:
         return int(e) >= 0
-    return bool(e.is_nonnegative) or bool(sympy.expand(_at_least_two(_lower_bound(e))).is_nonnegative)
+    return bool(e.is_nonnegative) or bool(sympy.expand(_at_least_two(_lower_bound(e))).is_nonnegative) or \
+        _guards_prove(sympy.Ge(e, 0))
 
 
 def gt(a, b) -> bool:

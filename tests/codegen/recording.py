@@ -5,9 +5,9 @@ import ember
 from ember.backends import cpp_backend as ember_backend
 
 
-def compiled_graphs(fn, *args, run=lambda f, *args: f(*args)):
-    """Compile fn with the ember backend and call run(compiled fn, *args) (a backward compiles at its first run);
-    return (compiled fn, the CompiledGraph objects it made)."""
+def compiled_graphs(fn, *args, run=lambda f, *args: f(*args), **compile_options):
+    """Compile fn with the ember backend (ember.compile's `compile_options`) and call run(compiled fn, *args) (a
+    backward compiles at its first run); return (compiled fn, the CompiledGraph objects it made)."""
     made = []
     orig = ember_backend.compile_aten
 
@@ -17,7 +17,7 @@ def compiled_graphs(fn, *args, run=lambda f, *args: f(*args)):
         return r
     ember_backend.compile_aten = rec
     try:
-        f = ember.compile(fn)
+        f = ember.compile(fn, **compile_options)
         run(f, *args)
     finally:
         ember_backend.compile_aten = orig

@@ -94,3 +94,38 @@ def views_by_symbolic_sizes(s0, s1, x):
     d = aten.view.default(aten.mul.Tensor(x, 2.0), [s0, s1 * 4])
     e = aten.expand.default(aten.unsqueeze.default(aten.sum.dim_IntList(x, [2]), 0), [3, s0, s1])
     return aten.cos.default(c), aten.add.Tensor(d, 1.0), aten.mul.Tensor(e, 2.0)
+
+
+def sgd_momentum(s0, p, buf, g):
+    """An SGD-with-momentum update over a symbolic length: (new p, new buf), each the new value of an input (the
+    graph's `ember_input_mutations` [(1, 0), (2, 1)]: what ember.autograd says of an optimizer step)."""
+    aten = torch.ops.aten
+    b = aten.add.Tensor(aten.mul.Tensor(buf, 0.9), g)
+    return aten.sub.Tensor(p, aten.mul.Tensor(b, 0.1)), b
+
+
+SGD_MUTATIONS = {"ember_input_mutations": [(1, 0), (2, 1)]}
+
+
+def check_sgd_in_place(compiled, rand) -> None:
+    """`sgd_momentum` compiled with SGD_MUTATIONS, against eager on copies of the inputs: inputs of separate memory
+    are written in place (the outputs are the inputs themselves) at every size; inputs that overlap (views of one
+    tensor) take the copying path (fresh outputs, the inputs unchanged: the caller copies back), also when the
+    same addresses overlapped at no earlier size (extents change with the sizes)."""
+    def call(n, p, buf, g, in_place: bool):
+        before = [t.clone() for t in (p, buf, g)]
+        want = sgd_momentum(n, *before)
+        out = compiled(n, p, buf, g)
+        for o, w in zip(out, want):
+            torch.testing.assert_close(o, w)
+        assert (out[0] is p and out[1] is buf) == in_place, (n, in_place)
+        if not in_place:   # the copying path leaves its inputs as they were
+            for t, b in zip((p, buf, g), before):
+                torch.testing.assert_close(t, b)
+    for n in (2, 3, 17, 100, 257):
+        call(n, rand(n), rand(n), rand(n), True)
+    base = rand(64)
+    call(5, base[:5], base[5:10], rand(5), True)
+    call(9, base[:9], base[5:14], rand(9), False)      # (same addresses as the last call, longer: overlapping)
+    call(9, base[:9], rand(9), base[4:13], False)      # an input read overlaps one written
+    call(5, base[:5], base[5:10], rand(5), True)

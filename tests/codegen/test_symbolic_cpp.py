@@ -8,7 +8,9 @@ from ember import config
 from ember.backends import cpp_backend
 from ember.codegen import cpp
 from ember.runtime import cache
-from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph, views_by_symbolic_sizes
+from tests.codegen.symbolic_graphs import (
+    SGD_MUTATIONS, aten_fn, check, check_sgd_in_place, sgd_momentum, symbolic_graph, views_by_symbolic_sizes,
+)
 from tests.numerics import assert_as_close_as_eager
 
 aten = torch.ops.aten
@@ -297,3 +299,131 @@ def test_batch_norm_training_over_a_symbolic_batch():
     compiled, _ = compile_symbolic(f, inputs(6), {1: [0]})
     for n in (2, 3, 17):
         check(compiled, f, inputs(n), rtol=1e-5, atol=1e-5)
+
+
+def test_inputs_written_in_place_at_every_size():
+    """A symbolic graph's new values of its inputs are stored into them (no fresh buffer, no copy back) when the
+    inputs do not overlap, checked at each call from the call's sizes (`_overlap(tensors, sizes)`)."""
+    compiled, _ = compile_symbolic(sgd_momentum, [7, torch.randn(7), torch.randn(7), torch.randn(7)],
+                                   {1: [0], 2: [0], 3: [0]}, meta=SGD_MUTATIONS)
+    check_sgd_in_place(compiled, torch.randn)
+    src = compiled.compiled.call.source
+    assert src.count("# updated in place") == 2 and "_overlap((" in src, src
+
+
+def test_an_optimizer_step_under_dynamic_true_writes_in_place():
+    """ember.compile(dynamic=True) of an SGD-with-momentum step over tensors of run-time sizes: one symbolic graph
+    for every size, its parameters and momenta written in place (no copy back), each call as eager's; inputs
+    that share memory are still right."""
+    from tests.codegen.recording import compiled_graphs
+
+    def step(ps, gs, bufs):
+        for p, g, b in zip(ps, gs, bufs):
+            b.mul_(0.9).add_(g)
+            p.add_(b, alpha=-0.1)
+
+    def inputs(n):
+        return [[torch.randn(n, 4), torch.randn(n), torch.randn(2, n)] for _ in range(3)]
+
+    def both(f, args, aliased=lambda ts: ts):
+        want = aliased([[t.clone() for t in ts] for ts in args])
+        args = aliased(args)
+        step(*want)
+        f(*args)
+        for got_ts, want_ts in zip(args, want):
+            for got, w in zip(got_ts, want_ts):
+                torch.testing.assert_close(got, w)
+    f, graphs = compiled_graphs(step, inputs(5), run=lambda f, a: both(f, a), dynamic=True)
+    for n in (3, 9, 17, 5):
+        both(f, inputs(n))
+    assert len(graphs) == 1
+    src = graphs[0].call.source
+    assert src.count("# updated in place") == 6 and "_overlap((" in src, src
+
+    def overlapping(ts):   # a parameter and its gradient, views of one tensor (the last list), overlapping
+        (ps, gs, bufs), base = ts[:3], ts[3][0]
+        ps[1], gs[1] = base[:6], base[3:9]
+        return [ps, gs, bufs]
+    both(f, inputs(6) + [[torch.randn(40)]], overlapping)
+
+
+def test_a_table_sliced_to_a_guarded_length_and_a_fused_linear():
+    """What BERT's embeddings and feed-forward hold under dynamic=True: a position table sliced to the sequence
+    length the program checked against the table's length (`s1 <= 64`: the guarded range decides the slice's
+    clamping), and linear + gelu (a oneDNN product with a post-op, its result viewed back to [s0, s1, 512]), in
+    kernels at every length."""
+    from tests.codegen.recording import compiled_graphs
+    torch.manual_seed(0)
+    table = torch.randn(64, 256)
+    lin = torch.nn.Linear(256, 512)   # (big enough for oneDNN: onednn.ONEDNN_MIN_WORK)
+
+    def f(x):
+        n = x.shape[1]
+        if n > table.shape[0]:
+            raise ValueError("too long")
+        return torch.nn.functional.gelu(lin(x + table[:n]))
+    with torch.no_grad():
+        compiled, graphs = compiled_graphs(f, torch.randn(4, 9, 256), dynamic=True)
+        for n in (9, 17, 64, 5):
+            x = torch.randn(4, n, 256)
+            torch.testing.assert_close(compiled(x), f(x))
+    assert len(graphs) == 1 and not graphs[0].sched.lowered.fallbacks, graphs[0].sched.lowered.fallbacks
+
+
+@pytest.mark.parametrize("other_dim_symbolic", [False, True])
+def test_a_size_specialized_at_capture_compiles_as_a_constant(other_dim_symbolic, caplog):
+    """A symbol the capture specialized (a list indexed by it: guarded equal) after its int input was made: the
+    graph still takes the int, a constant of the trace (all sizes fixed: a static trace) or of the lowering (other
+    dims symbolic), compiled to kernels, not run eagerly."""
+    from tests.codegen.recording import compiled_graphs
+    table = [10.0 * k for k in range(12)]
+
+    def f(x):
+        return (x.sin() * x.shape[0]) * table[x.shape[0]]
+
+    def inputs(n):
+        x = torch.randn(n, 5 + n)
+        if not other_dim_symbolic:
+            import ember
+            ember.mark_dynamic(x, 0)
+        return x
+    kw = {"dynamic": True} if other_dim_symbolic else {"dynamic": False}
+    with caplog.at_level("WARNING", logger="ember.fallbacks"):
+        compiled, graphs = compiled_graphs(f, inputs(4), **kw)
+        for n in (4, 6, 4):
+            x = inputs(n)
+            torch.testing.assert_close(compiled(x), f(x))
+    assert len(graphs) == 1 and not [r for r in caplog.records if r.name == "ember.fallbacks"], caplog.text
+
+
+def test_batched_matmul_attention_of_every_length_one_graph():
+    """q @ k^T, softmax, @ v and a 3-D @ 2-D projection under dynamic=True, forward and backward: one graph for
+    every sequence length (ir.meta.symbolic_matmul: no symbol pinned to its value), each call as eager's."""
+    import ember
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+
+    def f(x):
+        q = x @ w
+        att = (q @ x.transpose(-2, -1)).softmax(-1)
+        return (att @ x).sum()
+    graphs = []
+
+    def count(gm, ex):
+        graphs.append(gm)
+        from ember.backends import lookup_backend
+        return lookup_backend("ember")(gm, ex)
+    compiled = ember.compile(f, backend=count, dynamic=True)
+    for n in (5, 9, 17, 5):
+        x = torch.randn(2, 3, n, 16, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        out, want = compiled(x), f(xe)
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+        out.backward()
+        gw = w.grad.clone()
+        w.grad = None
+        want.backward()
+        torch.testing.assert_close(gw, w.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(x.grad, xe.grad, rtol=1e-4, atol=1e-4)
+        w.grad = None
+    assert len(graphs) == 1, len(graphs)

@@ -8,7 +8,9 @@ import sys
 import pytest
 import torch
 
-from tests.codegen.symbolic_graphs import aten_fn, check, symbolic_graph, views_by_symbolic_sizes
+from tests.codegen.symbolic_graphs import (
+    SGD_MUTATIONS, aten_fn, check, check_sgd_in_place, sgd_momentum, symbolic_graph, views_by_symbolic_sizes,
+)
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -36,10 +38,12 @@ def rand(*shape):
     return torch.randn(*shape, device=DEV)
 
 
-def compile_symbolic(fn, args, dynamic, aten_calls=()):
+def compile_symbolic(fn, args, dynamic, aten_calls=(), meta=None):
     """fn's symbolic ATen graph compiled once by the Triton backend; asserts it compiled to kernels (not the ATen
-    graph's fallback), with no op kept as an ATen call but those in aten_calls."""
+    graph's fallback), with no op kept as an ATen call but those in aten_calls. meta: gm.meta entries (what
+    ember.autograd says of the graph)."""
     gm, _ = symbolic_graph(aten_fn(fn), args, dynamic)
+    gm.meta.update(meta or {})
     compiled = triton_backend.compile_aten(gm, list(args))
     assert hasattr(compiled, "compiled"), "the symbolic graph fell back to its ATen graph"
     call = compiled.compiled
@@ -280,3 +284,13 @@ def test_batch_norm_training_over_a_symbolic_batch():
     compiled = compile_symbolic(f, inputs(6), {1: [0]})
     for n in (2, 3, 17):
         check(compiled, f, inputs(n), rtol=1e-5, atol=1e-5)
+
+
+def test_inputs_written_in_place_at_every_size():
+    """A symbolic graph's new values of its inputs are stored into them (no fresh buffer, no copy back) when the
+    inputs do not overlap, checked at each call from the call's sizes (`_overlap(tensors, sizes)`)."""
+    compiled = compile_symbolic(sgd_momentum, [7, rand(7), rand(7), rand(7)], {1: [0], 2: [0], 3: [0]},
+                                meta=SGD_MUTATIONS)
+    check_sgd_in_place(compiled, rand)
+    src = compiled.compiled.source
+    assert src.count("# updated in place") == 2 and "_overlap((" in src, src

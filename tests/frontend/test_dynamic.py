@@ -239,6 +239,32 @@ def test_range_over_a_size_specializes_it():
     assert counts == [1, 2, 2, 3], counts
 
 
+def test_range_loop_whose_body_ignores_the_index_specializes_it():
+    """The loop unrolls whatever its body does with the index (a graph holds no loops): n is specialized, each
+    length compiles once, a length seen before finds its graph (as torch.compile)."""
+    def f(x):
+        out = x
+        for _ in range(x.shape[0]):
+            out = out * 0.5 + x
+        return out
+    counts = graphs_after(f, rows, [3, 5, 3, 6, 5], dynamic=True)
+    assert counts == [1, 2, 2, 3, 3], counts
+
+
+@ember_only   # (torch.compile keeps such a float symbolic: one graph)
+def test_floats_of_sizes_are_guarded_on_their_values():
+    """A size turned float (`n / 2`, `(n - 1) ** 0.5`, math.sqrt(d)) and given to a tensor op is the float's value at
+    capture, guarded exactly: right at every size, and a size seen before finds its graph (a guard that the entry
+    can evaluate: float(), math.sqrt in its namespace)."""
+    import math
+
+    def f(x):
+        n, d = x.shape
+        return x * (n / 2) + x.sum(0) / (n - 1) ** 0.5 - x / math.sqrt(d)
+    counts = graphs_after(f, lambda n: (rand(n, n + 1),), [4, 5, 4, 7, 5], dynamic=True)
+    assert counts == [1, 2, 2, 3, 3], counts
+
+
 def test_list_index_by_a_size_specializes_it():
     table = [10, 20, 30, 40, 50, 60, 70, 80]
 

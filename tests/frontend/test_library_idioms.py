@@ -123,3 +123,29 @@ def test_a_class_as_a_dict_key():
         return x
     r = check(f, rand(3), [1, 2])
     assert r.graphs == 1 and r.ops == [1]
+
+
+def test_cuda_stream_capture_check_is_answered_and_guarded(monkeypatch):
+    """transformers' is_tracing asks torch.cuda.is_current_stream_capturing() (which raises without a CUDA driver,
+    and then the library's try answers False): answered at capture and guarded, no break. Here the CUDA call
+    answers as on a GPU outside a capture, then as inside one: the guard fails, a graph of its own."""
+    import torch.cuda.graphs as graphs
+    from tests.frontend.harness import Recorder, assert_same, compile, reset
+    capturing = [False]
+    monkeypatch.setattr(graphs, "_cuda_isCurrentStreamCapturing", lambda: capturing[0])
+
+    def f(x):
+        try:
+            skip = torch.cuda.is_current_stream_capturing()
+        except Exception:
+            skip = False
+        return x * 2 if skip else (x + 1).sin()
+    reset()
+    rec = Recorder()
+    cf = compile(f, rec)
+    x = rand(3)
+    assert_same(f(x), cf(x), "not capturing")
+    assert BASELINE or rec.graphs == 1 and rec.ops == [2]
+    capturing[0] = True
+    assert_same(f(x), cf(x), "capturing")
+    assert BASELINE or rec.graphs == 2 and rec.ops == [2, 1]

@@ -280,3 +280,67 @@ def test_model_through_fast_rules_matches_eager(grad, monkeypatch):
             torch.testing.assert_close(compiled(x), m(x))
     # without grad every op of the block has a rule; with grad (parameters require it) none applies
     assert answered and all(answered) if not grad else not any(answered)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 3, 5, 8), (2, 3, 8, 5)), ((2, 3, 5, 8), (8, 4)),
+                                              ((3, 5, 8), (1, 8, 6)), ((4, 1, 5, 8), (3, 8, 7)), ((5, 8), (2, 8, 3))])
+def test_symbolic_matmul_is_torch_matmul_and_guards_nothing(a_shape, b_shape):
+    """ir.meta.symbolic_matmul: the batched products torch.matmul computes (a folded 2-D weight, broadcast
+    batches) give torch.matmul's values, shape and strides on fresh random tensors; on fakes whose dims are symbols
+    of one ShapeEnv the product's shape is the symbolic one and no guard is added (torch 2.11's C++ matmul pins
+    each symbol to its value); tensors of static sizes are left to torch.matmul (None)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from ember.ir.meta import batched_matmul, symbolic_matmul
+    from tests.ir.test_symbols import _symint
+    torch.manual_seed(0)
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    want = torch.matmul(a, b)
+    got = batched_matmul(a, b)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+    assert symbolic_matmul(a, b) is None
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    syms: dict = {}
+
+    def fake(t):
+        with mode:
+            return torch.empty([syms.setdefault(n, _symint(env, n, len(syms))[0]) if n > 1 else n for n in t.shape])
+    with mode:
+        out = symbolic_matmul(fake(a), fake(b))
+    assert not env.guards, env.guards
+    assert [int(x.node.hint) if isinstance(x, torch.SymInt) else x for x in out.shape] == list(want.shape)
+
+
+@pytest.mark.parametrize("case", ["plain", "bool mask", "float mask", "causal", "scale", "decode"])
+def test_symbolic_attention_is_the_math_path(case):
+    """ir.meta.symbolic_attention: torch's math attention over SymInts, equal to F.scaled_dot_product_attention
+    on fresh random tensors (a boolean or additive mask, causal, a given scale, one query over many keys)."""
+    from ember.ir.meta import symbolic_attention
+    torch.manual_seed(0)
+    lq, lk = (1, 9) if case == "decode" else (7, 7)
+    q, k, v = torch.randn(2, 3, lq, 8), torch.randn(2, 3, lk, 8), torch.randn(2, 3, lk, 8)
+    kw = {"bool mask": {"attn_mask": torch.rand(2, 1, lq, lk) > 0.3}, "float mask": {"attn_mask": torch.randn(lq, lk)},
+          "causal": {"is_causal": True}, "scale": {"scale": 0.3}}.get(case, {})
+    torch.testing.assert_close(symbolic_attention(q, k, v, **kw), F.scaled_dot_product_attention(q, k, v, **kw))
+    assert symbolic_attention(q, k, v, dropout_p=0.1) is None
+
+
+def test_cuda_attention_of_symbolic_sizes_guards_nothing():
+    """autograd.recorder.cuda_attention on fake CUDA tensors whose sequence length is a symbol: the fused kernel
+    eager would run or the math path over SymInts, either way no guard (torch's own op on fakes pins the length
+    to its value where it takes its math path: a graph per length)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from ember.autograd.recorder import cuda_attention
+    from tests.ir.test_symbols import _symint
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    s, _ = _symint(env, 28, 0)
+    with mode:
+        q, k, v = (torch.empty(2, 4, s, 64, device="cuda") for _ in range(3))
+        out = cuda_attention(q, k, v, attn_mask=None)
+        masked = cuda_attention(q, k, v, attn_mask=torch.zeros(2, 1, s, s, device="cuda"))
+    assert not env.guards, env.guards
+    assert out.shape == masked.shape == q.shape and out.device.type == "cuda"

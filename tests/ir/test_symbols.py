@@ -49,3 +49,23 @@ def test_facts_at_every_size():
         assert ir.simplify_index(s0 * ModIndex(FloorDiv(r, s0), s1) + ModIndex(r, s0), ranges) == r
     finally:
         symbols.HINTS.clear()
+
+
+def test_facts_the_guards_prove():
+    """Facts the graph's guards prove (symbols.SHAPE_ENV: `s1 <= s0`, a length the program checked against a
+    table's; `s1 <= 512`, a range) hold, and nothing beyond them; without the ShapeEnv nothing is claimed."""
+    env = ShapeEnv()
+    a, sa = _symint(env, 64, 0)
+    b, sb = _symint(env, 9, 1)
+    c, sc = _symint(env, 30, 2)
+    assert b <= a and c <= 512   # (the program's checks: guards)
+    symbols.HINTS.update({sa: 64, sb: 9, sc: 30})
+    try:
+        assert not symbols.is_nonnegative(sa - sb) and not symbols.is_nonnegative(512 - sc)
+        symbols.SHAPE_ENV = env
+        assert symbols.is_nonnegative(sa - sb) and not symbols.is_positive(sa - sb)
+        assert symbols.is_nonnegative(512 - sc) and symbols.is_positive(513 - sc) and not symbols.is_nonnegative(511 - sc)
+        assert not symbols.is_nonnegative(sb - sa) and not symbols.is_nonnegative(sa - sc)
+    finally:
+        symbols.HINTS.clear()
+        symbols.SHAPE_ENV = None
