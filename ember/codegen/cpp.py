@@ -23,6 +23,10 @@ from ember.runtime import cache
 
 CTYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
          torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+# bool tensors, row buffers and tiles are bytes in memory, read as `bool t = p[i]` (a compare with 0): g++ does not
+# vectorize a select on a bool loaded as `bool` ("bit-precision arithmetic not supported": a masked_fill's
+# softmax ran its exp loop scalar, 0.67x eager)
+MEMORY_CTYPE = {**CTYPE, torch.bool: "uint8_t"}
 PARALLEL_MIN = 1 << 15  # elements of work below which a loop is not worth waking the thread team
 
 PRELUDE = r"""
@@ -73,6 +77,32 @@ MVEC_UNARY = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", 
 MVEC_BINARY = ("atan2", "hypot", "pow")
 
 
+# libmvec's exp sends a lane beyond |x| of 87.33 (float) / 708.39 (double) to the scalar exp, ~13 ns each: a
+# softmax over a row masked with -inf (10% of it) ran 3.4x slower, one thread. Where an infinite or huge
+# constant can reach exp's argument (`exp_leaves_domain`: masked_fill(-inf), where(m, x, -finfo.max)) the
+# exp is ember_exp_guarded[f]: libmvec's on |x| at most 87 / 704 and exp(x / 2)^2 beyond (1 ulp more), 0 where
+# it underflows by a select, never a multiply (a denormal product is a microcode assist too). Elsewhere the
+# guard would double exp's cost (0.33 -> 0.67 ns an element, AVX-512), so plain libmvec.
+EXP_DOMAIN = {torch.float32: 87.0, torch.float64: 704.0}
+GUARDED_EXP = "".join(rf"""
+static inline {t} ember_exp_guarded{sfx}({t} x) {{
+  bool in = (x >= -{lim}) & (x <= {lim});   // false for NaN, which the libm path keeps
+  {t} h = in ? x : x * {t}(0.5);
+  {t} c = h < -{lim} ? -{lim} : h;
+  c = c > {lim} ? {lim} : c;
+  {t} e(ember_exp{sfx}(c));
+  return e * (in ? {t}(1) : (x < {t}({zero}) ? {t}(0) : e));
+}}""" for t, sfx, lim, zero in (("float", "f", "87.0f", -104), ("double", "", "704.0", -746)))
+
+
+def exp_leaves_domain(x: Expr) -> bool:
+    """Whether a constant beyond libmvec's fast exp domain (an infinity, -finfo.max) is among what `x` is
+    computed from."""
+    lim = EXP_DOMAIN.get(x.dtype)
+    return lim is not None and any(y.op == "const" and isinstance(y.args[0], float) and not abs(y.args[0]) <= lim
+                                   for y in x.walk())
+
+
 def _mvec_decls() -> str:
     out = ['#define EMBER_SIMD __attribute__((simd("notinbranch"), const, nothrow))', 'extern "C" {']
     for n in MVEC_UNARY:
@@ -83,7 +113,7 @@ def _mvec_decls() -> str:
     out.append("}")
     out.append('#if defined(__AVX512F__)\n#define EMBER_WIDE __attribute__((target("prefer-vector-width=512")))\n'
                '#else\n#define EMBER_WIDE\n#endif')
-    return "\n".join(out)
+    return "\n".join(out) + GUARDED_EXP
 
 
 PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls())
@@ -206,6 +236,12 @@ class Body(printer.Body):
     def format_fields(self, dtype: torch.dtype) -> dict:
         return {"t": CTYPE[dtype], "sfx": "f" if dtype == torch.float32 else ""}
 
+    def operation(self, x: Expr, a: list) -> str:
+        code = super().operation(x, a)
+        if x.op in ("exp", "sigmoid") and exp_leaves_domain(x.args[0]):
+            self.lines[-1] = self.lines[-1].replace("ember_exp", "ember_exp_guarded")
+        return code
+
     def unary_tables(self, dtype: torch.dtype) -> list[dict]:
         # bool first: C++'s ~ on a bool promotes to int (~true == -2, true again), so it is logical not there
         return [*([UNARY_BOOL] if dtype == torch.bool else []), *([UNARY_INT] if not dtype.is_floating_point else []),
@@ -264,7 +300,7 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     args, writes = printer.kernel_args(group, _local)
     ptrs = {n: n for n in args}
     ptrs.update({m.buf.name: m.target for m in group.members if m.dest})
-    params = ", ".join(f"{'const ' if n not in writes else ''}{CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
+    params = ", ".join(f"{'const ' if n not in writes else ''}{MEMORY_CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
                        for n in args)
     sizes = group_symbols(group)   # symbolic sizes the kernel takes as arguments, after the pointers
     if sizes:
@@ -294,9 +330,9 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
         lines.append(ind + "{")
         for m in group.members:
             if m.buf.name in rows and symbols.is_static(rows[m.buf.name]):
-                lines.append(f"{ind}  alignas(64) {CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
+                lines.append(f"{ind}  alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
             elif m.buf.name in rows:   # a run-time width: on the heap, one per thread (the stack may not hold it)
-                t = CTYPE[m.buf.dtype]
+                t = MEMORY_CTYPE[m.buf.dtype]
                 lines.append(f"{ind}  {t}* __restrict__ {m.buf.name} = static_cast<{t}*>(__builtin_malloc(sizeof({t}) * "
                              f"{index_code(rows[m.buf.name], {})}));  // row buffer")
         if parallel:
@@ -418,7 +454,7 @@ def _tiled_rows(group: FusedGroup, ptrs, parallel: bool) -> list[str]:
         f"    const int64_t xn = ember_imin({t}, {n} - xb);",
         f"    for (int64_t rb = 0; rb < {inner}; rb += {t}) {{",
         f"      const int64_t rn = ember_imin({t}, {inner} - rb);"]
-    lines += [f"      alignas(64) {CTYPE[m.buf.dtype]} {m.buf.name}_tile[{t}][{t}];" for m in group.members]
+    lines += [f"      alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}_tile[{t}][{t}];" for m in group.members]
     lines += ["      for (int64_t rt = 0; rt < rn; rt++) {", f"        const int64_t {r} = rb + rt;",
               "        #pragma omp simd", "        for (int64_t xi = 0; xi < xn; xi++) {",
               "          const int64_t x0 = xb + xi;"]
