@@ -643,7 +643,82 @@ def _blocks(members: list) -> list[list]:
     return out
 
 
+MAX_PIECES = 8   # inner loops cut at more points than this keep their selects
+
+
+def _inner_cuts(ms: list) -> list[int]:
+    """Where the comparisons of the innermost index with constants in the block's values change (the pieces of a
+    concatenation along the last dim: `r0 < 64`), strictly inside the static loop; [] when none or too many."""
+    n, r = ms[0].inner[-1] if ms[0].inner else None, rvars(len(ms[0].inner))[-1] if ms[0].inner else None
+    if n is None or not symbols.is_static(n):
+        return []
+    cuts = set()
+    for m in ms:
+        for x in m.body.walk():
+            if x.op not in ("lt", "le", "gt", "ge") or {a.op for a in x.args} != {"index", "const"}:
+                continue
+            i, c = x.args if x.args[0].op == "index" else x.args[::-1]
+            k = i.args[0] - r
+            if not (k.is_Integer and isinstance(c.args[0], int)):
+                continue
+            # r + k < c flips at r = c - k; <= and > at c - k + 1 (with the constant on the left, the mirror)
+            strict = x.op in ("lt", "ge") if x.args[0] is i else x.op in ("gt", "le")
+            cuts.add(int(c.args[0]) - int(k) + (0 if strict else 1))
+    cuts = sorted(c for c in cuts if 0 < c < int(n))
+    return cuts if len(cuts) < MAX_PIECES else []
+
+
+def _piece(m: Member, lo: int, hi: int, ranges: dict) -> Member:
+    """m over inner indices lo <= r < hi of its last loop, the loop index shifted to start at 0: comparisons the
+    range decides are constants, the selects on them their arm, and index clamps the range decides dropped."""
+    r = rvars(len(m.inner))[-1]
+    ranges = {**ranges, r: hi - lo}
+
+    def unclamped(off):
+        def decided(e):
+            a, b = e.args if len(e.args) == 2 else (None, None)
+            d = ir.bounds(a - b, ranges) if a is not None else None
+            if d is None or not all(isinstance(v, int) for v in d):
+                return e
+            first = (d[1] <= 0) if isinstance(e, sympy.Min) else (d[0] >= 0)
+            second = (d[0] >= 0) if isinstance(e, sympy.Min) else (d[1] <= 0)
+            return a if first else (b if second else e)
+        return off.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)), decided)
+
+    def rule(x, go):
+        if x.op == "load":
+            return Expr("load", (x.args[0], unclamped(x.args[1])), x.dtype)
+        if x.op in ("lt", "le", "gt", "ge") and {a.op for a in x.args} == {"index", "const"}:
+            a, b = (ir.bounds(y.args[0], ranges) if y.op == "index" else (y.args[0], y.args[0]) for y in x.args)
+            if a is not None and b is not None and all(isinstance(v, int) for v in (*a, *b)):
+                yes = {"lt": a[1] < b[0], "le": a[1] <= b[0], "gt": a[0] > b[1], "ge": a[0] >= b[1]}[x.op]
+                no = {"lt": a[0] >= b[1], "le": a[0] > b[1], "gt": a[1] <= b[0], "ge": a[1] < b[0]}[x.op]
+                if yes or no:
+                    return Expr("const", (bool(yes),), torch.bool)
+        if x.op in ("logical_and", "logical_or"):   # a padded piece's lo <= r & r < hi
+            a, b = go(x.args[0]), go(x.args[1])
+            const = [y for y in (a, b) if y.op == "const"]
+            if const and bool(const[0].args[0]) == (x.op == "logical_or"):
+                return const[0]
+            if const:   # the other is the value
+                return b if a.op == "const" else a
+        if x.op == "where":
+            c = go(x.args[0])
+            if c.op == "const":
+                return go(x.args[1] if c.args[0] else x.args[2])
+        return None
+    body = ir.rewrite(ir.substitute(m.body, {r: r + lo}, ranges), rule)
+    store = ir.simplify_index(ir.xreplace_index(m.store, {r: r + lo}))
+    return dataclasses.replace(m, inner=(*m.inner[:-1], sympy.Integer(hi - lo)), body=body, store=store)
+
+
 def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: bool = False) -> list[str]:
+    cuts = [] if parallel_inner else _inner_cuts(ms)
+    if cuts:   # the inner loop in pieces, each with its own values: no per-element select, no index clamps
+        ranges = dict(zip(rvars(len(ms[0].inner)), ms[0].inner))
+        edges = [0, *cuts, int(ms[0].inner[-1])]
+        return [line for lo, hi in zip(edges, edges[1:]) for line in
+                _pointwise_block([_piece(m, lo, hi, ranges) for m in ms], ptrs, scalars, ind, False, rows, team)]
     inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
     head, bind, close = _loops(inner, ind, parallel_inner, team=team)
     b = Body(ptrs, scalars, bind, rows, hoist=(ind, set(rvars(len(inner)))) if ms[0].inner else None)

@@ -81,3 +81,34 @@ def test_exp_of_values_from_memory_stays_plain_libmvec():
     x = torch.randn(64, 128)
     _, kernels = compiled(lambda x: torch.softmax(x * 2, -1), [x])
     assert "ember_expf(" in kernels and "ember_exp_guarded" not in kernels, kernels
+
+
+PIECES = [
+    # name, function, inputs, inner loops printed (pieces of the last dim)
+    ("slice_cat", lambda x: torch.cat([x[..., 1::2], x[..., ::2] * -1], -1), lambda: [torch.randn(50, 128)], 2),
+    ("rotary", lambda x, c, s: x * c + torch.cat([-x[..., 32:], x[..., :32]], -1) * s,
+     lambda: [torch.randn(40, 64), torch.randn(40, 64), torch.randn(40, 64)], 2),
+    ("three_uneven", lambda a, b, c: torch.cat([a.exp(), b, c * 2], -1),
+     lambda: [torch.randn(3, 7, 5), torch.randn(3, 7, 11), torch.randn(3, 7, 1)], 3),
+    ("pad_last", lambda x: torch.nn.functional.pad(x, (3, 5), value=1.5) + 1, lambda: [torch.randn(30, 40)], 3),
+    ("int_cat", lambda a, b: torch.cat([a, b * 3], -1),
+     lambda: [torch.randint(-9, 9, (20, 6)), torch.randint(-9, 9, (20, 10))], 2),
+]
+
+
+@pytest.mark.parametrize("name,fn,make,loops", PIECES, ids=[c[0] for c in PIECES])
+def test_concatenation_along_the_last_dim_is_a_loop_per_piece(name, fn, make, loops):
+    """A concatenation (or pad) along the innermost dim is printed as one inner loop per piece, each with its own
+    value: no per-element select on the index and no index clamps, so each piece's loads are plain strided loads
+    (a select between clamped loads made g++ gather both pieces at every element)."""
+    torch.manual_seed(0)
+    _, kernels = compiled(fn, make())
+    assert kernels.count("#pragma omp simd") == loops, kernels
+    assert "ember_imin" not in kernels and "ember_imax" not in kernels and " ? " not in kernels, kernels
+
+
+def test_concatenation_along_another_dim_keeps_its_select():
+    """Only comparisons of the innermost index cut a loop: cat along dim 0 keeps one loop (x0 picks the piece)."""
+    torch.manual_seed(0)
+    _, kernels = compiled(lambda a, b: torch.cat([a, b + 1], 0), [torch.randn(5, 64), torch.randn(9, 64)])
+    assert kernels.count("#pragma omp simd") == 1, kernels
