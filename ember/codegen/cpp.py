@@ -27,6 +27,7 @@ CTYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t"
 # vectorize a select on a bool loaded as `bool` ("bit-precision arithmetic not supported": a masked_fill's
 # softmax ran its exp loop scalar, 0.67x eager)
 MEMORY_CTYPE = {**CTYPE, torch.bool: "uint8_t"}
+MEMORY_CTYPE_SIZE = {d: torch.empty((), dtype=d).element_size() for d in MEMORY_CTYPE}
 PARALLEL_MIN = 1 << 15  # elements of work below which a loop is not worth waking the thread team
 
 PRELUDE = r"""
@@ -61,6 +62,31 @@ static inline int64_t ember_index(int64_t i, int64_t n, int64_t* err) {
   if (i < 0 || i >= n) { *err = 1; return 0; }
   return i;
 }
+#if defined(__AVX512F__)
+#include <immintrin.h>
+// dst = the transpose of src, 16x16 4-byte values, both 64-byte aligned: 64 in-register shuffles (a tiled
+// transpose's scattered stores into its tile cost ~2x the whole copy)
+static inline void ember_transpose16(const void* src, void* dst) {
+  const float* s = static_cast<const float*>(src);
+  float* d = static_cast<float*>(dst);
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(s + 16 * i);
+  for (int i = 0; i < 16; i += 2) { t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]); t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]); }
+  for (int g = 0; g < 16; g += 4) {   // r[g + c], 128-bit lane L: column 4L + c of rows g..g+3
+    __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 2]), c = _mm512_castps_pd(t[g + 1]), e = _mm512_castps_pd(t[g + 3]);
+    r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)); r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, e)); r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, e));
+  }
+  for (int c = 0; c < 4; c++) {
+    __m512 vlo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), vhi = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+    __m512 wlo = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88), whi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+    _mm512_store_ps(d + 16 * c, _mm512_shuffle_f32x4(vlo, wlo, 0x88));
+    _mm512_store_ps(d + 16 * (8 + c), _mm512_shuffle_f32x4(vlo, wlo, 0xDD));
+    _mm512_store_ps(d + 16 * (4 + c), _mm512_shuffle_f32x4(vhi, whi, 0x88));
+    _mm512_store_ps(d + 16 * (12 + c), _mm512_shuffle_f32x4(vhi, whi, 0xDD));
+  }
+}
+#endif
 static inline uint64_t ember_mix(uint64_t x) {  // splitmix64
   x += 0x9e3779b97f4a7c15ULL; x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL; return x ^ (x >> 31);
@@ -455,18 +481,28 @@ def _tiled_rows(group: FusedGroup, ptrs, parallel: bool) -> list[str]:
         f"    for (int64_t rb = 0; rb < {inner}; rb += {t}) {{",
         f"      const int64_t rn = ember_imin({t}, {inner} - rb);"]
     lines += [f"      alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}_tile[{t}][{t}];" for m in group.members]
-    lines += ["      for (int64_t rt = 0; rt < rn; rt++) {", f"        const int64_t {r} = rb + rt;",
-              "        #pragma omp simd", "        for (int64_t xi = 0; xi < xn; xi++) {",
-              "          const int64_t x0 = xb + xi;"]
-    b = Body(ptrs, {}, "          ", {})
-    keep = []
-    for m in group.members:
-        v = b.emit(m.body)
-        keep.append(f"          {m.buf.name}_tile[xi][rt] = {v};")
-        b.stored[(m.buf.name, m.store)] = v
-    lines += b.lines + keep + ["        }", "      }", "      for (int64_t xi = 0; xi < xn; xi++) {",
-                               "        const int64_t x0 = xb + xi;", "        #pragma omp simd",
-                               "        for (int64_t rt = 0; rt < rn; rt++) {", f"          const int64_t {r} = rb + rt;"]
+
+    def compute(tile: str, rn: str = "rn", xn: str = "xn") -> list[str]:
+        """The values, rows inside, into each member's `tile` ([xi][rt] or [rt][xi])."""
+        b, keep = Body(ptrs, {}, "          ", {}), []
+        for m in group.members:
+            v = b.emit(m.body)
+            keep.append(f"          {m.buf.name}{tile} = {v};")
+            b.stored[(m.buf.name, m.store)] = v
+        return [f"      for (int64_t rt = 0; rt < {rn}; rt++) {{", f"        const int64_t {r} = rb + rt;",
+                "        #pragma omp simd", f"        for (int64_t xi = 0; xi < {xn}; xi++) {{",
+                "          const int64_t x0 = xb + xi;"] + b.lines + keep + ["        }", "      }"]
+    if t == 16 and all(MEMORY_CTYPE_SIZE[m.buf.dtype] == 4 for m in group.members):
+        # whole tiles of 4-byte values with AVX-512: stored as computed ([rt][xi], contiguous), transposed in registers
+        lines += ["#if defined(__AVX512F__)", "      if (xn == 16 && rn == 16) {"]
+        lines += [f"      alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}_rows[{t}][{t}];" for m in group.members]
+        lines += compute("_rows[rt][xi]", str(t), str(t)) + [f"      ember_transpose16({m.buf.name}_rows, {m.buf.name}_tile);"
+                                             for m in group.members]
+        lines += ["      } else", "#endif", "      {"] + compute("_tile[xi][rt]") + ["      }"]
+    else:
+        lines += compute("_tile[xi][rt]")
+    lines += ["      for (int64_t xi = 0; xi < xn; xi++) {", "        const int64_t x0 = xb + xi;", "        #pragma omp simd",
+              "        for (int64_t rt = 0; rt < rn; rt++) {", f"          const int64_t {r} = rb + rt;"]
     lines += [f"          {m.target}[{index_code(m.store, {})}] = {m.buf.name}_tile[xi][rt];" for m in group.members]
     return lines + ["        }", "      }", "    }", "  }"]
 
