@@ -744,7 +744,8 @@ def _piece(m: Member, lo: int, hi: int, ranges: dict) -> Member:
                 return go(x.args[1] if c.args[0] else x.args[2])
         return None
     body = ir.rewrite(ir.substitute(m.body, {r: r + lo}, ranges), rule)
-    store = ir.simplify_index(ir.xreplace_index(m.store, {r: r + lo}))
+    # the store's offset as a load of it is rewritten: a later member of the loop finds the value by it
+    store = unclamped(ir.simplify_index(ir.xreplace_index(m.store, {r: r + lo}), ranges))
     return dataclasses.replace(m, inner=(*m.inner[:-1], sympy.Integer(hi - lo)), body=body, store=store)
 
 

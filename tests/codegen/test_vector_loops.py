@@ -91,6 +91,8 @@ PIECES = [
     ("three_uneven", lambda a, b, c: torch.cat([a.exp(), b, c * 2], -1),
      lambda: [torch.randn(3, 7, 5), torch.randn(3, 7, 11), torch.randn(3, 7, 1)], 3),
     ("pad_last", lambda x: torch.nn.functional.pad(x, (3, 5), value=1.5) + 1, lambda: [torch.randn(30, 40)], 3),
+    ("two_members", lambda a, b: (lambda y: (y, y.exp() + y))(torch.cat([a, b * 2], -1)),
+     lambda: [torch.randn(30, 20), torch.randn(30, 12)], 2),   # the second reads the first's value in the loop
     ("int_cat", lambda a, b: torch.cat([a, b * 3], -1),
      lambda: [torch.randint(-9, 9, (20, 6)), torch.randint(-9, 9, (20, 10))], 2),
 ]
