@@ -63,29 +63,7 @@ static inline int64_t ember_index(int64_t i, int64_t n, int64_t* err) {
   return i;
 }
 #if defined(__AVX512F__)
-#include <immintrin.h>
-// dst = the transpose of src, 16x16 4-byte values, both 64-byte aligned: 64 in-register shuffles (a tiled
-// transpose's scattered stores into its tile cost ~2x the whole copy)
-static inline void ember_transpose16(const void* src, void* dst) {
-  const float* s = static_cast<const float*>(src);
-  float* d = static_cast<float*>(dst);
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(s + 16 * i);
-  for (int i = 0; i < 16; i += 2) { t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]); t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]); }
-  for (int g = 0; g < 16; g += 4) {   // r[g + c], 128-bit lane L: column 4L + c of rows g..g+3
-    __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 2]), c = _mm512_castps_pd(t[g + 1]), e = _mm512_castps_pd(t[g + 3]);
-    r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)); r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, e)); r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, e));
-  }
-  for (int c = 0; c < 4; c++) {
-    __m512 vlo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), vhi = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
-    __m512 wlo = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88), whi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
-    _mm512_store_ps(d + 16 * c, _mm512_shuffle_f32x4(vlo, wlo, 0x88));
-    _mm512_store_ps(d + 16 * (8 + c), _mm512_shuffle_f32x4(vlo, wlo, 0xDD));
-    _mm512_store_ps(d + 16 * (4 + c), _mm512_shuffle_f32x4(vhi, whi, 0x88));
-    _mm512_store_ps(d + 16 * (12 + c), _mm512_shuffle_f32x4(vhi, whi, 0xDD));
-  }
-}
+//@TRANSPOSE@
 #endif
 static inline uint64_t ember_mix(uint64_t x) {  // splitmix64
   x += 0x9e3779b97f4a7c15ULL; x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -142,7 +120,25 @@ def _mvec_decls() -> str:
     return "\n".join(out) + GUARDED_EXP
 
 
-PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls())
+def _transpose16() -> str:
+    """ember_transpose16(src, dst): dst = the transpose of src, 16x16 4-byte values, in registers (a tiled
+    transpose's scattered stores into its tile cost ~2x the whole copy). Stage s swaps the off-diagonal s x s blocks
+    of every 2s x 2s block (two-source shuffles of rows i and i + s); after s = 8, 4, 2, 1 all is transposed."""
+    out = ["typedef float ember_v16 __attribute__((vector_size(64)));",
+           "typedef int ember_m16 __attribute__((vector_size(64)));",
+           "static inline void ember_transpose16(const void* src, void* dst) {",
+           "  ember_v16 r[16];", "  __builtin_memcpy(r, src, sizeof r);"]
+    for st in (8, 4, 2, 1):
+        top = [16 + j - st if j & st else j for j in range(16)]
+        bottom = [16 + j if j & st else j + st for j in range(16)]
+        out += [f"  for (int i = 0; i < 16; i++) if (!(i & {st})) {{",
+                f"    ember_v16 a = r[i], b = r[i + {st}];",
+                f"    r[i] = __builtin_shuffle(a, b, (ember_m16){{{', '.join(map(str, top))}}});",
+                f"    r[i + {st}] = __builtin_shuffle(a, b, (ember_m16){{{', '.join(map(str, bottom))}}});", "  }"]
+    return "\n".join(out + ["  __builtin_memcpy(dst, r, sizeof r);", "}"])
+
+
+PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls()).replace("//@TRANSPOSE@", _transpose16())
 cache.SHARED_PRELUDES.add(PRELUDE)
 UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log({})", "log2": "std::log2({})",
                "log10": "std::log10({})", "sqrt": "std::sqrt({})", "rsqrt": "({t}(1) / std::sqrt({}))",
