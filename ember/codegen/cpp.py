@@ -62,7 +62,8 @@ static inline int64_t ember_index(int64_t i, int64_t n, int64_t* err) {
   if (i < 0 || i >= n) { *err = 1; return 0; }
   return i;
 }
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && !defined(__clang__)   // (GCC's __builtin_shuffle)
+#define EMBER_TRANSPOSE16
 //@TRANSPOSE@
 #endif
 static inline uint64_t ember_mix(uint64_t x) {  // splitmix64
@@ -490,7 +491,7 @@ def _tiled_rows(group: FusedGroup, ptrs, parallel: bool) -> list[str]:
                 "          const int64_t x0 = xb + xi;"] + b.lines + keep + ["        }", "      }"]
     if t == 16 and all(MEMORY_CTYPE_SIZE[m.buf.dtype] == 4 for m in group.members):
         # whole tiles of 4-byte values with AVX-512: stored as computed ([rt][xi], contiguous), transposed in registers
-        lines += ["#if defined(__AVX512F__)", "      if (xn == 16 && rn == 16) {"]
+        lines += ["#if defined(EMBER_TRANSPOSE16)", "      if (xn == 16 && rn == 16) {"]
         lines += [f"      alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}_rows[{t}][{t}];" for m in group.members]
         lines += compute("_rows[rt][xi]", str(t), str(t)) + [f"      ember_transpose16({m.buf.name}_rows, {m.buf.name}_tile);"
                                              for m in group.members]
