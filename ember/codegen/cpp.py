@@ -23,6 +23,11 @@ from ember.runtime import cache
 
 CTYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
          torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+# bool tensors, row buffers and tiles are bytes in memory, read as `bool t = p[i]` (a compare with 0): g++ does not
+# vectorize a select on a bool loaded as `bool` ("bit-precision arithmetic not supported": a masked_fill's
+# softmax ran its exp loop scalar, 0.67x eager)
+MEMORY_CTYPE = {**CTYPE, torch.bool: "uint8_t"}
+MEMORY_CTYPE_SIZE = {d: torch.empty((), dtype=d).element_size() for d in MEMORY_CTYPE}
 PARALLEL_MIN = 1 << 15  # elements of work below which a loop is not worth waking the thread team
 
 PRELUDE = r"""
@@ -57,6 +62,10 @@ static inline int64_t ember_index(int64_t i, int64_t n, int64_t* err) {
   if (i < 0 || i >= n) { *err = 1; return 0; }
   return i;
 }
+#if defined(__AVX512F__) && !defined(__clang__)   // (GCC's __builtin_shuffle)
+#define EMBER_TRANSPOSE16
+//@TRANSPOSE@
+#endif
 static inline uint64_t ember_mix(uint64_t x) {  // splitmix64
   x += 0x9e3779b97f4a7c15ULL; x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL; return x ^ (x >> 31);
@@ -73,6 +82,32 @@ MVEC_UNARY = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", 
 MVEC_BINARY = ("atan2", "hypot", "pow")
 
 
+# libmvec's exp sends a lane beyond |x| of 87.33 (float) / 708.39 (double) to the scalar exp, ~13 ns each: a
+# softmax over a row masked with -inf (10% of it) ran 3.4x slower, one thread. Where an infinite or huge
+# constant can reach exp's argument (`exp_leaves_domain`: masked_fill(-inf), where(m, x, -finfo.max)) the
+# exp is ember_exp_guarded[f]: libmvec's on |x| at most 87 / 704 and exp(x / 2)^2 beyond (1 ulp more), 0 where
+# it underflows by a select, never a multiply (a denormal product is a microcode assist too). Elsewhere the
+# guard would double exp's cost (0.33 -> 0.67 ns an element, AVX-512), so plain libmvec.
+EXP_DOMAIN = {torch.float32: 87.0, torch.float64: 704.0}
+GUARDED_EXP = "".join(rf"""
+static inline {t} ember_exp_guarded{sfx}({t} x) {{
+  bool in = (x >= -{lim}) & (x <= {lim});   // false for NaN, which the libm path keeps
+  {t} h = in ? x : x * {t}(0.5);
+  {t} c = h < -{lim} ? -{lim} : h;
+  c = c > {lim} ? {lim} : c;
+  {t} e(ember_exp{sfx}(c));
+  return e * (in ? {t}(1) : (x < {t}({zero}) ? {t}(0) : e));
+}}""" for t, sfx, lim, zero in (("float", "f", "87.0f", -104), ("double", "", "704.0", -746)))
+
+
+def exp_leaves_domain(x: Expr) -> bool:
+    """Whether a constant beyond libmvec's fast exp domain (an infinity, -finfo.max) is among what `x` is
+    computed from."""
+    lim = EXP_DOMAIN.get(x.dtype)
+    return lim is not None and any(y.op == "const" and isinstance(y.args[0], float) and not abs(y.args[0]) <= lim
+                                   for y in x.walk())
+
+
 def _mvec_decls() -> str:
     out = ['#define EMBER_SIMD __attribute__((simd("notinbranch"), const, nothrow))', 'extern "C" {']
     for n in MVEC_UNARY:
@@ -83,10 +118,28 @@ def _mvec_decls() -> str:
     out.append("}")
     out.append('#if defined(__AVX512F__)\n#define EMBER_WIDE __attribute__((target("prefer-vector-width=512")))\n'
                '#else\n#define EMBER_WIDE\n#endif')
-    return "\n".join(out)
+    return "\n".join(out) + GUARDED_EXP
 
 
-PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls())
+def _transpose16() -> str:
+    """ember_transpose16(src, dst): dst = the transpose of src, 16x16 4-byte values, in registers (a tiled
+    transpose's scattered stores into its tile cost ~2x the whole copy). Stage s swaps the off-diagonal s x s blocks
+    of every 2s x 2s block (two-source shuffles of rows i and i + s); after s = 8, 4, 2, 1 all is transposed."""
+    out = ["typedef float ember_v16 __attribute__((vector_size(64)));",
+           "typedef int ember_m16 __attribute__((vector_size(64)));",
+           "static inline void ember_transpose16(const void* src, void* dst) {",
+           "  ember_v16 r[16];", "  __builtin_memcpy(r, src, sizeof r);"]
+    for st in (8, 4, 2, 1):
+        top = [16 + j - st if j & st else j for j in range(16)]
+        bottom = [16 + j if j & st else j + st for j in range(16)]
+        out += [f"  for (int i = 0; i < 16; i++) if (!(i & {st})) {{",
+                f"    ember_v16 a = r[i], b = r[i + {st}];",
+                f"    r[i] = __builtin_shuffle(a, b, (ember_m16){{{', '.join(map(str, top))}}});",
+                f"    r[i + {st}] = __builtin_shuffle(a, b, (ember_m16){{{', '.join(map(str, bottom))}}});", "  }"]
+    return "\n".join(out + ["  __builtin_memcpy(dst, r, sizeof r);", "}"])
+
+
+PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls()).replace("//@TRANSPOSE@", _transpose16())
 cache.SHARED_PRELUDES.add(PRELUDE)
 UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log({})", "log2": "std::log2({})",
                "log10": "std::log10({})", "sqrt": "std::sqrt({})", "rsqrt": "({t}(1) / std::sqrt({}))",
@@ -206,6 +259,12 @@ class Body(printer.Body):
     def format_fields(self, dtype: torch.dtype) -> dict:
         return {"t": CTYPE[dtype], "sfx": "f" if dtype == torch.float32 else ""}
 
+    def operation(self, x: Expr, a: list) -> str:
+        code = super().operation(x, a)
+        if x.op in ("exp", "sigmoid") and exp_leaves_domain(x.args[0]):
+            self.lines[-1] = self.lines[-1].replace("ember_exp", "ember_exp_guarded")
+        return code
+
     def unary_tables(self, dtype: torch.dtype) -> list[dict]:
         # bool first: C++'s ~ on a bool promotes to int (~true == -2, true again), so it is logical not there
         return [*([UNARY_BOOL] if dtype == torch.bool else []), *([UNARY_INT] if not dtype.is_floating_point else []),
@@ -264,7 +323,7 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     args, writes = printer.kernel_args(group, _local)
     ptrs = {n: n for n in args}
     ptrs.update({m.buf.name: m.target for m in group.members if m.dest})
-    params = ", ".join(f"{'const ' if n not in writes else ''}{CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
+    params = ", ".join(f"{'const ' if n not in writes else ''}{MEMORY_CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
                        for n in args)
     sizes = group_symbols(group)   # symbolic sizes the kernel takes as arguments, after the pointers
     if sizes:
@@ -294,9 +353,9 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
         lines.append(ind + "{")
         for m in group.members:
             if m.buf.name in rows and symbols.is_static(rows[m.buf.name]):
-                lines.append(f"{ind}  alignas(64) {CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
+                lines.append(f"{ind}  alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
             elif m.buf.name in rows:   # a run-time width: on the heap, one per thread (the stack may not hold it)
-                t = CTYPE[m.buf.dtype]
+                t = MEMORY_CTYPE[m.buf.dtype]
                 lines.append(f"{ind}  {t}* __restrict__ {m.buf.name} = static_cast<{t}*>(__builtin_malloc(sizeof({t}) * "
                              f"{index_code(rows[m.buf.name], {})}));  // row buffer")
         if parallel:
@@ -418,19 +477,29 @@ def _tiled_rows(group: FusedGroup, ptrs, parallel: bool) -> list[str]:
         f"    const int64_t xn = ember_imin({t}, {n} - xb);",
         f"    for (int64_t rb = 0; rb < {inner}; rb += {t}) {{",
         f"      const int64_t rn = ember_imin({t}, {inner} - rb);"]
-    lines += [f"      alignas(64) {CTYPE[m.buf.dtype]} {m.buf.name}_tile[{t}][{t}];" for m in group.members]
-    lines += ["      for (int64_t rt = 0; rt < rn; rt++) {", f"        const int64_t {r} = rb + rt;",
-              "        #pragma omp simd", "        for (int64_t xi = 0; xi < xn; xi++) {",
-              "          const int64_t x0 = xb + xi;"]
-    b = Body(ptrs, {}, "          ", {})
-    keep = []
-    for m in group.members:
-        v = b.emit(m.body)
-        keep.append(f"          {m.buf.name}_tile[xi][rt] = {v};")
-        b.stored[(m.buf.name, m.store)] = v
-    lines += b.lines + keep + ["        }", "      }", "      for (int64_t xi = 0; xi < xn; xi++) {",
-                               "        const int64_t x0 = xb + xi;", "        #pragma omp simd",
-                               "        for (int64_t rt = 0; rt < rn; rt++) {", f"          const int64_t {r} = rb + rt;"]
+    lines += [f"      alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}_tile[{t}][{t}];" for m in group.members]
+
+    def compute(tile: str, rn: str = "rn", xn: str = "xn") -> list[str]:
+        """The values, rows inside, into each member's `tile` ([xi][rt] or [rt][xi])."""
+        b, keep = Body(ptrs, {}, "          ", {}), []
+        for m in group.members:
+            v = b.emit(m.body)
+            keep.append(f"          {m.buf.name}{tile} = {v};")
+            b.stored[(m.buf.name, m.store)] = v
+        return [f"      for (int64_t rt = 0; rt < {rn}; rt++) {{", f"        const int64_t {r} = rb + rt;",
+                "        #pragma omp simd", f"        for (int64_t xi = 0; xi < {xn}; xi++) {{",
+                "          const int64_t x0 = xb + xi;"] + b.lines + keep + ["        }", "      }"]
+    if t == 16 and all(MEMORY_CTYPE_SIZE[m.buf.dtype] == 4 for m in group.members):
+        # whole tiles of 4-byte values with AVX-512: stored as computed ([rt][xi], contiguous), transposed in registers
+        lines += ["#if defined(EMBER_TRANSPOSE16)", "      if (xn == 16 && rn == 16) {"]
+        lines += [f"      alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}_rows[{t}][{t}];" for m in group.members]
+        lines += compute("_rows[rt][xi]", str(t), str(t)) + [f"      ember_transpose16({m.buf.name}_rows, {m.buf.name}_tile);"
+                                             for m in group.members]
+        lines += ["      } else", "#endif", "      {"] + compute("_tile[xi][rt]") + ["      }"]
+    else:
+        lines += compute("_tile[xi][rt]")
+    lines += ["      for (int64_t xi = 0; xi < xn; xi++) {", "        const int64_t x0 = xb + xi;", "        #pragma omp simd",
+              "        for (int64_t rt = 0; rt < rn; rt++) {", f"          const int64_t {r} = rb + rt;"]
     lines += [f"          {m.target}[{index_code(m.store, {})}] = {m.buf.name}_tile[xi][rt];" for m in group.members]
     return lines + ["        }", "      }", "    }", "  }"]
 
@@ -607,7 +676,83 @@ def _blocks(members: list) -> list[list]:
     return out
 
 
+MAX_PIECES = 8   # inner loops cut at more points than this keep their selects
+
+
+def _inner_cuts(ms: list) -> list[int]:
+    """Where the comparisons of the innermost index with constants in the block's values change (the pieces of a
+    concatenation along the last dim: `r0 < 64`), strictly inside the static loop; [] when none or too many."""
+    n, r = ms[0].inner[-1] if ms[0].inner else None, rvars(len(ms[0].inner))[-1] if ms[0].inner else None
+    if n is None or not symbols.is_static(n):
+        return []
+    cuts = set()
+    for m in ms:
+        for x in m.body.walk():
+            if x.op not in ("lt", "le", "gt", "ge") or {a.op for a in x.args} != {"index", "const"}:
+                continue
+            i, c = x.args if x.args[0].op == "index" else x.args[::-1]
+            k = i.args[0] - r
+            if not (k.is_Integer and isinstance(c.args[0], int)):
+                continue
+            # r + k < c flips at r = c - k; <= and > at c - k + 1 (with the constant on the left, the mirror)
+            strict = x.op in ("lt", "ge") if x.args[0] is i else x.op in ("gt", "le")
+            cuts.add(int(c.args[0]) - int(k) + (0 if strict else 1))
+    cuts = sorted(c for c in cuts if 0 < c < int(n))
+    return cuts if len(cuts) < MAX_PIECES else []
+
+
+def _piece(m: Member, lo: int, hi: int, ranges: dict) -> Member:
+    """m over inner indices lo <= r < hi of its last loop, the loop index shifted to start at 0: comparisons the
+    range decides are constants, the selects on them their arm, and index clamps the range decides dropped."""
+    r = rvars(len(m.inner))[-1]
+    ranges = {**ranges, r: hi - lo}
+
+    def unclamped(off):
+        def decided(e):
+            a, b = e.args if len(e.args) == 2 else (None, None)
+            d = ir.bounds(a - b, ranges) if a is not None else None
+            if d is None or not all(isinstance(v, int) for v in d):
+                return e
+            first = (d[1] <= 0) if isinstance(e, sympy.Min) else (d[0] >= 0)
+            second = (d[0] >= 0) if isinstance(e, sympy.Min) else (d[1] <= 0)
+            return a if first else (b if second else e)
+        return off.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)), decided)
+
+    def rule(x, go):
+        if x.op == "load":
+            return Expr("load", (x.args[0], unclamped(x.args[1])), x.dtype)
+        if x.op in ("lt", "le", "gt", "ge") and {a.op for a in x.args} == {"index", "const"}:
+            a, b = (ir.bounds(y.args[0], ranges) if y.op == "index" else (y.args[0], y.args[0]) for y in x.args)
+            if a is not None and b is not None and all(isinstance(v, int) for v in (*a, *b)):
+                yes = {"lt": a[1] < b[0], "le": a[1] <= b[0], "gt": a[0] > b[1], "ge": a[0] >= b[1]}[x.op]
+                no = {"lt": a[0] >= b[1], "le": a[0] > b[1], "gt": a[1] <= b[0], "ge": a[1] < b[0]}[x.op]
+                if yes or no:
+                    return Expr("const", (bool(yes),), torch.bool)
+        if x.op in ("logical_and", "logical_or"):   # a padded piece's lo <= r & r < hi
+            a, b = go(x.args[0]), go(x.args[1])
+            const = [y for y in (a, b) if y.op == "const"]
+            if const and bool(const[0].args[0]) == (x.op == "logical_or"):
+                return const[0]
+            if const:   # the other is the value
+                return b if a.op == "const" else a
+        if x.op == "where":
+            c = go(x.args[0])
+            if c.op == "const":
+                return go(x.args[1] if c.args[0] else x.args[2])
+        return None
+    body = ir.rewrite(ir.substitute(m.body, {r: r + lo}, ranges), rule)
+    # the store's offset as a load of it is rewritten: a later member of the loop finds the value by it
+    store = unclamped(ir.simplify_index(ir.xreplace_index(m.store, {r: r + lo}), ranges))
+    return dataclasses.replace(m, inner=(*m.inner[:-1], sympy.Integer(hi - lo)), body=body, store=store)
+
+
 def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: bool = False) -> list[str]:
+    cuts = [] if parallel_inner else _inner_cuts(ms)
+    if cuts:   # the inner loop in pieces, each with its own values: no per-element select, no index clamps
+        ranges = dict(zip(rvars(len(ms[0].inner)), ms[0].inner))
+        edges = [0, *cuts, int(ms[0].inner[-1])]
+        return [line for lo, hi in zip(edges, edges[1:]) for line in
+                _pointwise_block([_piece(m, lo, hi, ranges) for m in ms], ptrs, scalars, ind, False, rows, team)]
     inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
     head, bind, close = _loops(inner, ind, parallel_inner, team=team)
     b = Body(ptrs, scalars, bind, rows, hoist=(ind, set(rvars(len(inner)))) if ms[0].inner else None)

@@ -1,4 +1,5 @@
-"""Pooling (max and average over 2-d windows, and their gradients) and the negative log-likelihood loss."""
+"""Pooling (max and average over 2-d windows, and their gradients), the negative log-likelihood loss and the mean
+squared error loss."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,7 @@ import sympy
 import torch
 
 from ember import ir
-from ember.ir import TensorBox
+from ember.ir import TensorBox, symbols
 from ember.decomp import prims as P
 from ember.decomp.common import floaty, out, registrar
 
@@ -275,3 +276,25 @@ def _nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weig
     hit = P.pointwise("eq", P.iota(xs_size, 1), P.unsqueeze(t, 1))
     out = P.where(hit, P.unsqueeze(val, 1), 0.0, dtype=x.dtype)
     return out if x.ndim == 2 else P.squeeze(out, [0])
+
+
+@reg(aten.mse_loss.default)
+def _mse_loss(x, target, reduction=1):
+    """(x - target)^2, summed or averaged over every element as eager's loss reduction: one fused reduction (as an
+    ATen call it wrote the squares to memory and read them back)."""
+    d = P.sub(x, target)
+    sq = P.mul(d, d)
+    if reduction == 0:
+        return sq
+    s = P.reduce("sum", sq, list(range(sq.ndim)))
+    return P.div(s, ir.prod(sq.size)) if reduction == 1 else s
+
+
+@reg(aten.mse_loss_backward.default)
+def _mse_loss_backward(g, x, target, reduction):
+    """norm * (x - target) * g, norm 2/numel (mean, rounded to x's dtype as eager's) or 2, in eager's order."""
+    d = P.sub(x, target)
+    n = ir.prod(x.size)
+    if not symbols.same(ir.prod(d.size), n) or not symbols.is_static(n):
+        return NotImplemented   # a target broadcast past x (eager's gradient has x's shape), a symbolic numel
+    return P.mul(P.mul(d, 2.0 / int(n) if reduction == 1 else 2.0), g)

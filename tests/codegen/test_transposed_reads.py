@@ -52,3 +52,15 @@ def test_an_input_transposed_into_itself_in_place():
     def f(x):
         return x.t().contiguous().add_(1).t().contiguous()
     compiled_source(f, [torch.randn(64, 64)])
+
+
+@pytest.mark.parametrize("dtype,transposed_in_registers", [(torch.float32, True), (torch.int32, True),
+                                                           (torch.float64, False), (torch.int64, False)])
+def test_whole_tiles_of_4_byte_values_transpose_in_registers(dtype, transposed_in_registers):
+    """Whole 16x16 tiles of 4-byte values are computed in the input's order and transposed with AVX-512 shuffles
+    (`ember_transpose16`, the scattered stores into the tile cost ~2x the copy); partial tiles (here 37 x 45: both
+    directions) and 8-byte values keep the scattered form; every tile matches eager."""
+    x = (torch.randn(133, 85) * 100).to(dtype)
+    src = compiled_source(lambda x: x.t().contiguous() * 3, [x])
+    kernels = src[src.index("// ember: next kernel"):]
+    assert ("ember_transpose16(" in kernels) == transposed_in_registers, kernels
