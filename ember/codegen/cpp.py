@@ -17,12 +17,14 @@ import torch
 
 from ember import ir
 from ember.ir import Expr, IndirectSymbol, symbols
-from ember.codegen import printer
+from ember.codegen import cpp_lowp, printer
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
 from ember.runtime import cache
 
+# the C++ type a value of each dtype is computed in (16-bit floats: float, stored as uint16_t, see cpp_lowp)
 CTYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
-         torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+         torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+         torch.float16: "float", torch.bfloat16: "float"}
 PARALLEL_MIN = 1 << 15  # elements of work below which a loop is not worth waking the thread team
 
 PRELUDE = r"""
@@ -86,7 +88,7 @@ def _mvec_decls() -> str:
     return "\n".join(out)
 
 
-PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls())
+PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls()) + cpp_lowp.PRELUDE
 cache.SHARED_PRELUDES.add(PRELUDE)
 UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log({})", "log2": "std::log2({})",
                "log10": "std::log10({})", "sqrt": "std::sqrt({})", "rsqrt": "({t}(1) / std::sqrt({}))",
@@ -142,6 +144,7 @@ class Body(printer.Body):
         # (a learning rate from a scalar tensor, bias corrections from a step count) are computed before it,
         # once, instead of per element (g++ does not hoist calls such as powf out of a simd loop)
         self.hoist, self.pre, self.invariant = hoist, [], {}
+        self.unrounded: dict = {}   # a cast to a 16-bit type's variable -> (its dtype, the float it rounds)
 
     @property
     def prefix(self) -> str:   # h<n>: hoisted before the loop, t<n>: in it
@@ -185,14 +188,29 @@ class Body(printer.Body):
         ind = {s: self.names[id(s.value)] for s in off.atoms(IndirectSymbol)}
         if name in self.rows:  # a row buffer holds this row only
             return self.var(f"{name}[{index_code(ir.simplify_index(off - X0 * self.rows[name]), ind)}]", x.dtype)
-        return self.var(f"{self.ptrs[name]}[{index_code(off, ind)}]", x.dtype)
+        return self.var(cpp_lowp.load(x.dtype, f"{self.ptrs[name]}[{index_code(off, ind)}]"), x.dtype)
 
     def index(self, x: Expr) -> str:
         ind = {s: self.names[id(s.value)] for s in x.args[0].atoms(IndirectSymbol)}
-        return self.var(f"static_cast<{CTYPE[x.dtype]}>({index_code(x.args[0], ind)})", x.dtype)
+        return self.var(cpp_lowp.rounded(x.dtype, f"static_cast<{CTYPE[x.dtype]}>({index_code(x.args[0], ind)})"),
+                        x.dtype)
 
     def cast(self, x: Expr, a: list) -> str:
-        return self.var(f"static_cast<{CTYPE[x.dtype]}>({a[0]})", x.dtype)
+        # a 16-bit value computed here (in float) is rounded to its type first, as eager materialized it
+        v, src = a[0], x.args[0]
+        if src.dtype in cpp_lowp.LOW_PRECISION and src.op not in ("load", "const"):
+            v = cpp_lowp.rounded(src.dtype, v)
+        if x.dtype not in cpp_lowp.LOW_PRECISION:
+            return self.var(f"static_cast<{CTYPE[x.dtype]}>({v})", x.dtype)
+        name = self.var(cpp_lowp.rounded(x.dtype, f"static_cast<float>({v})"), x.dtype)
+        self.unrounded[name] = (x.dtype, f"static_cast<float>({v})")
+        return name
+
+    def store(self, dtype: torch.dtype, v: str) -> str:
+        """Variable v as a buffer of `dtype` stores it (a value cast to that 16-bit type rounds once, here)."""
+        if self.unrounded.get(v, (None,))[0] == dtype:
+            v = self.unrounded[v][1]
+        return cpp_lowp.store(dtype, v)
 
     def checked_index(self, x: Expr, a: list) -> str:
         return self.var(f"ember_index({a[0]}, {a[1]}, err)", x.dtype)
@@ -204,7 +222,7 @@ class Body(printer.Body):
         return self.var(f"({a[0]} ? {a[1]} : {a[2]})", x.dtype)
 
     def format_fields(self, dtype: torch.dtype) -> dict:
-        return {"t": CTYPE[dtype], "sfx": "f" if dtype == torch.float32 else ""}
+        return {"t": CTYPE[dtype], "sfx": "f" if CTYPE[dtype] == "float" else ""}
 
     def unary_tables(self, dtype: torch.dtype) -> list[dict]:
         # bool first: C++'s ~ on a bool promotes to int (~true == -2, true again), so it is logical not there
@@ -264,7 +282,7 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     args, writes = printer.kernel_args(group, _local)
     ptrs = {n: n for n in args}
     ptrs.update({m.buf.name: m.target for m in group.members if m.dest})
-    params = ", ".join(f"{'const ' if n not in writes else ''}{CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
+    params = ", ".join(f"{'const ' if n not in writes else ''}{_storage(sched.buffers[n].dtype)}* __restrict__ {n}"
                        for n in args)
     sizes = group_symbols(group)   # symbolic sizes the kernel takes as arguments, after the pointers
     if sizes:
@@ -431,7 +449,8 @@ def _tiled_rows(group: FusedGroup, ptrs, parallel: bool) -> list[str]:
     lines += b.lines + keep + ["        }", "      }", "      for (int64_t xi = 0; xi < xn; xi++) {",
                                "        const int64_t x0 = xb + xi;", "        #pragma omp simd",
                                "        for (int64_t rt = 0; rt < rn; rt++) {", f"          const int64_t {r} = rb + rt;"]
-    lines += [f"          {m.target}[{index_code(m.store, {})}] = {m.buf.name}_tile[xi][rt];" for m in group.members]
+    lines += [f"          {m.target}[{index_code(m.store, {})}] = {cpp_lowp.store(m.buf.dtype, m.buf.name + '_tile[xi][rt]')};"
+              for m in group.members]
     return lines + ["        }", "      }", "    }", "  }"]
 
 
@@ -519,7 +538,8 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
             b = Body(ptrs, scalars, ind + "    ", {})
             v = b.emit(body)
             lines += [f"{ind}// pointwise: {name}"] + xloop + [f"{ind}  {{ const int64_t x0 = xb + xi; (void)x0;"] \
-                + b.lines + [f"{ind}    {m.target}[{index_code(m.store, {})}] = {v};", f"{ind}  }}", f"{ind}}}"]
+                + b.lines + [f"{ind}    {m.target}[{index_code(m.store, {})}] = {b.store(m.buf.dtype, v)};",
+                             f"{ind}  }}", f"{ind}}}"]
             continue
         kind, vt, acc, fl = m.buf.kind, CTYPE[m.body.dtype], f"{name}_acc", m.body.dtype.is_floating_point
         if kind in REDUCE_INIT:
@@ -579,12 +599,14 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         lines += head + [f"{rind}#pragma omp simd", f"{rind}for (int64_t xi = 0; xi < xn; xi++) {{",
                          f"{rind}  const int64_t x0 = xb + xi; (void)x0;"] + b.lines + [f"{rind}  {upd}", f"{rind}}}"] + close
         a = f"{acc}[xi]"
-        fin = f"{ind}  {name}_v[xi] = static_cast<{t}>({a});"
+        fin = f"{ind}  {name}_v[xi] = {cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({a})')};"
         if nan:
-            fin = f"{ind}  {name}_v[xi] = {acc}_nan[xi] ? std::numeric_limits<{t}>::quiet_NaN() : static_cast<{t}>({a});"
+            fin = f"{ind}  {name}_v[xi] = {acc}_nan[xi] ? std::numeric_limits<{t}>::quiet_NaN() : " \
+                  f"{cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({a})')};"
         lines += xloop + [fin]
         if not m.local:
-            lines.append(f"{ind}  {{ const int64_t x0 = xb + xi; {m.target}[{index_code(m.store, {})}] = {name}_v[xi]; }}")
+            lines.append(f"{ind}  {{ const int64_t x0 = xb + xi; "
+                         f"{m.target}[{index_code(m.store, {})}] = {cpp_lowp.store(m.buf.dtype, name + '_v[xi]')}; }}")
         lines.append(f"{ind}}}")
         scalars[name] = f"{name}_v[xi]"
     return lines + ["  }"]
@@ -615,7 +637,8 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: b
     for m in ms:
         v = b.emit(m.body)
         off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
-        stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {v};")
+        kept = v if m.buf.name in rows else b.store(m.buf.dtype, v)   # a row buffer holds computed values
+        stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {kept};")
         b.stored[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
     # stores last: every load of the iteration comes first (an input updated in place is read before written)
     # hoisted values go before the loop, in a scope of their own (shared, read-only, under `omp parallel for`)
@@ -682,10 +705,15 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     if kind in ("max", "min") and fl:
         lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{vt}>::quiet_NaN();")
     result = f"{acc}_i" if kind.startswith("arg") else acc
-    lines.append(f"{ind}{t} {m.buf.name}_v = static_cast<{t}>({result});")
+    lines.append(f"{ind}{t} {m.buf.name}_v = {cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({result})')};")
     if not m.local:
-        lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {m.buf.name}_v;")
+        lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {cpp_lowp.store(m.buf.dtype, m.buf.name + '_v')};")
     return lines
+
+
+def _storage(dtype: torch.dtype) -> str:
+    """A buffer's element type in a kernel's signature."""
+    return cpp_lowp.STORAGE if dtype in cpp_lowp.LOW_PRECISION else CTYPE[dtype]
 
 
 def _size_code(n) -> str:

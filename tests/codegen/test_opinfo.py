@@ -112,7 +112,7 @@ def run_sample(op, dtype, sample) -> tuple[str, str]:
     return ("pass+fallback" if n_fb else "pass"), ""
 
 
-def sweep(ops, max_samples=None, out=print, progress=None):
+def sweep(ops, max_samples=None, out=print, progress=None, dtypes=DTYPES):
     table = collections.defaultdict(collections.Counter)
     failures = []
     reasons = collections.Counter()
@@ -127,7 +127,7 @@ def sweep(ops, max_samples=None, out=print, progress=None):
     log.propagate = False
     torch.manual_seed(0)
     for op in ops:
-        for dtype in DTYPES:
+        for dtype in dtypes:
             if not op.supports_dtype(dtype, "cpu"):
                 continue
             try:
@@ -172,4 +172,5 @@ if __name__ == "__main__":
     import sys
     names = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else None
     sweep(_ops(names), max_samples=int(sys.argv[2]) if len(sys.argv) > 2 else None,
-          progress=lambda line: print(line, file=sys.stderr, flush=True))
+          progress=lambda line: print(line, file=sys.stderr, flush=True),
+          dtypes=tuple(getattr(torch, d) for d in sys.argv[3].split(",")) if len(sys.argv) > 3 else DTYPES)
