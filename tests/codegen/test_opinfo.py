@@ -27,6 +27,11 @@ SUBSET = ["add", "sub", "mul", "div", "true_divide", "neg", "abs", "exp", "log",
           "nn.functional.cross_entropy", "cat", "stack", "split", "chunk", "permute", "transpose", "expand",
           "reshape", "flip", "gather", "index_select", "masked_fill", "tril", "nn.functional.pad",
           "mm", "addmm", "bmm", "square", "lerp", "addcmul", "max", "min", "any", "all", "sign", "floor", "round"]
+# float16/bfloat16 (ember/codegen/cpp_lowp.py) over a smaller subset: pointwise, reductions, norms, softmax, indexing
+LOWP_DTYPES = (torch.float16, torch.bfloat16)
+LOWP_SUBSET = ["add", "mul", "div", "exp", "tanh", "sigmoid", "pow", "where", "clamp", "sum", "mean", "amax", "argmax",
+               "var", "prod", "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.group_norm",
+               "nn.functional.gelu", "nn.functional.silu", "cat", "index_select", "masked_fill", "lerp"]
 # Uninitialized outputs cannot be compared. Random ops can: eager and compiled runs start from the same seed, and
 # ember keeps RNG ops as ATen calls in graph order, so they draw the same numbers.
 NONDETERMINISTIC = ("empty", "new_empty", "empty_like", "empty_strided")
@@ -159,6 +164,11 @@ def sweep(ops, max_samples=None, out=print, progress=None, dtypes=DTYPES):
 
 def test_opinfo_subset(capsys):
     _, failures = sweep(_ops(SUBSET), max_samples=2)
+    assert not failures, "\n".join(failures)
+
+
+def test_opinfo_lowp_subset(capsys):
+    _, failures = sweep(_ops(LOWP_SUBSET), max_samples=2, dtypes=LOWP_DTYPES)
     assert not failures, "\n".join(failures)
 
 
