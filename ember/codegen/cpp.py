@@ -145,6 +145,7 @@ class Body(printer.Body):
         # once, instead of per element (g++ does not hoist calls such as powf out of a simd loop)
         self.hoist, self.pre, self.invariant = hoist, [], {}
         self.unrounded: dict = {}   # a cast to a 16-bit type's variable -> (its dtype, the float it rounds)
+        self.chunks: cpp_lowp.Chunks | None = None   # the float16 operands converted a chunk at a time
 
     @property
     def prefix(self) -> str:   # h<n>: hoisted before the loop, t<n>: in it
@@ -188,6 +189,8 @@ class Body(printer.Body):
         ind = {s: self.names[id(s.value)] for s in off.atoms(IndirectSymbol)}
         if name in self.rows:  # a row buffer holds this row only
             return self.var(f"{name}[{index_code(ir.simplify_index(off - X0 * self.rows[name]), ind)}]", x.dtype)
+        if self.chunks is not None and (element := self.chunks.load(x.dtype, self.ptrs[name], off)):
+            return self.var(element, x.dtype)
         return self.var(cpp_lowp.load(x.dtype, f"{self.ptrs[name]}[{index_code(off, ind)}]"), x.dtype)
 
     def index(self, x: Expr) -> str:
@@ -208,9 +211,23 @@ class Body(printer.Body):
 
     def store(self, dtype: torch.dtype, v: str) -> str:
         """Variable v as a buffer of `dtype` stores it (a value cast to that 16-bit type rounds once, here)."""
-        if self.unrounded.get(v, (None,))[0] == dtype:
-            v = self.unrounded[v][1]
-        return cpp_lowp.store(dtype, v)
+        return cpp_lowp.store(dtype, self.before_rounding(dtype, v))
+
+    def before_rounding(self, dtype: torch.dtype, v: str) -> str:
+        """The float whose rounding to `dtype` variable v holds (v itself but for a cast to that type)."""
+        return self.unrounded[v][1] if self.unrounded.get(v, (None,))[0] == dtype else v
+
+    def chunk(self, head: list[str], inner) -> None:
+        """Convert the loop's contiguous float16 operands and results in chunks (cpp_lowp.Chunks): an innermost
+        `omp simd` loop, built for a target with conversion instructions."""
+        if cpp_lowp.chunked() and len(head) >= 2 and head[-2].strip().startswith("#pragma omp") and " simd" in head[-2]:
+            self.chunks = cpp_lowp.Chunks(rvars(len(inner))[-1], _size_code(inner[-1]))
+
+    def loop(self, head: list[str], body: list[str], close: list[str]) -> list[str]:
+        """The loop nest around body (chunked where `chunk` set it up)."""
+        if self.chunks is None:
+            return head + body + close
+        return self.chunks.wrap(head, body, close, lambda off: index_code(off, {}))
 
     def checked_index(self, x: Expr, a: list) -> str:
         return self.var(f"ember_index({a[0]}, {a[1]}, err)", x.dtype)
@@ -633,19 +650,25 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: b
     inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
     head, bind, close = _loops(inner, ind, parallel_inner, team=team)
     b = Body(ptrs, scalars, bind, rows, hoist=(ind, set(rvars(len(inner)))) if ms[0].inner else None)
+    if ms[0].inner:
+        b.chunk(head, inner)
     stores = []
     for m in ms:
         v = b.emit(m.body)
         off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
-        kept = v if m.buf.name in rows else b.store(m.buf.dtype, v)   # a row buffer holds computed values
-        stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {kept};")
+        element = b.chunks.store(m.buf.dtype, m.target, m.store) if b.chunks and m.buf.name not in rows else None
+        if element:
+            stores.append(f"{bind}{element} = {b.before_rounding(m.buf.dtype, v)};")
+        else:
+            kept = v if m.buf.name in rows else b.store(m.buf.dtype, v)   # a row buffer holds computed values
+            stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {kept};")
         b.stored[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
     # stores last: every load of the iteration comes first (an input updated in place is read before written)
     # hoisted values go before the loop, in a scope of their own (shared, read-only, under `omp parallel for`)
     out = [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"]
     if b.pre:
-        return out + [ind + "{"] + b.pre + head + b.lines + stores + close + [ind + "}"]
-    return out + head + b.lines + stores + close
+        return out + [ind + "{"] + b.pre + b.loop(head, b.lines + stores, close) + [ind + "}"]
+    return out + b.loop(head, b.lines + stores, close)
 
 
 def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
@@ -679,6 +702,8 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     lind = ind + "  " if m.inner else ind
     head, bind, close = _loops(inner, lind, parallel_inner and simple, clause, simd=simple)
     b = Body(ptrs, scalars, bind, rows, hoist=(lind, set(rvars(len(inner)))) if m.inner else None)
+    if m.inner:
+        b.chunk(head, inner)
     v = b.emit(m.body)
     fl = m.body.dtype.is_floating_point
     if kind == "sum":
@@ -700,7 +725,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
         upd = f"if (({v} {cmp} {acc} && !{acc}_nan){nan}) {{ {acc} = {v}; {acc}_i = {flat}; {acc}_nan = ({v} != {v}); }}"
         if not fl:
             upd = f"if ({v} {cmp} {acc}) {{ {acc} = {v}; {acc}_i = {flat}; }}"
-    loop = b.pre + head + b.lines + [bind + upd] + close
+    loop = b.pre + b.loop(head, b.lines + [bind + upd], close)
     lines += [ind + "{"] + loop + [ind + "}"] if m.inner else loop
     if kind in ("max", "min") and fl:
         lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{vt}>::quiet_NaN();")

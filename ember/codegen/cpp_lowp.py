@@ -16,7 +16,12 @@ overflow to infinity; bfloat16 is the high half of a float, rounded the same way
 """
 from __future__ import annotations
 
+import re
+
+import sympy
 import torch
+
+from ember import config, ir
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 STORAGE = "uint16_t"   # a 16-bit buffer's element type in the kernel's signature
@@ -66,3 +71,91 @@ def store(dtype: torch.dtype, value: str) -> str:
 def rounded(dtype: torch.dtype, value: str) -> str:
     """C++ of float `value` rounded to `dtype` and kept as a float (a 16-bit type), else `value`."""
     return f"ember_round_{_SUFFIX[dtype]}({value})" if dtype in LOW_PRECISION else value
+
+
+# Contiguous float16 operands of an inner loop are converted a chunk at a time before it, and its contiguous
+# float16 results after it, by F16C / AVX-512 instructions where the target has them (one instruction for 8 or 16
+# values; the bit-level conversion takes about 14): the loop itself then computes on floats in L1.
+CHUNK = 256
+CHUNK_PRELUDE = r"""
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+static inline void ember_h2f_n(const uint16_t* __restrict__ s, float* __restrict__ d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + i))));
+#elif defined(__F16C__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + i))));
+#endif
+  for (; i < n; i++) d[i] = ember_h2f(s[i]);
+}
+static inline void ember_f2h_n(const float* __restrict__ s, uint16_t* __restrict__ d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i*)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; i++) d[i] = ember_f2h(s[i]);
+}
+"""
+PRELUDE += CHUNK_PRELUDE
+_BASE = sympy.Symbol("cb", integer=True, nonnegative=True)   # the chunk's first index in the loop
+
+
+class Chunks:
+    """The chunked float16 loads and stores of one inner loop over `var` (`size` iterations): `load` and `store`
+    give the element of a chunk array the loop body reads or writes instead of memory, `wrap` the loop nest with
+    the chunk loop and the conversions around the inner loop."""
+
+    def __init__(self, var: sympy.Symbol, size: str):
+        self.var, self.size = var, size
+        self.loads: dict = {}    # (pointer, offset) -> chunk array
+        self.stores: list = []   # (chunk array, pointer, offset)
+
+    def _contiguous(self, dtype: torch.dtype, off) -> bool:
+        return dtype == torch.float16 and not off.atoms(ir.IndirectSymbol) and off.has(self.var) \
+            and sympy.expand(off.subs(self.var, self.var + 1) - off) == 1
+
+    def load(self, dtype: torch.dtype, ptr: str, off) -> str | None:
+        if not self._contiguous(dtype, off):
+            return None
+        return self.loads.setdefault((ptr, off), f"cl{len(self.loads)}") + "[ci]"
+
+    def store(self, dtype: torch.dtype, ptr: str, off) -> str | None:
+        if not self._contiguous(dtype, off):
+            return None
+        self.stores.append((f"cs{len(self.stores)}", ptr, off))
+        return self.stores[-1][0] + "[ci]"
+
+    def wrap(self, head: list[str], body: list[str], close: list[str], index_code) -> list[str]:
+        """head + body + close with the innermost loop (its `#pragma omp ... simd` line and `for` line, the last
+        two of head) run in chunks of CHUNK iterations: a loop shared among threads shares its chunks, each
+        chunk's loop is `omp simd` with the loop's reduction clauses; index_code prints an offset."""
+        if not (self.loads or self.stores):
+            return head + body + close
+        pragma = head[-2]
+        ind = pragma[:len(pragma) - len(pragma.lstrip())]
+        shared = [pragma.replace(" simd", "", 1)] if " for simd" in pragma else []
+        simd = f"{ind}#pragma omp simd" + "".join(re.findall(r" reduction\([^)]*\)", pragma))
+        v = str(self.var)
+        at = {(p, o): index_code(o.subs(self.var, _BASE)) for p, o in self.loads} | \
+            {(p, o): index_code(o.subs(self.var, _BASE)) for _, p, o in self.stores}
+        lines = head[:-2] + shared + [f"{ind}for (int64_t cb = 0; cb < {self.size}; cb += {CHUNK}) {{",
+                             f"{ind}  const int64_t cn = ember_imin({CHUNK}, {self.size} - cb);"]
+        lines += [f"{ind}  alignas(64) float {a}[{CHUNK}]; ember_h2f_n(&{p}[{at[p, o]}], {a}, cn);"
+                  for (p, o), a in self.loads.items()]
+        lines += [f"{ind}  alignas(64) float {a}[{CHUNK}];" for a, _, _ in self.stores]
+        lines += ["  " + simd, f"{ind}  for (int64_t ci = 0; ci < cn; ci++) {{", f"{ind}    const int64_t {v} = cb + ci;"]
+        lines += ["  " + line for line in body] + ["  " + close[0]]
+        lines += [f"{ind}  ember_f2h_n({a}, &{p}[{at[p, o]}], cn);" for a, p, o in self.stores]
+        return lines + [f"{ind}}}"] + close[1:]
+
+
+def chunked() -> bool:
+    """Whether float16 loops convert in chunks: a build for a target that may have conversion instructions (the
+    portable build has none; its chunks would convert bit by bit anyway)."""
+    return config.CPU_ISA != "portable"

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import ember
 from ember.backends.cpp_backend import compile_aten
+from ember import config
 from ember.codegen import cpp_lowp
 from ember.runtime import cache
 from tests.codegen.aten_trace import trace_aten
@@ -139,6 +140,37 @@ def test_chains_as_close_as_eager(name, fn, make, dtype):
     got, ref, _ = compiled(fn, inputs)
     exact = fn(*[t.double() if t.is_floating_point() else t for t in inputs])
     assert_as_close_as_eager(got, ref, exact, ulps=2.0, msg=name)
+
+
+# float16 loops converted in chunks (cpp_lowp.Chunks): partial chunks and vectors, a loop shared among threads,
+# reductions, two inner dims, strided operands beside contiguous ones
+CHUNKED = [
+    ("partial_chunks", lambda x, w: (x * w).sum(-1), lambda: [randn(40, 1001, dtype=torch.float16), randn(1001, dtype=torch.float16)]),
+    ("shared_loop", lambda x: F.gelu(x) * 2, lambda: [randn((1 << 17) + 5, dtype=torch.float16)]),
+    ("shared_reduction", lambda x: x.sum(), lambda: [randn((1 << 18) + 3, dtype=torch.float16)]),
+    ("two_inner_dims", lambda x: x.amax((1, 2)), lambda: [randn(8, 30, 50, dtype=torch.float16)]),
+    ("strided_beside_contiguous", lambda x, y: x[:, ::2] * y, lambda: [randn(64, 600, dtype=torch.float16), randn(64, 300, dtype=torch.float16)]),
+    ("float32_result", lambda x, y: x.float() * y, lambda: [randn(50, 700, dtype=torch.float16), torch.randn(50, 700)]),
+]
+
+
+@pytest.mark.parametrize("name,fn,make", CHUNKED, ids=[c[0] for c in CHUNKED])
+def test_float16_chunks(name, fn, make):
+    torch.manual_seed(zlib.crc32(name.encode()))
+    got, ref, src = compiled(fn, make())
+    torch.testing.assert_close(got, ref)
+    assert ("ember_h2f_n(" in src) == cpp_lowp.chunked(), config.CPU_ISA
+
+
+def test_float16_in_place_update():
+    """x.mul_(2).add_(y) on float16 inputs: each chunk is read before it is written back."""
+    def f(x, y):
+        x.mul_(2).add_(y)
+        return x.sum(-1)
+    x, y = randn(16, 3000, dtype=torch.float16), randn(16, 3000, dtype=torch.float16)
+    x_eager = x.clone()
+    torch.testing.assert_close(ember.compile(f)(x, y), f(x_eager, y))
+    torch.testing.assert_close(x, x_eager)
 
 
 @pytest.mark.parametrize("dtype", LOWP, ids=["fp16", "bf16"])
