@@ -6,9 +6,10 @@ even, as eager converts). Values that stay in the kernel (row buffers, a reducti
 of the loop reads) keep float; a cast to a 16-bit type rounds and keeps computing in float, and a cast of a
 16-bit value computed here rounds it first, so an explicit `.to()` rounds where eager's does.
 
-The conversions are plain integer and float code, no intrinsics and no _Float16 (g++ 12 vectorizes neither
-_Float16 conversion): g++ vectorizes them at every target (-march=native, AVX2, the portable x86-64 build),
-and they agree with torch's conversions on every float32 and every 16-bit pattern (tests/codegen/test_cpp_lowp.py).
+The element conversions are plain integer and float code, no _Float16 (g++ 12 vectorizes neither _Float16
+conversion): g++ vectorizes them at every target (-march=native, AVX2, the portable x86-64 build), and they agree
+with torch's conversions on every float32 and every 16-bit pattern (tests/codegen/test_cpp_lowp.py). A float16
+inner loop converts its contiguous operands and results in chunks with F16C/AVX-512 instructions (Chunks, below).
 float16 -> float: normal and infinite/NaN values rebias the exponent, subnormals are their integer times 2^-24;
 float -> float16: a normal value rounds by adding half an ulp (less one, plus the kept mantissa's last bit) and
 shifting, a subnormal by a float addition to 0.5 (whose ulp is float16's smallest subnormal), 65520 and up
