@@ -222,3 +222,15 @@ def test_float16_symbolic_sizes():
     for n in (300, 517, 1030):
         x, w = randn(7, n, dtype=torch.float16), randn(n, dtype=torch.float16)
         torch.testing.assert_close(c(x, w), f(x, w))
+
+
+def test_float16_shared_max_min_keep_nan():
+    """A max/min over one long float16 row (a loop shared among threads, in chunks, with the NaN flag's reduction
+    clause on each chunk's loop), with and without a NaN."""
+    def f(x):
+        return x.amax(), x.amin(), x.argmax()
+    x = randn((1 << 18) + 7, dtype=torch.float16)
+    c = ember.compile(f)
+    torch.testing.assert_close(c(x), f(x))
+    x[12345] = float("nan")
+    torch.testing.assert_close(c(x), f(x), equal_nan=True)
