@@ -466,8 +466,8 @@ def _tiled_rows(group: FusedGroup, ptrs, parallel: bool) -> list[str]:
     lines += b.lines + keep + ["        }", "      }", "      for (int64_t xi = 0; xi < xn; xi++) {",
                                "        const int64_t x0 = xb + xi;", "        #pragma omp simd",
                                "        for (int64_t rt = 0; rt < rn; rt++) {", f"          const int64_t {r} = rb + rt;"]
-    lines += [f"          {m.target}[{index_code(m.store, {})}] = {cpp_lowp.store(m.buf.dtype, m.buf.name + '_tile[xi][rt]')};"
-              for m in group.members]
+    lines += [f"          {m.target}[{index_code(m.store, {})}] = "
+              f"{cpp_lowp.store(m.buf.dtype, m.buf.name + '_tile[xi][rt]')};" for m in group.members]
     return lines + ["        }", "      }", "    }", "  }"]
 
 
@@ -732,7 +732,8 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     result = f"{acc}_i" if kind.startswith("arg") else acc
     lines.append(f"{ind}{t} {m.buf.name}_v = {cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({result})')};")
     if not m.local:
-        lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {cpp_lowp.store(m.buf.dtype, m.buf.name + '_v')};")
+        stored = cpp_lowp.store(m.buf.dtype, m.buf.name + "_v")
+        lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {stored};")
     return lines
 
 

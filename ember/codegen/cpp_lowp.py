@@ -33,7 +33,10 @@ PRELUDE = r"""
 static inline float ember_bits_f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint32_t ember_f_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 // c ? a : b by masks: g++ turned the ternaries around a float operation into branches ("control flow in loop")
-static inline uint32_t ember_sel(bool c, uint32_t a, uint32_t b) { uint32_t m = 0u - (uint32_t)c; return (a & m) | (b & ~m); }
+static inline uint32_t ember_sel(bool c, uint32_t a, uint32_t b) {
+  uint32_t m = 0u - (uint32_t)c;
+  return (a & m) | (b & ~m);
+}
 static inline float ember_bf2f(uint16_t h) { return ember_bits_f((uint32_t)h << 16); }
 static inline uint16_t ember_f2bf(float f) {  // round to nearest even; NaN stays NaN (quiet)
   uint32_t u = ember_f_bits(f);
@@ -81,6 +84,7 @@ CHUNK = 256
 CHUNK_PRELUDE = r"""
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
+#define EMBER_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #endif
 static inline void ember_h2f_n(const uint16_t* __restrict__ s, float* __restrict__ d, int64_t n) {
   int64_t i = 0;
@@ -95,10 +99,10 @@ static inline void ember_f2h_n(const float* __restrict__ s, uint16_t* __restrict
   int64_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256((__m256i*)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm256_storeu_si256((__m256i*)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(s + i), EMBER_RNE));
 #elif defined(__F16C__)
   for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), EMBER_RNE));
 #endif
   for (; i < n; i++) d[i] = ember_f2h(s[i]);
 }
@@ -150,7 +154,8 @@ class Chunks:
         lines += [f"{ind}  alignas(64) float {a}[{CHUNK}]; ember_h2f_n(&{p}[{at[p, o]}], {a}, cn);"
                   for (p, o), a in self.loads.items()]
         lines += [f"{ind}  alignas(64) float {a}[{CHUNK}];" for a, _, _ in self.stores]
-        lines += ["  " + simd, f"{ind}  for (int64_t ci = 0; ci < cn; ci++) {{", f"{ind}    const int64_t {v} = cb + ci;"]
+        lines += ["  " + simd, f"{ind}  for (int64_t ci = 0; ci < cn; ci++) {{",
+                  f"{ind}    const int64_t {v} = cb + ci;"]
         lines += ["  " + line for line in body] + ["  " + close[0]]
         lines += [f"{ind}  ember_f2h_n({a}, &{p}[{at[p, o]}], cn);" for a, p, o in self.stores]
         return lines + [f"{ind}}}"] + close[1:]
