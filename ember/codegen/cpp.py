@@ -17,17 +17,20 @@ import torch
 
 from ember import ir
 from ember.ir import Expr, IndirectSymbol, symbols
-from ember.codegen import printer
+from ember.codegen import cpp_lowp, printer
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
 from ember.runtime import cache
 
+# the C++ type a value of each dtype is computed in (16-bit floats: float, stored as uint16_t, see cpp_lowp)
 CTYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
-         torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
-# bool tensors, row buffers and tiles are bytes in memory, read as `bool t = p[i]` (a compare with 0): g++ does not
-# vectorize a select on a bool loaded as `bool` ("bit-precision arithmetic not supported": a masked_fill's
-# softmax ran its exp loop scalar, 0.67x eager)
-MEMORY_CTYPE = {**CTYPE, torch.bool: "uint8_t"}
-MEMORY_CTYPE_SIZE = {d: torch.empty((), dtype=d).element_size() for d in MEMORY_CTYPE}
+         torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+         torch.float16: "float", torch.bfloat16: "float"}
+# values kept inside a kernel (row buffers, tiles): bool ones as bytes, read as `bool t = p[i]` (a compare with 0):
+# g++ does not vectorize a select on a bool loaded as `bool` ("bit-precision arithmetic not supported": a
+# masked_fill's softmax ran its exp loop scalar, 0.67x eager); 16-bit floats as float, unrounded (cpp_lowp)
+LOCAL_CTYPE = {**CTYPE, torch.bool: "uint8_t"}
+LOCAL_CTYPE_SIZE = {d: 1 if t == "uint8_t" else torch.empty((), dtype=d).element_size() if t != "float" else 4
+                    for d, t in LOCAL_CTYPE.items()}
 PARALLEL_MIN = 1 << 15  # elements of work below which a loop is not worth waking the thread team
 
 PRELUDE = r"""
@@ -139,7 +142,7 @@ def _transpose16() -> str:
     return "\n".join(out + ["  __builtin_memcpy(dst, r, sizeof r);", "}"])
 
 
-PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls()).replace("//@TRANSPOSE@", _transpose16())
+PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls()).replace("//@TRANSPOSE@", _transpose16()) + cpp_lowp.PRELUDE
 cache.SHARED_PRELUDES.add(PRELUDE)
 UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log({})", "log2": "std::log2({})",
                "log10": "std::log10({})", "sqrt": "std::sqrt({})", "rsqrt": "({t}(1) / std::sqrt({}))",
@@ -195,6 +198,8 @@ class Body(printer.Body):
         # (a learning rate from a scalar tensor, bias corrections from a step count) are computed before it,
         # once, instead of per element (g++ does not hoist calls such as powf out of a simd loop)
         self.hoist, self.pre, self.invariant = hoist, [], {}
+        self.unrounded: dict = {}   # a cast to a 16-bit type's variable -> (its dtype, the float it rounds)
+        self.chunks: cpp_lowp.Chunks | None = None   # the float16 operands converted a chunk at a time
 
     @property
     def prefix(self) -> str:   # h<n>: hoisted before the loop, t<n>: in it
@@ -238,14 +243,45 @@ class Body(printer.Body):
         ind = {s: self.names[id(s.value)] for s in off.atoms(IndirectSymbol)}
         if name in self.rows:  # a row buffer holds this row only
             return self.var(f"{name}[{index_code(ir.simplify_index(off - X0 * self.rows[name]), ind)}]", x.dtype)
-        return self.var(f"{self.ptrs[name]}[{index_code(off, ind)}]", x.dtype)
+        if self.chunks is not None and (element := self.chunks.load(x.dtype, self.ptrs[name], off)):
+            return self.var(element, x.dtype)
+        return self.var(cpp_lowp.load(x.dtype, f"{self.ptrs[name]}[{index_code(off, ind)}]"), x.dtype)
 
     def index(self, x: Expr) -> str:
         ind = {s: self.names[id(s.value)] for s in x.args[0].atoms(IndirectSymbol)}
-        return self.var(f"static_cast<{CTYPE[x.dtype]}>({index_code(x.args[0], ind)})", x.dtype)
+        return self.var(cpp_lowp.rounded(x.dtype, f"static_cast<{CTYPE[x.dtype]}>({index_code(x.args[0], ind)})"),
+                        x.dtype)
 
     def cast(self, x: Expr, a: list) -> str:
-        return self.var(f"static_cast<{CTYPE[x.dtype]}>({a[0]})", x.dtype)
+        # a 16-bit value computed here (in float) is rounded to its type first, as eager materialized it
+        v, src = a[0], x.args[0]
+        if src.dtype in cpp_lowp.LOW_PRECISION and src.op not in ("load", "const"):
+            v = cpp_lowp.rounded(src.dtype, v)
+        if x.dtype not in cpp_lowp.LOW_PRECISION:
+            return self.var(f"static_cast<{CTYPE[x.dtype]}>({v})", x.dtype)
+        name = self.var(cpp_lowp.rounded(x.dtype, f"static_cast<float>({v})"), x.dtype)
+        self.unrounded[name] = (x.dtype, f"static_cast<float>({v})")
+        return name
+
+    def store(self, dtype: torch.dtype, v: str) -> str:
+        """Variable v as a buffer of `dtype` stores it (a value cast to that 16-bit type rounds once, here)."""
+        return cpp_lowp.store(dtype, self.before_rounding(dtype, v))
+
+    def before_rounding(self, dtype: torch.dtype, v: str) -> str:
+        """The float whose rounding to `dtype` variable v holds (v itself but for a cast to that type)."""
+        return self.unrounded[v][1] if self.unrounded.get(v, (None,))[0] == dtype else v
+
+    def chunk(self, head: list[str], inner) -> None:
+        """Convert the loop's contiguous float16 operands and results in chunks (cpp_lowp.Chunks): an innermost
+        `omp simd` loop, built for a target with conversion instructions."""
+        if cpp_lowp.chunked() and len(head) >= 2 and head[-2].strip().startswith("#pragma omp") and " simd" in head[-2]:
+            self.chunks = cpp_lowp.Chunks(rvars(len(inner))[-1], _size_code(inner[-1]))
+
+    def loop(self, head: list[str], body: list[str], close: list[str]) -> list[str]:
+        """The loop nest around body (chunked where `chunk` set it up)."""
+        if self.chunks is None:
+            return head + body + close
+        return self.chunks.wrap(head, body, close, lambda off: index_code(off, {}))
 
     def checked_index(self, x: Expr, a: list) -> str:
         return self.var(f"ember_index({a[0]}, {a[1]}, err)", x.dtype)
@@ -257,7 +293,7 @@ class Body(printer.Body):
         return self.var(f"({a[0]} ? {a[1]} : {a[2]})", x.dtype)
 
     def format_fields(self, dtype: torch.dtype) -> dict:
-        return {"t": CTYPE[dtype], "sfx": "f" if dtype == torch.float32 else ""}
+        return {"t": CTYPE[dtype], "sfx": "f" if CTYPE[dtype] == "float" else ""}
 
     def operation(self, x: Expr, a: list) -> str:
         code = super().operation(x, a)
@@ -323,7 +359,7 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     args, writes = printer.kernel_args(group, _local)
     ptrs = {n: n for n in args}
     ptrs.update({m.buf.name: m.target for m in group.members if m.dest})
-    params = ", ".join(f"{'const ' if n not in writes else ''}{MEMORY_CTYPE[sched.buffers[n].dtype]}* __restrict__ {n}"
+    params = ", ".join(f"{'const ' if n not in writes else ''}{_storage(sched.buffers[n].dtype)}* __restrict__ {n}"
                        for n in args)
     sizes = group_symbols(group)   # symbolic sizes the kernel takes as arguments, after the pointers
     if sizes:
@@ -353,9 +389,9 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
         lines.append(ind + "{")
         for m in group.members:
             if m.buf.name in rows and symbols.is_static(rows[m.buf.name]):
-                lines.append(f"{ind}  alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
+                lines.append(f"{ind}  alignas(64) {LOCAL_CTYPE[m.buf.dtype]} {m.buf.name}[{rows[m.buf.name]}];  // row buffer")
             elif m.buf.name in rows:   # a run-time width: on the heap, one per thread (the stack may not hold it)
-                t = MEMORY_CTYPE[m.buf.dtype]
+                t = LOCAL_CTYPE[m.buf.dtype]
                 lines.append(f"{ind}  {t}* __restrict__ {m.buf.name} = static_cast<{t}*>(__builtin_malloc(sizeof({t}) * "
                              f"{index_code(rows[m.buf.name], {})}));  // row buffer")
         if parallel:
@@ -477,7 +513,7 @@ def _tiled_rows(group: FusedGroup, ptrs, parallel: bool) -> list[str]:
         f"    const int64_t xn = ember_imin({t}, {n} - xb);",
         f"    for (int64_t rb = 0; rb < {inner}; rb += {t}) {{",
         f"      const int64_t rn = ember_imin({t}, {inner} - rb);"]
-    lines += [f"      alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}_tile[{t}][{t}];" for m in group.members]
+    lines += [f"      alignas(64) {LOCAL_CTYPE[m.buf.dtype]} {m.buf.name}_tile[{t}][{t}];" for m in group.members]
 
     def compute(tile: str, rn: str = "rn", xn: str = "xn") -> list[str]:
         """The values, rows inside, into each member's `tile` ([xi][rt] or [rt][xi])."""
@@ -489,10 +525,10 @@ def _tiled_rows(group: FusedGroup, ptrs, parallel: bool) -> list[str]:
         return [f"      for (int64_t rt = 0; rt < {rn}; rt++) {{", f"        const int64_t {r} = rb + rt;",
                 "        #pragma omp simd", f"        for (int64_t xi = 0; xi < {xn}; xi++) {{",
                 "          const int64_t x0 = xb + xi;"] + b.lines + keep + ["        }", "      }"]
-    if t == 16 and all(MEMORY_CTYPE_SIZE[m.buf.dtype] == 4 for m in group.members):
+    if t == 16 and all(LOCAL_CTYPE_SIZE[m.buf.dtype] == 4 for m in group.members):
         # whole tiles of 4-byte values with AVX-512: stored as computed ([rt][xi], contiguous), transposed in registers
         lines += ["#if defined(EMBER_TRANSPOSE16)", "      if (xn == 16 && rn == 16) {"]
-        lines += [f"      alignas(64) {MEMORY_CTYPE[m.buf.dtype]} {m.buf.name}_rows[{t}][{t}];" for m in group.members]
+        lines += [f"      alignas(64) {LOCAL_CTYPE[m.buf.dtype]} {m.buf.name}_rows[{t}][{t}];" for m in group.members]
         lines += compute("_rows[rt][xi]", str(t), str(t)) + [f"      ember_transpose16({m.buf.name}_rows, {m.buf.name}_tile);"
                                              for m in group.members]
         lines += ["      } else", "#endif", "      {"] + compute("_tile[xi][rt]") + ["      }"]
@@ -500,7 +536,8 @@ def _tiled_rows(group: FusedGroup, ptrs, parallel: bool) -> list[str]:
         lines += compute("_tile[xi][rt]")
     lines += ["      for (int64_t xi = 0; xi < xn; xi++) {", "        const int64_t x0 = xb + xi;", "        #pragma omp simd",
               "        for (int64_t rt = 0; rt < rn; rt++) {", f"          const int64_t {r} = rb + rt;"]
-    lines += [f"          {m.target}[{index_code(m.store, {})}] = {m.buf.name}_tile[xi][rt];" for m in group.members]
+    lines += [f"          {m.target}[{index_code(m.store, {})}] = "
+              f"{cpp_lowp.store(m.buf.dtype, m.buf.name + '_tile[xi][rt]')};" for m in group.members]
     return lines + ["        }", "      }", "    }", "  }"]
 
 
@@ -588,7 +625,8 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
             b = Body(ptrs, scalars, ind + "    ", {})
             v = b.emit(body)
             lines += [f"{ind}// pointwise: {name}"] + xloop + [f"{ind}  {{ const int64_t x0 = xb + xi; (void)x0;"] \
-                + b.lines + [f"{ind}    {m.target}[{index_code(m.store, {})}] = {v};", f"{ind}  }}", f"{ind}}}"]
+                + b.lines + [f"{ind}    {m.target}[{index_code(m.store, {})}] = {b.store(m.buf.dtype, v)};",
+                             f"{ind}  }}", f"{ind}}}"]
             continue
         kind, vt, acc, fl = m.buf.kind, CTYPE[m.body.dtype], f"{name}_acc", m.body.dtype.is_floating_point
         if kind in REDUCE_INIT:
@@ -648,12 +686,14 @@ def _column_group(group: FusedGroup, ptrs: dict, parallel: bool) -> list[str]:
         lines += head + [f"{rind}#pragma omp simd", f"{rind}for (int64_t xi = 0; xi < xn; xi++) {{",
                          f"{rind}  const int64_t x0 = xb + xi; (void)x0;"] + b.lines + [f"{rind}  {upd}", f"{rind}}}"] + close
         a = f"{acc}[xi]"
-        fin = f"{ind}  {name}_v[xi] = static_cast<{t}>({a});"
+        fin = f"{ind}  {name}_v[xi] = {cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({a})')};"
         if nan:
-            fin = f"{ind}  {name}_v[xi] = {acc}_nan[xi] ? std::numeric_limits<{t}>::quiet_NaN() : static_cast<{t}>({a});"
+            fin = f"{ind}  {name}_v[xi] = {acc}_nan[xi] ? std::numeric_limits<{t}>::quiet_NaN() : " \
+                  f"{cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({a})')};"
         lines += xloop + [fin]
         if not m.local:
-            lines.append(f"{ind}  {{ const int64_t x0 = xb + xi; {m.target}[{index_code(m.store, {})}] = {name}_v[xi]; }}")
+            lines.append(f"{ind}  {{ const int64_t x0 = xb + xi; "
+                         f"{m.target}[{index_code(m.store, {})}] = {cpp_lowp.store(m.buf.dtype, name + '_v[xi]')}; }}")
         lines.append(f"{ind}}}")
         scalars[name] = f"{name}_v[xi]"
     return lines + ["  }"]
@@ -756,18 +796,25 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: b
     inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
     head, bind, close = _loops(inner, ind, parallel_inner, team=team)
     b = Body(ptrs, scalars, bind, rows, hoist=(ind, set(rvars(len(inner)))) if ms[0].inner else None)
+    if ms[0].inner:
+        b.chunk(head, inner)
     stores = []
     for m in ms:
         v = b.emit(m.body)
         off = m.store - X0 * rows[m.buf.name] if m.buf.name in rows else m.store
-        stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {v};")
+        element = b.chunks.store(m.buf.dtype, m.target, m.store) if b.chunks and m.buf.name not in rows else None
+        if element:
+            stores.append(f"{bind}{element} = {b.before_rounding(m.buf.dtype, v)};")
+        else:
+            kept = v if m.buf.name in rows else b.store(m.buf.dtype, v)   # a row buffer holds computed values
+            stores.append(f"{bind}{m.target}[{index_code(ir.simplify_index(off), {})}] = {kept};")
         b.stored[(m.buf.name, m.store)] = v  # later members of the loop read the value, not memory
     # stores last: every load of the iteration comes first (an input updated in place is read before written)
     # hoisted values go before the loop, in a scope of their own (shared, read-only, under `omp parallel for`)
     out = [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"]
     if b.pre:
-        return out + [ind + "{"] + b.pre + head + b.lines + stores + close + [ind + "}"]
-    return out + head + b.lines + stores + close
+        return out + [ind + "{"] + b.pre + b.loop(head, b.lines + stores, close) + [ind + "}"]
+    return out + b.loop(head, b.lines + stores, close)
 
 
 def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
@@ -801,6 +848,8 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     lind = ind + "  " if m.inner else ind
     head, bind, close = _loops(inner, lind, parallel_inner and simple, clause, simd=simple)
     b = Body(ptrs, scalars, bind, rows, hoist=(lind, set(rvars(len(inner)))) if m.inner else None)
+    if m.inner:
+        b.chunk(head, inner)
     v = b.emit(m.body)
     fl = m.body.dtype.is_floating_point
     if kind == "sum":
@@ -822,15 +871,21 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
         upd = f"if (({v} {cmp} {acc} && !{acc}_nan){nan}) {{ {acc} = {v}; {acc}_i = {flat}; {acc}_nan = ({v} != {v}); }}"
         if not fl:
             upd = f"if ({v} {cmp} {acc}) {{ {acc} = {v}; {acc}_i = {flat}; }}"
-    loop = b.pre + head + b.lines + [bind + upd] + close
+    loop = b.pre + b.loop(head, b.lines + [bind + upd], close)
     lines += [ind + "{"] + loop + [ind + "}"] if m.inner else loop
     if kind in ("max", "min") and fl:
         lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{vt}>::quiet_NaN();")
     result = f"{acc}_i" if kind.startswith("arg") else acc
-    lines.append(f"{ind}{t} {m.buf.name}_v = static_cast<{t}>({result});")
+    lines.append(f"{ind}{t} {m.buf.name}_v = {cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({result})')};")
     if not m.local:
-        lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {m.buf.name}_v;")
+        stored = cpp_lowp.store(m.buf.dtype, m.buf.name + "_v")
+        lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {stored};")
     return lines
+
+
+def _storage(dtype: torch.dtype) -> str:
+    """A buffer's element type in a kernel's signature (16-bit floats as their bits, bools as bytes)."""
+    return cpp_lowp.STORAGE if dtype in cpp_lowp.LOW_PRECISION else LOCAL_CTYPE[dtype]
 
 
 def _size_code(n) -> str:

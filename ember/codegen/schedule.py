@@ -458,7 +458,9 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool =
                 elif row_buffers and symbols.gt(it.numel, 1) and _row_contiguous(m):
                     # a row read only by later members of its group: a per-thread row buffer (stays in cache)
                     # (a run-time width: kept by the example's width, in a buffer the kernel allocates per thread)
-                    size = symbols.hint(ir.prod(m.inner)) * ir.itemsize(m.buf.dtype)
+                    # (a 16-bit row is kept as float: cpp_lowp)
+                    width = max(ir.itemsize(m.buf.dtype), 4 if m.buf.dtype.is_floating_point else 1)
+                    size = symbols.hint(ir.prod(m.inner)) * width
                     if scratch + size <= SCRATCH_BYTES:
                         m.local, scratch = True, scratch + size
     sched = Schedule(items, lowered, buffers)

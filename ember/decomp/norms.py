@@ -7,29 +7,38 @@ from ember import config, ir
 from ember.ir import symbols
 from ember.decomp import prims as P
 from ember.decomp.common import out, registrar
-from ember.decomp.reductions import var_and_mean
+from ember.decomp.reductions import acc_dtype, var_and_mean
 
 aten = torch.ops.aten
 ENTRIES: dict = {}   # this family's part of decomp.table.TABLE
 reg = registrar(ENTRIES)
 
 
+def _as_outputs(*values) -> tuple:
+    """The decomposition's results in the node's dtypes (a norm of 16-bit values is computed in float32, as eager's
+    kernels compute it, and rounded once)."""
+    return tuple(v if v is None else P.cast(v, o.dtype) for v, o in zip(values, out()))
+
+
 @reg(aten.native_layer_norm.default)
 def _layer_norm(x, shape, w, b, eps):
     dims = list(range(x.ndim - len(shape), x.ndim))
-    x = P.reuse(x, 3)
-    var, mean = var_and_mean(x, dims, 0, True)
+    x = P.reuse(P.cast(x, acc_dtype(x.dtype)), 3)
+    var, mean = var_and_mean(x, dims, 0, True, x.dtype)
     rstd = P.unary("rsqrt", P.add(var, eps))
     y = P.mul(P.sub(x, mean), rstd)
     if w is not None:
         y = P.mul(y, w)
     if b is not None:
         y = P.add(y, b)
-    return y, mean, rstd
+    return _as_outputs(y, mean, rstd)
 
 
 @reg(aten.native_layer_norm_backward.default)
 def _layer_norm_bwd(g, x, shape, mean, rstd, w, b, mask):
+    acc = acc_dtype(x.dtype)
+    g, x, mean, rstd = (P.cast(v, acc) for v in (g, x, mean, rstd))
+    w = w if w is None else P.cast(w, acc)
     dims = list(range(x.ndim - len(shape), x.ndim))
     outer = list(range(x.ndim - len(shape)))
     n = ir.prod(x.size[d] for d in dims)
@@ -44,7 +53,7 @@ def _layer_norm_bwd(g, x, shape, mean, rstd, w, b, mask):
         dw = P.reduce("sum", P.mul(g, xhat), outer, False)
     if mask[2] and b is not None:
         db = P.reduce("sum", g, outer, False)
-    return dx, dw, db
+    return _as_outputs(dx, dw, db)
 
 
 def _bn_shape(v, x):
@@ -126,15 +135,15 @@ def _native_bn(x, w, b, rm, rv, training, momentum, eps):
 
 @reg(aten.native_group_norm.default)
 def _group_norm(x, w, b, N, C, HxW, group, eps):
-    xg = P.reuse(P.reshape(x, [N, group, -1]), 3)
-    var, mean = var_and_mean(xg, [2], 0, True)
+    xg = P.reuse(P.cast(P.reshape(x, [N, group, -1]), acc_dtype(x.dtype)), 3)
+    var, mean = var_and_mean(xg, [2], 0, True, xg.dtype)
     rstd = P.unary("rsqrt", P.add(var, eps))
     y = P.reshape(P.mul(P.sub(xg, mean), rstd), x.size)
     if w is not None:
         y = P.mul(y, _bn_shape(w, x))
     if b is not None:
         y = P.add(y, _bn_shape(b, x))
-    return y, P.reshape(mean, [N, group]), P.reshape(rstd, [N, group])
+    return _as_outputs(y, P.reshape(mean, [N, group]), P.reshape(rstd, [N, group]))
 
 
 @reg(aten.native_batch_norm_backward.default)

@@ -25,21 +25,23 @@ def dims_of(x: TensorBox, dim) -> list[int]:
     return [d % max(x.ndim, 1) for d in ([dim] if isinstance(dim, int) else dim)]
 
 
+# float16/bfloat16 reductions (and the values made from them: a mean, a variance, a norm) are computed in float32 and
+# rounded once, as eager's CPU and CUDA kernels accumulate: a 16-bit sum of 100,000 ones is inf, its mean 1
 @reg(aten.sum.dim_IntList, aten.sum.default)
 def _sum(x, dim=None, keepdim=False, *, dtype=None):
-    return P.reduce("sum", x, dims_of(x, dim), keepdim, odt())
+    return P.cast(P.reduce("sum", x, dims_of(x, dim), keepdim, acc_dtype(odt())), odt())
 
 
 @reg(aten.prod.default, aten.prod.dim_int)
 def _prod(x, dim=None, keepdim=False, *, dtype=None):
-    return P.reduce("prod", x, dims_of(x, dim), keepdim, odt())
+    return P.cast(P.reduce("prod", x, dims_of(x, dim), keepdim, acc_dtype(odt())), odt())
 
 
 @reg(aten.mean.dim, aten.mean.default)
 def _mean(x, dim=None, keepdim=False, *, dtype=None):
     dims = dims_of(x, dim)
     n = ir.prod(x.size[d] for d in dims)
-    return P.div(P.reduce("sum", x, dims, keepdim, odt()), n)
+    return P.cast(P.div(P.reduce("sum", x, dims, keepdim, acc_dtype(odt())), n), odt())
 
 
 @reg(aten.amax.default, aten.amin.default)
@@ -75,8 +77,9 @@ def _any(x, dim=None, keepdim=False):
 
 
 def var_and_mean(x: TensorBox, dims: list, correction, keepdim: bool, acc: torch.dtype | None = None) -> tuple:
-    """(var, mean) over dims, two-pass; `acc` overrides the dtype they are computed in."""
-    d = acc or (odt() if floaty(odt()) else torch.float32)
+    """(var, mean) over dims, two-pass, in float32 for 16-bit results (the caller casts them); `acc` overrides the
+    dtype they are computed in."""
+    d = acc or (acc_dtype(odt()) if floaty(odt()) else torch.float32)
     x = P.reuse(P.cast(x, d), 2)
     n = ir.prod(x.size[k] for k in dims)
     mean = P.div(P.reduce("sum", x, dims, True), n)
@@ -89,17 +92,19 @@ def var_and_mean(x: TensorBox, dims: list, correction, keepdim: bool, acc: torch
 
 @reg(aten.var.correction)
 def _var_c(x, dim=None, *, correction=None, keepdim=False):
-    return var_and_mean(x, dims_of(x, dim), 1 if correction is None else correction, keepdim)[0]
+    return P.cast(var_and_mean(x, dims_of(x, dim), 1 if correction is None else correction, keepdim)[0], odt())
 
 
 @reg(aten.std.correction)
 def _std_c(x, dim=None, *, correction=None, keepdim=False):
-    return P.unary("sqrt", var_and_mean(x, dims_of(x, dim), 1 if correction is None else correction, keepdim)[0])
+    var = var_and_mean(x, dims_of(x, dim), 1 if correction is None else correction, keepdim)[0]
+    return P.cast(P.unary("sqrt", var), odt())
 
 
 @reg(aten.var_mean.correction)
 def _var_mean(x, dim=None, *, correction=None, keepdim=False):
-    return var_and_mean(x, dims_of(x, dim), 1 if correction is None else correction, keepdim)
+    var, mean = var_and_mean(x, dims_of(x, dim), 1 if correction is None else correction, keepdim)
+    return P.cast(var, odt()), P.cast(mean, odt())
 
 
 @reg(aten.logsumexp.default)
@@ -107,14 +112,15 @@ def _logsumexp(x, dim, keepdim=False):
     if not floaty(x.dtype) or x.ndim == 0:
         return NotImplemented
     dims = dims_of(x, dim)
-    x = P.reuse(x, 2)
+    x = P.reuse(P.cast(x, acc_dtype(odt())), 2)
     m = P.reduce("max", x, dims, True)
     m = P.where(P.unary("isinf", m), 0.0, m)
     s = P.unary("log", P.reduce("sum", P.unary("exp", P.sub(x, m)), dims, keepdim))
-    return P.add(s, m if keepdim else P.squeeze(m, dims))
+    return P.cast(P.add(s, m if keepdim else P.squeeze(m, dims)), odt())
 
 
-def _acc(dtype: torch.dtype) -> torch.dtype:
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype values of `dtype` are accumulated and computed in: float32 for float16/bfloat16."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
@@ -124,7 +130,7 @@ def _softmax(x, dim, half_to_float=False):
         return P.const(1.0, odt())
     # 16-bit inputs are computed in float32 and rounded once, as eager's kernels accumulate (a float16/bfloat16
     # row sum reaching memory between kernels would lose the digits log_softmax keeps near 0)
-    x = P.reuse(P.cast(x, _acc(odt())), 3)
+    x = P.reuse(P.cast(x, acc_dtype(odt())), 3)
     e = P.unary("exp", P.sub(x, P.reduce("max", x, [dim], True)))
     # where the lowering keeps a row in a per-thread buffer (Graph.keeps_row), exp is computed once into it,
     # read by the row sum and the output, not computed again for the output; elsewhere the store would reach memory
@@ -138,20 +144,22 @@ def _softmax(x, dim, half_to_float=False):
 def _log_softmax(x, dim, half_to_float=False):
     if x.ndim == 0:
         return P.const(0.0, odt())
-    x = P.reuse(P.cast(x, _acc(odt())), 3)
+    x = P.reuse(P.cast(x, acc_dtype(odt())), 3)
     shifted = P.sub(x, P.reduce("max", x, [dim], True))
     return P.cast(P.sub(shifted, P.unary("log", P.reduce("sum", P.unary("exp", shifted), [dim], True))), odt())
 
 
 @reg(aten._softmax_backward_data.default)
 def _softmax_bwd(g, y, dim, input_dtype):
+    g, y = P.cast(g, acc_dtype(odt())), P.cast(y, acc_dtype(odt()))
     gy = P.mul(g, y)
-    return P.sub(gy, P.mul(y, P.reduce("sum", gy, [dim], True)))
+    return P.cast(P.sub(gy, P.mul(y, P.reduce("sum", gy, [dim], True))), odt())
 
 
 @reg(aten._log_softmax_backward_data.default)
 def _log_softmax_bwd(g, y, dim, input_dtype):
-    return P.sub(g, P.mul(P.unary("exp", y), P.reduce("sum", g, [dim], True)))
+    g, y = P.cast(g, acc_dtype(odt())), P.cast(y, acc_dtype(odt()))
+    return P.cast(P.sub(g, P.mul(P.unary("exp", y), P.reduce("sum", g, [dim], True))), odt())
 
 
 @reg(aten._safe_softmax.default)
@@ -168,13 +176,17 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if not floaty(d) or x.ndim == 0 and dim not in (None, [], ()):
         return NotImplemented
     dims = dims_of(x, dim)
-    a = P.unary("abs", P.cast(x, d))
+    a = P.unary("abs", P.cast(x, acc_dtype(d)))
+    return P.cast(_norm_of_abs(a, ord, dims, keepdim), d)
+
+
+def _norm_of_abs(a: TensorBox, ord, dims: list, keepdim: bool) -> TensorBox:
     if ord == math.inf:
         return P.reduce("max", a, dims, keepdim)
     if ord == -math.inf:
         return P.reduce("min", a, dims, keepdim)
     if ord == 0:
-        return P.reduce("sum", P.cast(P.pointwise("ne", a, 0.0), d), dims, keepdim)
+        return P.reduce("sum", P.cast(P.pointwise("ne", a, 0.0), a.dtype), dims, keepdim)
     if ord == 1:
         return P.reduce("sum", a, dims, keepdim)
     if ord == 2:

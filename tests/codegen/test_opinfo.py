@@ -27,6 +27,11 @@ SUBSET = ["add", "sub", "mul", "div", "true_divide", "neg", "abs", "exp", "log",
           "nn.functional.cross_entropy", "cat", "stack", "split", "chunk", "permute", "transpose", "expand",
           "reshape", "flip", "gather", "index_select", "masked_fill", "tril", "nn.functional.pad",
           "mm", "addmm", "bmm", "square", "lerp", "addcmul", "max", "min", "any", "all", "sign", "floor", "round"]
+# float16/bfloat16 (ember/codegen/cpp_lowp.py) over a smaller subset: pointwise, reductions, norms, softmax, indexing
+LOWP_DTYPES = (torch.float16, torch.bfloat16)
+LOWP_SUBSET = ["add", "mul", "div", "exp", "tanh", "sigmoid", "pow", "where", "clamp", "sum", "mean", "amax", "argmax",
+               "var", "prod", "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.group_norm",
+               "nn.functional.gelu", "nn.functional.silu", "cat", "index_select", "masked_fill", "lerp"]
 # Uninitialized outputs cannot be compared. Random ops can: eager and compiled runs start from the same seed, and
 # ember keeps RNG ops as ATen calls in graph order, so they draw the same numbers.
 NONDETERMINISTIC = ("empty", "new_empty", "empty_like", "empty_strided")
@@ -112,7 +117,7 @@ def run_sample(op, dtype, sample) -> tuple[str, str]:
     return ("pass+fallback" if n_fb else "pass"), ""
 
 
-def sweep(ops, max_samples=None, out=print, progress=None):
+def sweep(ops, max_samples=None, out=print, progress=None, dtypes=DTYPES):
     table = collections.defaultdict(collections.Counter)
     failures = []
     reasons = collections.Counter()
@@ -127,7 +132,7 @@ def sweep(ops, max_samples=None, out=print, progress=None):
     log.propagate = False
     torch.manual_seed(0)
     for op in ops:
-        for dtype in DTYPES:
+        for dtype in dtypes:
             if not op.supports_dtype(dtype, "cpu"):
                 continue
             try:
@@ -162,6 +167,11 @@ def test_opinfo_subset(capsys):
     assert not failures, "\n".join(failures)
 
 
+def test_opinfo_lowp_subset(capsys):
+    _, failures = sweep(_ops(LOWP_SUBSET), max_samples=2, dtypes=LOWP_DTYPES)
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.slow
 def test_opinfo_full():
     _, failures = sweep(_ops(), max_samples=int(os.environ.get("EMBER_SWEEP_SAMPLES", "0")) or None)
@@ -172,4 +182,5 @@ if __name__ == "__main__":
     import sys
     names = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else None
     sweep(_ops(names), max_samples=int(sys.argv[2]) if len(sys.argv) > 2 else None,
-          progress=lambda line: print(line, file=sys.stderr, flush=True))
+          progress=lambda line: print(line, file=sys.stderr, flush=True),
+          dtypes=tuple(getattr(torch, d) for d in sys.argv[3].split(",")) if len(sys.argv) > 3 else DTYPES)
