@@ -1,4 +1,5 @@
-"""Models whose capture needed issue 26's items 2 and 3: torchvision vit_b_16 (nn.MultiheadAttention's fast-path
+"""Models whose capture needed issue 26's items 2 and 3: torchvision efficientnet_b0, convnext_tiny and swin_t
+(stochastic depth's API-usage log), vit_b_16 (nn.MultiheadAttention's fast-path
 checks), transformers bloom (a torch.autograd.Function in train mode), mixtral (a torch.library custom op for
 its grouped expert matmul) and mamba (a module built in forward; torch.vmap in its associative scan). Tiny
 configs, random weights; outputs (and in train mode every parameter's gradient) equal to eager; graphs and ops next
@@ -51,6 +52,30 @@ def test_vit_b_16_one_graph_as_torch_compile(grad):
         rec = _compare(model, (torch.randn(2, 3, 32, 32),))
     # torch.compile: 1 graph, 178 ops (190 under no_grad: MultiheadAttention's output made contiguous)
     assert len(rec.graphs) == 1 and rec.ops == (178 if grad else 190)
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0", "convnext_tiny", "swin_t"])
+def test_stochastic_depth_models_one_graph_as_torch_compile(name):
+    """torchvision ops that log their use (stochastic depth) once made every enclosing frame break: these held 4-6
+    ops against torch.compile's hundreds. Now one graph with the ops torch.compile's graph holds (or more: ember
+    counts ops its dead-code pass drops later, ember.explain's dead_op_count)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)().eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        _compare(model, (x,))
+        ember.reset()
+        ex = ember.explain(model)(x)
+        torch._dynamo.reset()
+        baseline = Recorder()
+        torch.compile(copy.deepcopy(model), backend=baseline)(x)
+    # (torch.compile's graph keeps the API-usage logging calls: not ops; ember's op count: before its dead-code pass)
+    torch_ops = sum(n.op in ("call_function", "call_method", "call_module") and
+                    getattr(n.target, "__name__", str(n.target)) != "_log_api_usage_once"
+                    for g in baseline.graphs for n in g.graph.nodes)
+    assert ex.graph_count == 1 and len(baseline.graphs) == 1
+    assert ex.op_count + ex.dead_op_count >= torch_ops, (ex.op_count, ex.dead_op_count, torch_ops)
 
 
 def _bloom():
