@@ -27,24 +27,17 @@ _RANDOM = ("rand", "bernoulli", "dropout", "normal", "multinomial", "poisson", "
 def constant_value(node: torch.fx.Node) -> torch.Tensor | None:
     """The value of a torch-level node computed from constants alone, evaluated for real (outside the fake and
     recording modes); None if it reads an input, a module attribute, a symbolic size or random state."""
-    order, seen, todo = [], set(), [node]
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
+    nodes = {node, *_ancestors(node)}
+    for n in nodes:
         if n.op not in ("call_function", "call_method"):
             return None
         name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-        if any(word in name.lower() for word in _RANDOM):
+        if any(word in name.lower() for word in _RANDOM) or any(
+                isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool))
+                for leaf in pytree.tree_leaves((n.args, n.kwargs))):
             return None
-        for leaf in pytree.tree_leaves((n.args, n.kwargs)):
-            if isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
-                return None
-        order.append(n)
-        todo += n.all_input_nodes
     graph, env = torch.fx.Graph(), {}
-    for n in sorted(order, key=_position(node.graph)):
+    for n in sorted(nodes, key=_position(node.graph)):
         env[n] = graph.node_copy(n, lambda x: env[x])
     graph.output(env[node])
     try:

@@ -98,9 +98,8 @@ def mm(a, b):
 
 
 # cuBLAS takes its fast kernels (vector loads and stores) only where each matrix's contiguous extent and leading
-# dimension are multiples of 16 bytes: with GPT-2's 50257-word vocabulary its LM head's three products ran as
-# cutlass "align1" kernels at 2x the time (a padded leading dimension alone does not do: the kernels also need
-# the extent). A product big enough for it to matter runs on operands zero-padded along those dimensions, and its
+# dimension are multiples of 16 bytes (an odd vocabulary's LM head otherwise runs at half speed; a padded leading
+# dimension alone does not do). A product big enough for it to matter runs on operands zero-padded along those dimensions, and its
 # result is a slice of the padded product: zeros added along K add nothing; rows and columns added along M and N
 # are sliced off. A padded operand ember computes itself is computed straight into its padded buffer; a stored one
 # (a weight) is copied, a pass over it, small next to the product.

@@ -22,8 +22,8 @@ from ember import config
 
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
                                               thread_name_prefix="ember-build")
-# (not -fno-trapping-math: it made resnet18's kernels 8-15% slower on AVX-512 and AVX2; a select whose arm computes
-# (`c ? x : x * 0.5f`) stays scalar without it on AVX2, so generated code selects between values, not computations)
+# (not -fno-trapping-math: file-wide it slows convolution models' kernels on AVX-512 and AVX2; the kernels whose
+# selects need it to vectorize carry it themselves, cpp.EMBER_NO_TRAPS)
 CXXFLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-std=c++17"]
 # config.CPU_ISA -> the compiler's target flags: the machine's own, or a named x86 target, so a machine with AVX-512
 # can build and run (and the test suite check) the code an AVX2-only machine gets; "portable" leaves the

@@ -96,6 +96,17 @@ def views_by_symbolic_sizes(s0, s1, x):
     return aten.cos.default(c), aten.add.Tensor(d, 1.0), aten.mul.Tensor(e, 2.0)
 
 
+def cat_and_slices_by_symbolic_bounds(s0, x, y):
+    """A concatenation and slices whose bounds are symbols, for both backends' tests: [2*s0, 8] and rows 1 ..
+    s0-1 of it, a strided slice of columns, and the second half of y's rows."""
+    aten = torch.ops.aten
+    a = aten.cat.default([x, y], 0)
+    b = aten.slice.Tensor(a, 0, 1, s0)
+    c = aten.slice.Tensor(x, 1, 2, 7, 2)
+    d = aten.slice.Tensor(y, 0, s0 // 2, s0)
+    return aten.mul.Tensor(a, 3.0), aten.neg.default(b), aten.exp.default(c), aten.add.Tensor(d, 1.0)
+
+
 def sgd_momentum(s0, p, buf, g):
     """An SGD-with-momentum update over a symbolic length: (new p, new buf), each the new value of an input (the
     graph's `ember_input_mutations` [(1, 0), (2, 1)]: what ember.autograd says of an optimizer step)."""

@@ -9,7 +9,8 @@ from ember.backends import cpp_backend
 from ember.codegen import cpp
 from ember.runtime import cache
 from tests.codegen.symbolic_graphs import (
-    SGD_MUTATIONS, aten_fn, check, check_sgd_in_place, sgd_momentum, symbolic_graph, views_by_symbolic_sizes,
+    SGD_MUTATIONS, aten_fn, cat_and_slices_by_symbolic_bounds, check, check_sgd_in_place, sgd_momentum, symbolic_graph,
+    views_by_symbolic_sizes,
 )
 from tests.numerics import assert_as_close_as_eager
 
@@ -95,13 +96,7 @@ def test_views_by_symbolic_sizes(vector_width):
 
 
 def test_cat_and_slices_with_symbolic_bounds(vector_width):
-    def f(s0, x, y):
-        a = aten.cat.default([x, y], 0)                     # [2*s0, 8]
-        b = aten.slice.Tensor(a, 0, 1, s0)                 # rows 1 .. s0-1
-        c = aten.slice.Tensor(x, 1, 2, 7, 2)
-        h = s0 // 2
-        d = aten.slice.Tensor(y, 0, h, s0)
-        return aten.mul.Tensor(a, 3.0), aten.neg.default(b), aten.exp.default(c), aten.add.Tensor(d, 1.0)
+    f = cat_and_slices_by_symbolic_bounds
     compiled, _ = compile_symbolic(f, [5, torch.randn(5, 8), torch.randn(5, 8)], {1: [0], 2: [0]})
     for n in SIZES:
         check(compiled, f, [n, torch.randn(n, 8), torch.randn(n, 8)])

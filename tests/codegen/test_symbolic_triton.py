@@ -2,25 +2,17 @@
 that are not multiples of a block, large ones) against eager. On a GPU the kernels run there; without one they
 run in Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU), which checks the printed code's meaning: the
 size arguments, masks and grids computed from the sizes."""
-import os
-import sys
 
 import pytest
 import torch
 
+from tests.codegen.triton_interpreter import import_triton
 from tests.codegen.symbolic_graphs import (
-    SGD_MUTATIONS, aten_fn, check, check_sgd_in_place, sgd_momentum, symbolic_graph, views_by_symbolic_sizes,
+    SGD_MUTATIONS, aten_fn, cat_and_slices_by_symbolic_bounds, check, check_sgd_in_place, sgd_momentum, symbolic_graph,
+    views_by_symbolic_sizes,
 )
 
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
-if not CUDA:
-    # Triton reads TRITON_INTERPRET when its own library functions are defined, i.e. on import.
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set in this process",
-                    allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
-triton = pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+CUDA, DEV, triton = import_triton()
 
 from ember.backends import triton_backend  # noqa: E402  (after TRITON_INTERPRET is set)
 from ember.codegen.triton import kernels as triton_kernels  # noqa: E402
@@ -126,13 +118,7 @@ def test_views_by_symbolic_sizes():
 
 def test_cat_and_slices_with_symbolic_bounds():
     """Loads that may fall outside their buffer (cat, slices) are masked to its symbolic extent."""
-    def f(s0, x, y):
-        a = aten.cat.default([x, y], 0)                     # [2*s0, 8]
-        b = aten.slice.Tensor(a, 0, 1, s0)                 # rows 1 .. s0-1
-        c = aten.slice.Tensor(x, 1, 2, 7, 2)
-        h = s0 // 2
-        d = aten.slice.Tensor(y, 0, h, s0)
-        return aten.mul.Tensor(a, 3.0), aten.neg.default(b), aten.exp.default(c), aten.add.Tensor(d, 1.0)
+    f = cat_and_slices_by_symbolic_bounds
     compiled = compile_symbolic(f, [5, rand(5, 8), rand(5, 8)], {1: [0], 2: [0]})
     for n in SIZES:
         check(compiled, f, [n, rand(n, 8), rand(n, 8)])

@@ -2,25 +2,16 @@
 epilogues, views, 16-bit floats, indirect loads. On a GPU the kernels run there; without one they run in
 Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU), which checks the printed code's meaning."""
 import math
-import os
-import sys
 
 import pytest
 import torch
 import torch.utils._pytree as pytree
 
+from tests.codegen.triton_interpreter import import_triton
 from tests.codegen.aten_trace import trace_aten
 from tests.optim_steps import step_both
 
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
-if not CUDA:
-    # Triton reads TRITON_INTERPRET when its own library functions are defined, i.e. on import.
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set in this process",
-                    allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
-triton = pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+CUDA, DEV, triton = import_triton()
 
 
 @pytest.fixture(autouse=True)
