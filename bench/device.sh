@@ -18,6 +18,7 @@
 #                                       # float64), JOBS rows at once (4), no row started after BUDGET s (470), each
 #                                       # row at most ROW_TIMEOUT s (90): fits one command; ARGS go to zoo.py, e.g.
 #                                       # --models hf_beit,resnet18 or --shard 2/4 (then zoo.py --merge the JSONs)
+#   bash bench/device.sh sweep          # several GPUs: the whole zoo in shards, GPU tests and bench/dynamic.py beside it
 #   bash bench/device.sh ship           # the saved-program tests on the GPU, then bench/ship.py --device cuda (MODELS=,
 #                                       # PHASES= to choose; its table, and ship.json after each model, in $OUT)
 #   bash bench/device.sh distributed [ARGS]  # bench/distributed.py: DDP and FSDP2 on every GPU (nvidia-h200-x2)
@@ -93,6 +94,27 @@ zoo)
   timeout 590 python3 bench/zoo.py --device cuda --no-torch --jobs "${JOBS:-4}" --budget "${BUDGET:-470}" \
     --timeout "${ROW_TIMEOUT:-90}" --json "$OUT/zoo.json" --log "$OUT/zoo_workers.log" "$@" > "$OUT/zoo.log" 2>&1
   grep -v -E "^  [^ ]+ (eval|train): " "$OUT/zoo.log" | cut -c1-220 | tail -60 ;;
+sweep)   # a several-GPU kind (nvidia-h200-x4): bench/zoo.py over every model in shards on GPUs 0..n-2 (JOBS rows
+         # at once on each), while the last GPU runs SWEEP_TESTS, then bench/dynamic.py (DYNAMIC_ARGS); every log and
+         # JSON in $OUT/sweep.tar.gz, the merged zoo summary and the other tails printed
+  W=/tmp/sweep; mkdir -p "$W/dynlogs"
+  n=$(nvidia-smi -L | wc -l); shards=$((n > 1 ? n - 1 : 1))
+  for i in $(seq 1 $shards); do
+    CUDA_VISIBLE_DEVICES=$((i - 1)) timeout "${ZOO_S:-560}" python3 bench/zoo.py --device cuda --no-torch \
+      --jobs "${JOBS:-6}" --budget "${BUDGET:-440}" --timeout "${ROW_TIMEOUT:-90}" --shard "$i/$shards" \
+      --json "$W/zoo$i.json" --log "$W/zoo_workers$i.log" ${ZOO_ARGS:-} > "$W/zoo$i.log" 2>&1 &
+  done
+  export CUDA_VISIBLE_DEVICES=$((n - 1))
+  timeout "${TEST_S:-200}" python3 -m pytest -q -n 8 -p no:cacheprovider ${SWEEP_TESTS:-tests/tools tests/backends} \
+    > "$W/tests.log" 2>&1
+  [ -n "${DYNAMIC_ARGS+x}" ] && timeout "${DYNAMIC_S:-330}" python3 bench/dynamic.py --device cuda --logs "$W/dynlogs" \
+    $DYNAMIC_ARGS > "$W/dynamic.log" 2>&1
+  wait
+  python3 bench/zoo.py --merge "$W"/zoo[0-9]*.json > "$W/zoo_merged.log" 2>&1
+  tar czf "$OUT/sweep.tar.gz" -C "$W" .
+  grep -E "passed|failed|^FAILED|^ERROR" "$W/tests.log" | tail -15
+  grep -E "^\||^[a-z0-9]+:|^bench" "$W/dynamic.log" 2>/dev/null | tail -20
+  grep -v -E "^\| " "$W/zoo_merged.log" | cut -c1-220 | tail -40 ;;
 run)
   shift
   name=$(basename "${1:?usage: bash bench/device.sh run SCRIPT [ARGS]}" .py)
@@ -110,6 +132,6 @@ distributed)   # bench/distributed.py on every GPU of the machine (kind nvidia-h
   timeout 460 python3 bench/distributed.py --json "$OUT/distributed.json" "$@" 2>&1 | tee "$OUT/distributed.log" \
     | grep -E "^\||^(ddp|fsdp) |^torch |Error" | tail -30 ;;
 *)
-  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|ship|distributed [ARGS]|run SCRIPT [ARGS]" >&2
+  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|sweep|ship|distributed [ARGS]|run SCRIPT [ARGS]" >&2
   exit 2 ;;
 esac
