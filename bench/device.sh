@@ -19,6 +19,7 @@
 #                                       # row at most ROW_TIMEOUT s (90): fits one command; ARGS go to zoo.py, e.g.
 #                                       # --models hf_beit,resnet18 or --shard 2/4 (then zoo.py --merge the JSONs)
 #   bash bench/device.sh sweep          # several GPUs: the whole zoo in shards, GPU tests and bench/dynamic.py beside it
+#   bash bench/device.sh par            # several GPUs: the commands PAR_0, PAR_1, ... each on its own GPU at once
 #   bash bench/device.sh ship           # the saved-program tests on the GPU, then bench/ship.py --device cuda (MODELS=,
 #                                       # PHASES= to choose; its table, and ship.json after each model, in $OUT)
 #   bash bench/device.sh distributed [ARGS]  # bench/distributed.py: DDP and FSDP2 on every GPU (nvidia-h200-x2)
@@ -115,6 +116,18 @@ sweep)   # a several-GPU kind (nvidia-h200-x4): bench/zoo.py over every model in
   grep -E "passed|failed|^FAILED|^ERROR" "$W/tests.log" | tail -15
   grep -E "^\||^[a-z0-9]+:|^bench" "$W/dynamic.log" 2>/dev/null | tail -20
   grep -v -E "^\| " "$W/zoo_merged.log" | cut -c1-220 | tail -40 ;;
+par)     # a several-GPU kind: the commands PAR_0, PAR_1, ... at once, each on its own GPU (CUDA_VISIBLE_DEVICES=i,
+         # W=/tmp/par for its files), at most PAR_S s each; their logs and files in $OUT/par.tar.gz, the tails printed
+  W=/tmp/par; mkdir -p "$W"; export W
+  for i in 0 1 2 3 4 5 6 7; do
+    v="PAR_$i"
+    if [ -n "${!v:-}" ]; then
+      CUDA_VISIBLE_DEVICES=$i timeout "${PAR_S:-560}" bash -c "${!v}" > "$W/par$i.log" 2>&1 &
+    fi
+  done
+  wait
+  tar czf "$OUT/par.tar.gz" -C "$W" .
+  for f in "$W"/par[0-9].log; do echo "== $f"; grep -v -i warn "$f" | cut -c1-250 | tail -"${PAR_TAIL:-25}"; done ;;
 run)
   shift
   name=$(basename "${1:?usage: bash bench/device.sh run SCRIPT [ARGS]}" .py)
@@ -132,6 +145,6 @@ distributed)   # bench/distributed.py on every GPU of the machine (kind nvidia-h
   timeout 460 python3 bench/distributed.py --json "$OUT/distributed.json" "$@" 2>&1 | tee "$OUT/distributed.log" \
     | grep -E "^\||^(ddp|fsdp) |^torch |Error" | tail -30 ;;
 *)
-  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|sweep|ship|distributed [ARGS]|run SCRIPT [ARGS]" >&2
+  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|sweep|par|ship|distributed [ARGS]|run SCRIPT [ARGS]" >&2
   exit 2 ;;
 esac

@@ -1,6 +1,6 @@
 """Op sweep: the ops and small op patterns ember lowers, eager vs torch.compile (Inductor) vs ember, side by side.
 
-    .venv/bin/python bench/ops.py [--device cpu|cuda] [--only a,b] [--no-inductor] [--scale S] [--json FILE]
+    .venv/bin/python bench/ops.py [--device cpu|cuda] [--only a,b] [--no-inductor] [--scale S] [--shard i/n] [--json FILE]
 
 Each row is one pattern at a realistic size (about 4M elements on the CPU, 16M on the GPU; --scale multiplies them), checked
 against eager first (assert_close; float16/bfloat16 rows at their dtype's tolerance), then timed: the compilers'
@@ -229,9 +229,12 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated parts of row names")
     p.add_argument("--no-inductor", action="store_true")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every row's size")
+    p.add_argument("--shard", default="1/1", help="i/n: the i-th of n interleaved slices of the rows (1-based)")
     p.add_argument("--json")
     a = p.parse_args()
     names = [k for k in PATTERNS if not a.only or any(s in k for s in a.only.split(","))]
+    i, n = map(int, a.shard.split("/"))
+    names = names[i - 1::n]
     dev = torch.cuda.get_device_name() if a.device == "cuda" else (platform.processor() or platform.machine())
     print(f"# bench/ops.py  {datetime.datetime.now().isoformat(timespec='minutes')}  {a.device}: {dev}, "
           f"{os.cpu_count()} cores, torch {torch.__version__}, load {os.getloadavg()[0]:.2f}")

@@ -419,10 +419,33 @@ def counts(ex) -> dict:
                 calls=sum(op_count(g, all_calls=True) for g in ex.graphs), first_break=first_ember_break(ex))
 
 
+class FallbackRecords:
+    """ember's `fallbacks` log records (a graph run eagerly, an op kept as an ATen call is not one) while a row runs:
+    each is a miss, since issue 32 asks for no graph to fall back."""
+
+    def __enter__(self):
+        import logging
+
+        class Keep(logging.Handler):
+            def emit(h, record):
+                msg = record.getMessage()
+                if "eagerly" in msg or "ATen graph" in msg:
+                    self.lines.append(msg.strip().splitlines()[0][:300])
+        self.lines, self.handler = [], Keep(logging.WARNING)
+        logging.getLogger("ember.fallbacks").addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        import logging
+        logging.getLogger("ember.fallbacks").removeHandler(self.handler)
+
+
 def run_task(task: dict) -> dict:
     import torch
     t0 = time.perf_counter()
     out = dict(task)
+    print(f"== zoo row {task['name']} {task['mode']} ({task['kind']})", file=sys.stderr, flush=True)
+    fallbacks = FallbackRecords().__enter__()
     try:
         skip = _skip_reason(task["name"])
         if skip:
@@ -437,6 +460,9 @@ def run_task(task: dict) -> dict:
         where = f" at {short_path(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
         out["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}{where}"
     finally:
+        fallbacks.__exit__()
+        if fallbacks.lines and task["kind"] == "ember":
+            out["fallbacks"] = fallbacks.lines
         try:
             import torch._dynamo
             torch._dynamo.reset()
@@ -627,7 +653,8 @@ def summary(rows: list[dict]) -> list[str]:
         lines.append(
             f"{mode} ({'/'.join(backends)} backend): {len(rs)} models (+{len(skipped)} skipped); "
             f"equal to eager {len(equal)}/{len(rs) - len(unchecked)} checked "
-            f"({len(by_f64)} of them against float64; {len(rs) - len(ran)} errors or timeouts); "
+            f"({len(by_f64)} of them against float64; {len(rs) - len(ran)} errors or timeouts; "
+            f"{sum(bool(r['ember'].get('fallbacks')) for r in rs)} with a graph run eagerly); "
             f"graphs <= torch.compile's and ops >= 98% of its: {len(goal)}/{len(both)}; "
             f"captured ops ember {e_ops} vs torch.compile {t_ops} ({100 * e_ops / max(t_ops, 1):.1f}%)")
         lines.append(ratio_summary(ran))
@@ -652,6 +679,8 @@ def misses(rows: list[dict]) -> list[str]:
                 why.append(f"graphs {ec['graphs']} vs {tc['graphs']}, ops {ec['ops']} vs {tc['ops']}")
             if ec.get("f64_ratio") is not None and not ec["f64_ratio"] <= F64_RATIO:
                 why.append(f"f64 ratio {ec['f64_ratio']:.2f} > {F64_RATIO:g}")
+        if e.get("fallbacks"):
+            why.append(f"{len(e['fallbacks'])} graphs ran eagerly, the first: {e['fallbacks'][0]}")
         if why:
             brk = ec.get("first_break") if ec else ""
             out.append(f"{r['name']} ({r['mode']}): {'; '.join(why)}" + (f"; first break: {brk}" if brk else ""))
@@ -800,7 +829,7 @@ def run_rows(a, names, modes, cached, workers: list, log, header: str, rows: lis
                 with lock:
                     workers.append(mine[-1])
             res = mine[-1].run(task, a.timeout)
-            row[who] = {k: res[k] for k in ("counts", "error", "skipped", "seconds") if k in res}
+            row[who] = {k: res[k] for k in ("counts", "error", "skipped", "seconds", "fallbacks") if k in res}
             if who == "torch" and "timeout" not in res.get("error", ""):  # a timeout may pass on a freer machine
                 save_count(key, row["torch"])
             if "skipped" in res:

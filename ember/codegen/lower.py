@@ -420,6 +420,10 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                     out = g.realize(out)
                     out.origin_names = g.origins
                 env[node] = out
+                if g.symbolic and len(shape_env.guards) != guards_before:   # (the node that took it, for the log)
+                    raise CannotLower(f"lowering {node.name} = {node.target} specialized a symbolic size "
+                                      f"({shape_env.guards[guards_before].expr})"
+                                      + (f" from {node.meta['where']}" if "where" in node.meta else ""))
             elif node.op == "output":
                 outs = []
                 for a in pytree.tree_leaves(node.args[0]):
