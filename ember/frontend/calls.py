@@ -130,6 +130,13 @@ class Calls:
             return make_vmapped(self, args, kwargs)
         if f is vmapped:
             return call_vmapped(self, args, kwargs)
+        if isinstance(f, torch._ops.HigherOrderOperator):
+            # a higher-order op (associative_scan, cond, ...): its dense kernel is Python over torch ops, inlined
+            # so its ops are captured and differentiated like any others (the ops' own autograd kernels are not
+            # used: associative_scan's pointwise-mode gradient is wrong in eager torch)
+            dense = f.py_kernels.get(torch._C.DispatchKey.CompositeExplicitAutograd)
+            if dense is not None:
+                return self.call(self.cap.wrap(dense, None), args, kwargs)
         rule = AT_CAPTURE.get(f) if hashable(f) else None
         if rule is not None and not (rule.rule == "pure" and (_any_tensor(args) or _any_tensor(list(kwargs.values())))):
             return self.at_capture(f, rule, args, kwargs)

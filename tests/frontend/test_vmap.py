@@ -178,9 +178,9 @@ def test_vmap_with_symbolic_sizes(backend):
         torch.testing.assert_close(compiled(x, y, w), f(x, y, w))
 
 
-def test_associative_scan_pointwise_mode_runs_as_python():
-    """combine_mode="pointwise" (transformers' choice on CUDA) calls torch's associative_scan higher-order op,
-    which ember does not capture: a break at the call (Python runs it), the values as eager's."""
+def test_associative_scan_pointwise_mode_is_one_graph():
+    """combine_mode="pointwise" (transformers' choice on CUDA) calls torch's associative_scan higher-order op with
+    the combine function as an argument: ember inlines the op's dense kernel, one graph, the values as eager's."""
     from torch._higher_order_ops.associative_scan import associative_scan   # (the test's own use of torch)
 
     def scan(a, b):
@@ -188,4 +188,37 @@ def test_associative_scan_pointwise_mode_runs_as_python():
             return left[0] * right[0], right[0] * left[1] + right[1]
         return associative_scan(combine, (a.exp(), b), dim=1, combine_mode="pointwise")[1] + 1
     r = check(scan, rand(2, 7, 3), rand(2, 7, 3))
-    assert BASELINE or r.graphs == 2   # exp before the call, + 1 after it
+    assert BASELINE or r.graphs == 1
+
+
+def _ssm_combine(left, right):   # Mamba's recurrence state = a * state + b, as an associative operator
+    return left[0] * right[0], right[0] * left[1] + right[1]
+
+
+@pytest.mark.parametrize("mode", ["pointwise", "generic"])
+def test_associative_scan_is_inlined_and_differentiated_like_its_recurrence(mode):
+    # combine_mode="pointwise" is a higher-order op call with the combine function as an argument: ember inlines the
+    # op's dense kernel (torch's generic scan over torch ops) and differentiates its ops; eager torch's own
+    # gradient of the pointwise mode is wrong, so the reference is the recurrence the scan computes
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def scanned(a, b):
+        _, states = associative_scan(_ssm_combine, (a.exp(), b), dim=2, combine_mode=mode)
+        return (states * states).sum()
+
+    def recurrence(a, b):
+        state, states = torch.zeros_like(b[:, :, 0]), []
+        for i in range(a.shape[2]):
+            state = a[:, :, i].exp() * state + b[:, :, i]
+            states.append(state)
+        return (torch.stack(states, 2) ** 2).sum()
+
+    reset()
+    a, b = (-torch.rand(2, 3, 8, 4)).requires_grad_(), torch.randn(2, 3, 8, 4, requires_grad=True)
+    ex = ember.explain(scanned)(a, b)
+    assert ex.graph_count == 1 and not ex.break_reasons
+    got = ember.compile(scanned)(a, b)
+    want = recurrence(a, b)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(torch.autograd.grad(got, (a, b)), torch.autograd.grad(want, (a, b))):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
