@@ -30,7 +30,11 @@ Each (model, mode) row:
   float64 value, so an output eager gets exactly does not divide by zero. The rule: ember passes when the ratio
   is at most F64_RATIO (2): as close to the exact result as eager float32 is, within a factor of two. The table
   has it per row, the summary its distribution and the rows over it. On CUDA, eager and ember both run under
-  torch's default TF32 settings (cuDNN convolutions in TF32), which is what the ratio measures against.
+  torch's default TF32 settings (cuDNN convolutions in TF32), which is what the ratio measures against. In eval,
+  eager float32's error is the largest over the main run and the same eager_variants orders as train's gradients
+  (2 threads; channels_last for image inputs): on CUDA, cuDNN takes TF32 algorithms for some channels-last
+  convolutions it runs exactly in NCHW, so a compiler that lays a network out channels-last is off by TF32's
+  rounding exactly as eager channels-last is.
 - --backend ember (default): the whole pipeline (autograd, decompositions, codegen); --backend eager: ember's
   frontend alone (its captured graphs run as they are), fast, for counts.
 Every row runs in a worker process with a per-row timeout: a crash or timeout is a row, not an abort; --jobs
@@ -118,10 +122,11 @@ def scalar_loss(out):
 
 
 def within_f64(actual, eager32, f64) -> tuple[bool, str]:
-    """ember at most twice as far from float64 as eager float32, plus 1e-5 of the largest float64 value."""
+    """ember at most twice as far from float64 as eager float32 (a tensor, or a list of eager runs in different
+    summation orders: the largest of their errors), plus 1e-5 of the largest float64 value."""
     f64 = f64.detach()
     err_e = (actual.detach().double() - f64).abs().max().item()
-    err_32 = (eager32.detach().double() - f64).abs().max().item()
+    err_32 = max((e.detach().double() - f64).abs().max().item() for e in _runs(eager32))
     scale = f64.abs().max().item()
     ok = err_e <= 2 * err_32 + 1e-5 * scale
     return ok, f"err {err_e:.2e} vs eager32 {err_32:.2e} (max|f64| {scale:.2e})"
@@ -131,16 +136,26 @@ F64_RATIO = 2.0      # ember passes when its error against float64 is at most th
 F64_FLOOR = 1e-6     # eager's error floored at this fraction of the largest float64 value (module doc)
 
 
-def f64_ratio(actual, eager32, f64) -> float | None:
-    """ember's error against float64 over eager float32's, over the floating output tensors (the worst), or None
-    when there is none to compare."""
+def _runs(eager32) -> list:
+    return eager32 if isinstance(eager32, list) else [eager32]
+
+
+def _transposed(eager32s: list) -> list:
+    """Eager runs' outputs (a list of nested outputs) as, per output tensor, the list of its runs' values."""
+    return [list(ts) for ts in zip(*(tensors(o) for o in eager32s))]
+
+
+def f64_ratio(actual, eager32, f64, variants: list = ()) -> float | None:
+    """ember's error against float64 over eager float32's (the largest over eager32 and the outputs of eager runs
+    in other summation orders, `variants`), over the floating output tensors (the worst), or None when there is
+    none to compare."""
     worst = None
-    for a, e32, e64 in zip(tensors(actual), tensors(eager32), tensors(f64)):
+    for a, e32s, e64 in zip(tensors(actual), _transposed([eager32, *variants]), tensors(f64)):
         if not (a.is_floating_point() and e64.is_floating_point()) or a.shape != e64.shape or a.numel() == 0:
             continue
         e64 = e64.detach()
         err_e = (a.detach().double() - e64).abs().max().item()
-        err_32 = (e32.detach().double() - e64).abs().max().item()
+        err_32 = max((e32.detach().double() - e64).abs().max().item() for e32 in e32s)
         ratio = err_e / max(err_32, F64_FLOOR * e64.abs().max().item(), 1e-30)
         worst = ratio if worst is None or not ratio <= worst else worst   # (a NaN error is the worst)
     return worst
@@ -160,9 +175,10 @@ def run_f64(model, kwargs, fn=None):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
 
 
-def values_vs_f64(actual, eager32, f64) -> str | None:
-    """None when every floating output tensor passes within_f64, else the first that does not."""
-    for i, (a, e32, e64) in enumerate(zip(tensors(actual), tensors(eager32), tensors(f64))):
+def values_vs_f64(actual, eager32, f64, variants: list = ()) -> str | None:
+    """None when every floating output tensor passes within_f64 (against eager32 and the eager `variants`' outputs),
+    else the first that does not."""
+    for i, (a, e32, e64) in enumerate(zip(tensors(actual), _transposed([eager32, *variants]), tensors(f64))):
         if a.is_floating_point():
             ok, msg = within_f64(a, e32, e64)
             if not ok:
@@ -251,11 +267,12 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True, devi
                     out64 = run_f64(eager, kwargs)
             except Exception as e:  # noqa: BLE001 - a model that cannot run in float64: no ratio
                 row["f64_error"] = f"{type(e).__name__}: {str(e)[:80]}"
+        variants = eval_variants(eager, kwargs) if out64 is not None else []
         if out64 is not None:
-            row["f64_ratio"] = f64_ratio(ex.result, expected, out64)
+            row["f64_ratio"] = f64_ratio(ex.result, expected, out64, variants)
         if diff is not None and out64 is not None:
             # values only: ember's rounding against float64's, as large as eager float32's
-            bad = values_vs_f64(ex.result, expected, out64)
+            bad = values_vs_f64(ex.result, expected, out64, variants)
             diff = None if bad is None else f"{diff}; {bad}"
             row["vs_f64"] = diff is None
         row["equal"] = ("yes (vs float64)" if row.get("vs_f64") else "yes") if diff is None else f"no: {diff}"
@@ -317,19 +334,46 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True, devi
     return row
 
 
-def eager_variants(model, kwargs) -> list:
-    """Copies of `model` after eager float32 forward + backward runs in other summation orders than the main
-    eager run's: at 2 threads, and in channels_last where an input is an image batch. Eager float32's error on a
-    gradient depends on the order (train-mode batch norm over few values), so one eager run is a poor estimate
-    of it: check_grads takes the largest of these runs' errors."""
+def _variant_inputs(kwargs) -> list:
+    """(kind, inputs) of eager runs in other summation orders than the main one's: 2 threads, and channels_last
+    where an input is an image batch (cuDNN then takes other algorithms, TF32 ones where allowed: a compiler that
+    lays a convolution out channels-last gets that run's rounding)."""
     import torch
     image = lambda v: isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point()  # noqa: E731
     runs = [("2 threads", kwargs)]
     if any(image(v) for v in kwargs.values()):
         runs.append(("channels_last", {k: v.contiguous(memory_format=torch.channels_last) if image(v) else v
                                        for k, v in kwargs.items()}))
+    return runs
+
+
+def eval_variants(model, kwargs) -> list:
+    """The outputs of eager float32 eval runs in _variant_inputs' other summation orders (no_grad)."""
+    import torch
     out, threads = [], torch.get_num_threads()
-    for kind, kw in runs:
+    for kind, kw in _variant_inputs(kwargs):
+        m = copy.deepcopy(model)
+        if kind == "channels_last":
+            m = m.to(memory_format=torch.channels_last)
+        else:
+            torch.set_num_threads(2)
+        try:
+            with torch.no_grad():
+                torch.manual_seed(100)
+                out.append(m(**kw))
+        finally:
+            torch.set_num_threads(threads)
+    return out
+
+
+def eager_variants(model, kwargs) -> list:
+    """Copies of `model` after eager float32 forward + backward runs in other summation orders than the main
+    eager run's: at 2 threads, and in channels_last where an input is an image batch. Eager float32's error on a
+    gradient depends on the order (train-mode batch norm over few values), so one eager run is a poor estimate
+    of it: check_grads takes the largest of these runs' errors."""
+    import torch
+    out, threads = [], torch.get_num_threads()
+    for kind, kw in _variant_inputs(kwargs):
         m = copy.deepcopy(model)
         if kind == "channels_last":
             m = m.to(memory_format=torch.channels_last)
