@@ -12,6 +12,8 @@ silently wrong. A graph the tracer cannot make functional runs as it is (eager),
 """
 from __future__ import annotations
 
+import logging
+
 import dataclasses
 from typing import Callable
 
@@ -184,7 +186,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
                     # (no input that requires grad is written under grad mode: its new value would need one)
                     meta.copy_back_without_grad = True
         except Exception as e:  # TraceError, or fake tensors refusing data-dependent ops (.item(), nonzero)
-            fallback_log.warning("ember.autograd: graph %r runs eagerly: %s: %s", name, type(e).__name__, e)
+            fallback_log.warning("ember.autograd: graph %r runs eagerly: %s: %s", name, type(e).__name__, e,
+                                 exc_info=e if fallback_log.isEnabledFor(logging.DEBUG) else None)  # (EMBER_LOGS)
             return None
         if sym and symbolic.specialized():
             dynamic_log.info("ember.autograd: graph %r: tracing fixed sizes %s (an op the ShapeEnv guarded on "

@@ -204,7 +204,7 @@ class Body(printer.Body):
     float32."""
 
     TYPES = TL
-    TRUE, FALSE = "1", "0"
+    TRUE, FALSE = "True", "False"   # (tl.where takes a bool condition: an int constant is deprecated)
     NAN, INF, NEG_INF, FINITE = "float('nan')", "float('inf')", "float('-inf')", "{v!r}"
 
     def __init__(self, scalars: dict, mask: str, indent: str, ranges: dict, extents: dict):
