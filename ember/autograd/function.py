@@ -12,9 +12,8 @@ silently wrong. A graph the tracer cannot make functional runs as it is (eager),
 """
 from __future__ import annotations
 
-import logging
-
 import dataclasses
+import logging
 from typing import Callable
 
 import torch
