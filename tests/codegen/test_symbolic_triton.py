@@ -280,3 +280,13 @@ def test_inputs_written_in_place_at_every_size():
     check_sgd_in_place(compiled, rand)
     src = compiled.compiled.source
     assert src.count("# updated in place") == 2 and "_overlap((" in src, src
+
+
+def test_element_at_a_size_dependent_offset_is_a_scalar_load():
+    """x[n - 1] of a dim of symbolic size n: an offset over size arguments only is the same for every lane, so a
+    scalar load (Triton refuses a block mask on a scalar pointer: the graph would not compile)."""
+    def f(s0, x, y):
+        return aten.add.Tensor(y, aten.select.int(x, 0, -1)), aten.mul.Tensor(aten.select.int(x, 0, 0), 2.0)
+    compiled = compile_symbolic(f, [5, rand(5), rand(3, 4)], {1: [0]})
+    for n in SIZES:
+        check(compiled, f, [n, rand(n), rand(3, 4)])

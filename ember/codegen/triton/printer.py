@@ -184,17 +184,23 @@ def compute_type(d: torch.dtype) -> str:
 index_code = functools.partial(ir.index_code, syntax=ir.IndexSyntax("//", "tl.minimum", "tl.maximum"))
 
 
+def _lane_free(e) -> bool:
+    """An index expression with no loop index in it: constants and a symbolic graph's size arguments only."""
+    return not (e.free_symbols - set(symbols.HINTS))
+
+
 def _scalar_offset(off) -> bool:
-    """An offset that is the same for every lane: only indirect indices, each computed from one element."""
+    """An offset that is the same for every lane: only indirect indices, each computed from one element, besides
+    size arguments."""
     ind = ir.indirect_symbols(off)
-    return bool(ind) and not (off.free_symbols - ind) and all(_scalar_expr(s.value) for s in ind)
+    return bool(ind) and _lane_free(off.xreplace({s: 0 for s in ind})) and all(_scalar_expr(s.value) for s in ind)
 
 
 def _scalar_expr(e: Expr) -> bool:
     for x in e.walk():
-        if x.op == "load" and x.args[1].free_symbols and not _scalar_offset(x.args[1]):
+        if x.op == "load" and not _lane_free(x.args[1]) and not _scalar_offset(x.args[1]):
             return False
-        if x.op == "index" and x.args[0].free_symbols:
+        if x.op == "index" and not _lane_free(x.args[0]):
             return False
     return True
 
@@ -252,7 +258,7 @@ class Body(printer.Body):
     def load(self, x: Expr) -> str:
         name, off = x.args
         code = self.offset(off)
-        if not off.free_symbols:  # one element for the whole program (a seed, a scalar tensor)
+        if _lane_free(off):  # one element for the whole program (a seed, a scalar tensor, x[n - 1] at size n)
             v = f"tl.load({name} + {code})"
         elif _scalar_offset(off):  # one element at an index read from memory (index_select of one index):
             # a scalar pointer takes a scalar mask only
