@@ -13,6 +13,7 @@ import torch.utils._pytree as pytree
 
 from ember.errors import Unsupported
 from ember.frontend.attributes import attr_source
+from ember.frontend.capture import map_v, to_fake
 from ember.frontend.autograd_functions import apply_function, function_applied
 from ember.frontend.builtin_functions import BUILTIN_HANDLERS
 from ember.frontend.modes import AUTOCAST_CLASSES
@@ -351,7 +352,32 @@ class Calls:
             raise Unsupported(f"{op} writes its arguments (a mutable schema)", self.where())
         if not (_any_tensor(args) or _any_tensor(list(kwargs.values()))):
             raise Unsupported(f"{op} without a tensor argument", self.where())
+        if (why := self.untraceable_gradient(op, args, kwargs)) is not None:
+            raise Unsupported(f"{op}'s gradient formula cannot be traced ({why}): the op runs in Python",
+                              self.where())
         return self.cap.record("call_function", op, tuple(args), kwargs, self.where())
+
+    def untraceable_gradient(self, op, args: list[V], kwargs: dict) -> str | None:
+        """Why a custom op's gradient (a Python formula, torch.library.register_autograd) cannot be traced on fake
+        tensors, or None. ember's autograd traces it when the graph compiles; one that reads values (`offs.tolist()`
+        of a grouped product's offsets) would make the whole graph run eagerly, so the op is a break instead and
+        the graph around it compiles."""
+        if getattr(op, "namespace", "aten") in ("aten", "prims") or not self.cap.grad_enabled:
+            return None
+        fake_args, fake_kwargs = map_v(tuple(args), to_fake), map_v(kwargs, to_fake)
+        leaves = [t for t in pytree.tree_leaves((fake_args, fake_kwargs))
+                  if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not leaves:
+            return None
+        try:
+            with self.cap.fake_mode, torch.enable_grad():
+                outs = [t for t in pytree.tree_leaves(op(*fake_args, **fake_kwargs))
+                        if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+                if outs:
+                    torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)
+        except Exception as e:  # noqa: BLE001 - whatever stops the fake backward stops ember's autograd too
+            return f"{type(e).__name__}: {str(e).strip()[:120]}"
+        return None
 
     def call_module(self, mod_v: V, mod: torch.nn.Module, args: list[V], kwargs: dict) -> V:
         from torch.nn.modules import module as module_mod

@@ -5,6 +5,8 @@ fallbacks. Values and gradients equal to eager through the eager, aot_eager and 
 import pytest
 import torch
 
+import ember
+
 from tests.frontend.harness import BASELINE, Recorder, assert_same, check, compile, rand, reset
 
 NS = "ember_frontend_test"
@@ -29,6 +31,40 @@ def _scaled_add_backward(ctx, grad):
 
 
 scaled_add.register_autograd(_scaled_add_backward, setup_context=_scaled_add_setup)
+
+
+@torch.library.custom_op(f"{NS}::segment_scale", mutates_args=())
+def segment_scale(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Row segments [offs[i-1], offs[i]) of x times w[i] (a grouped product's shape, as transformers' MoE
+    fallback): its gradient formula reads offs's values in Python."""
+    out, start = torch.empty_like(x), 0
+    for i, end in enumerate(offs.tolist()):
+        out[start:end] = x[start:end] * w[i]
+        start = end
+    return out
+
+
+@segment_scale.register_fake
+def _segment_scale_fake(x, w, offs):
+    return torch.empty_like(x)
+
+
+def _segment_scale_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.offs = inputs[2]
+
+
+def _segment_scale_backward(ctx, grad):
+    x, w = ctx.saved_tensors
+    gx, gw, start = torch.empty_like(x), torch.empty_like(w), 0
+    for i, end in enumerate(ctx.offs.tolist()):   # values in Python: fake tensors cannot trace this
+        gx[start:end] = grad[start:end] * w[i]
+        gw[i] = (grad[start:end] * x[start:end]).sum()
+        start = end
+    return gx, gw, None
+
+
+segment_scale.register_autograd(_segment_scale_backward, setup_context=_segment_scale_setup)
 
 
 @torch.library.custom_op(f"{NS}::add_into", mutates_args=("out",))
@@ -105,3 +141,31 @@ def test_an_op_without_a_fake_kernel_runs_in_python():
         return getattr(torch.ops, NS).no_fake_kernel(x.sin()) + 1
     r = check(f, rand(3))
     assert r.graphs == 2 and r.ops == [1, 1], r.describe()
+
+
+@pytest.mark.skipif(BASELINE, reason="ember's capture-time check of a custom op's gradient formula")
+def test_a_custom_op_whose_gradient_reads_values_is_a_break_not_an_eager_graph(caplog):
+    """Its gradient formula calls .tolist(), which ember's autograd cannot trace: the op runs in Python (with its
+    own autograd) and the graphs around it compile, instead of the whole graph running eagerly. Without grad it
+    is a graph op as any other."""
+    def f(x, w, offs):
+        return segment_scale(x.sin(), w * 2, offs).cos()
+    offs = torch.tensor([2, 5, 8])
+    for requires_grad in (True, False):
+        reset()
+        x, w = rand(8, 3, requires_grad=requires_grad), rand(3, requires_grad=requires_grad)
+        x2, w2 = (a.detach().clone().requires_grad_(requires_grad) for a in (x, w))
+        with caplog.at_level("WARNING", logger="ember.fallbacks"):
+            cfn = compile(f, backend="ember")
+            out, expected = cfn(x, w, offs), f(x2, w2, offs)
+            assert_same(expected, out)
+            if requires_grad:
+                out.sum().backward()
+                expected.sum().backward()
+                assert_same((x2.grad, w2.grad), (x.grad, w.grad))
+        assert not [m for m in caplog.messages if "eagerly" in m], caplog.messages
+        caplog.clear()
+        reset()
+        with torch.set_grad_enabled(True):
+            ex = ember.explain(f)(x, w, offs)
+        assert ex.graph_count == (2 if requires_grad else 1), ex
