@@ -8,6 +8,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import logging
 import operator
 import types
 from typing import Any, Callable
@@ -243,6 +244,7 @@ class Capture:
                 out = None
         if out is None:
             try:
+                _QUIET_FAKE_ERRORS.capturing += 1
                 with self.fake_mode:
                     if kind == "call_method":
                         out = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
@@ -253,6 +255,8 @@ class Capture:
             except Exception as e:  # data-dependent shapes, or an error eager would raise too: run it in Python
                 raise Unsupported(f"{_target_name(target)} cannot be captured ({type(e).__name__}: {str(e)[:200]})",
                                   raises=type(e) in OP_ERRORS)
+            finally:
+                _QUIET_FAKE_ERRORS.capturing -= 1
             if self.symbols is not None:
                 check_no_unbacked(out, _target_name(target))
         if not _contains_tensor(out):
@@ -318,6 +322,20 @@ def _contains_tensor(x) -> bool:
 
 def _target_name(t) -> str:
     return t if isinstance(t, str) else getattr(t, "__qualname__", None) or getattr(t, "__name__", repr(t))
+
+
+class _QuietFakeErrors(logging.Filter):
+    """Drops torch's ERROR record (with a traceback) of a fake kernel that raised while ember captures an op: ember
+    handles that error (a break: the op runs in Python, and raises there if eager raises), so the user's stderr
+    should not show a traceback for it."""
+    capturing = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.capturing and record.getMessage().startswith("failed while attempting to run meta"))
+
+
+_QUIET_FAKE_ERRORS = _QuietFakeErrors()
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QUIET_FAKE_ERRORS)
 
 
 def map_v(x: Any, fn: Callable[[Any], Any]) -> Any:
