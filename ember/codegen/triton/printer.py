@@ -186,7 +186,7 @@ index_code = functools.partial(ir.index_code, syntax=ir.IndexSyntax("//", "tl.mi
 
 def _lane_free(e) -> bool:
     """An index expression with no loop index in it: constants and a symbolic graph's size arguments only."""
-    return not (e.free_symbols - set(symbols.HINTS))
+    return not (getattr(e, "free_symbols", set()) - set(symbols.HINTS))
 
 
 def _scalar_offset(off) -> bool:
