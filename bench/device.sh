@@ -99,14 +99,14 @@ sweep)   # a several-GPU kind (nvidia-h200-x4): bench/zoo.py over every model in
          # at once on each), while the last GPU runs SWEEP_TESTS, then bench/dynamic.py (DYNAMIC_ARGS); every log and
          # JSON in $OUT/sweep.tar.gz, the merged zoo summary and the other tails printed
   W=/tmp/sweep; mkdir -p "$W/dynlogs"
-  n=$(nvidia-smi -L | wc -l); shards=$((n > 1 ? n - 1 : 1))
+  n=$(nvidia-smi -L | wc -l); shards=${SHARDS:-$((n > 1 ? n - 1 : 1))}   # (SHARDS=n: the tests share the last GPU)
   for i in $(seq 1 $shards); do
-    CUDA_VISIBLE_DEVICES=$((i - 1)) timeout "${ZOO_S:-560}" python3 bench/zoo.py --device cuda --no-torch \
+    CUDA_VISIBLE_DEVICES=$(((i - 1) % n)) timeout "${ZOO_S:-560}" python3 bench/zoo.py --device cuda --no-torch \
       --jobs "${JOBS:-6}" --budget "${BUDGET:-440}" --timeout "${ROW_TIMEOUT:-90}" --shard "$i/$shards" \
       --json "$W/zoo$i.json" --log "$W/zoo_workers$i.log" ${ZOO_ARGS:-} > "$W/zoo$i.log" 2>&1 &
   done
   export CUDA_VISIBLE_DEVICES=$((n - 1))
-  timeout "${TEST_S:-200}" python3 -m pytest -q -n 8 -p no:cacheprovider ${SWEEP_TESTS:-tests/tools tests/backends} \
+  timeout "${TEST_S:-200}" python3 -m pytest -q -n "${TEST_JOBS:-8}" -p no:cacheprovider ${SWEEP_TESTS:-tests/tools tests/backends} \
     > "$W/tests.log" 2>&1
   [ -n "${DYNAMIC_ARGS+x}" ] && timeout "${DYNAMIC_S:-330}" python3 bench/dynamic.py --device cuda --logs "$W/dynlogs" \
     $DYNAMIC_ARGS > "$W/dynamic.log" 2>&1
