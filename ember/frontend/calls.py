@@ -362,7 +362,7 @@ class Calls:
         tensors, or None. ember's autograd traces it when the graph compiles; one that reads values (`offs.tolist()`
         of a grouped product's offsets) would make the whole graph run eagerly, so the op is a break instead and
         the graph around it compiles."""
-        if getattr(op, "namespace", "aten") in ("aten", "prims") or not self.cap.grad_enabled:
+        if str(op).split(".")[0] in ("aten", "prims") or not self.cap.grad_enabled:
             return None
         fake_args, fake_kwargs = map_v(tuple(args), to_fake), map_v(kwargs, to_fake)
         leaves = [t for t in pytree.tree_leaves((fake_args, fake_kwargs))

@@ -148,8 +148,8 @@ def test_a_custom_op_whose_gradient_reads_values_is_a_break_not_an_eager_graph(c
     """Its gradient formula calls .tolist(), which ember's autograd cannot trace: the op runs in Python (with its
     own autograd) and the graphs around it compile, instead of the whole graph running eagerly. Without grad it
     is a graph op as any other."""
-    def f(x, w, offs):
-        return segment_scale(x.sin(), w * 2, offs).cos()
+    def f(x, w, offs):   # (called as transformers calls its op: through the packet torch.ops.<ns>.<name>)
+        return getattr(torch.ops, NS).segment_scale(x.sin(), w * 2, offs).cos()
     offs = torch.tensor([2, 5, 8])
     for requires_grad in (True, False):
         reset()

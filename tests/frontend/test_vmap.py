@@ -10,6 +10,9 @@ import torch
 import ember
 from tests.frontend.harness import BASELINE, check, explain, rand, reset
 
+# torch refuses combine_mode="pointwise" on CPU tensors where a GPU is present
+SCAN_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def test_vmap_of_a_closure_over_a_pointwise_function():
     def f(a, b, w):
@@ -187,7 +190,7 @@ def test_associative_scan_pointwise_mode_is_one_graph():
         def combine(left, right):
             return left[0] * right[0], right[0] * left[1] + right[1]
         return associative_scan(combine, (a.exp(), b), dim=1, combine_mode="pointwise")[1] + 1
-    r = check(scan, rand(2, 7, 3), rand(2, 7, 3))
+    r = check(scan, rand(2, 7, 3).to(SCAN_DEVICE), rand(2, 7, 3).to(SCAN_DEVICE))
     assert BASELINE or r.graphs == 1
 
 
@@ -214,7 +217,8 @@ def test_associative_scan_is_inlined_and_differentiated_like_its_recurrence(mode
         return (torch.stack(states, 2) ** 2).sum()
 
     reset()
-    a, b = (-torch.rand(2, 3, 8, 4)).requires_grad_(), torch.randn(2, 3, 8, 4, requires_grad=True)
+    a = (-torch.rand(2, 3, 8, 4, device=SCAN_DEVICE)).requires_grad_()
+    b = torch.randn(2, 3, 8, 4, device=SCAN_DEVICE, requires_grad=True)
     ex = ember.explain(scanned)(a, b)
     assert ex.graph_count == 1 and not ex.break_reasons
     got = ember.compile(scanned)(a, b)
