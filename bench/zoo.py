@@ -223,10 +223,10 @@ def _build(name: str, train: bool, device: str = "cpu"):
     return model.to(device).train(train), {k: v.to(device) for k, v in kwargs.items()}
 
 
-def _skip_reason(name: str) -> str | None:
+def _skip_reason(name: str, device: str = "cpu") -> str | None:
     import zoo_models
-    n = zoo_models.param_count(name)
-    return f"{n / 1e6:.0f}M parameters > {zoo_models.MAX_PARAMS / 1e6:.0f}M" if n > zoo_models.MAX_PARAMS else None
+    n, most = zoo_models.param_count(name), zoo_models.MAX_PARAMS_CUDA if device == "cuda" else zoo_models.MAX_PARAMS
+    return f"{n / 1e6:.0f}M parameters > {most / 1e6:.0f}M" if n > most else None
 
 
 def torch_counts(name: str, mode: str, device: str = "cpu") -> dict:
@@ -491,7 +491,7 @@ def run_task(task: dict) -> dict:
     print(f"== zoo row {task['name']} {task['mode']} ({task['kind']})", file=sys.stderr, flush=True)
     fallbacks = FallbackRecords().__enter__()
     try:
-        skip = _skip_reason(task["name"])
+        skip = _skip_reason(task["name"], task.get("device", "cpu"))
         if skip:
             out["skipped"] = skip
         elif task["kind"] == "torch":

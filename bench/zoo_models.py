@@ -6,7 +6,7 @@
 - transformers architectures from small configs (hidden 32, 2 layers, 4 heads, vocab 99, `use_cache=False`),
   through the class users call (XModel for encoders, XForCausalLM, XForConditionalGeneration,
   XForImageClassification, ...), batch 2, 8 tokens.
-Models over MAX_PARAMS parameters are skipped (torchvision: its weights' metadata; others counted on the meta device).
+Models over MAX_PARAMS parameters (MAX_PARAMS_CUDA on a GPU) are skipped (torchvision: its weights' metadata; others counted on the meta device).
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-MAX_PARAMS = 300_000_000
+MAX_PARAMS = 300_000_000        # on the CPU (its time and memory); a GPU takes every model
+MAX_PARAMS_CUDA = 2_000_000_000
 BATCH, SEQ, VOCAB = 2, 8, 99
 
 # Per-model input sizes for the torchvision models that need more than 64x64 or take their size in the constructor.
