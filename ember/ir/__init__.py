@@ -85,17 +85,34 @@ def _at_most(m, b) -> bool:
 
 
 def _exact_div(t, b):
-    """t / b for a term t that b divides. An integer b divides t's integer coefficient: t / b is that
-    coefficient's quotient times the rest, which sympy's own product already gives (sympy.cancel rewrites every
-    argument through the polys module: slow on the indices of reshapes)."""
-    return t / b if b.is_Integer else sympy.cancel(t / b)
+    """t / b for a t that b divides (_divisible): term by term, where sympy's own product cancels b's factors
+    (sympy.cancel rewrites every argument through the polys module: slow on the indices of reshapes)."""
+    return sympy.Add(*[term / b for term in sympy.Add.make_args(t)])
 
 
 def _divisible(t, b) -> bool:
-    if not b.is_Integer:
-        return sympy.simplify(t / b).is_integer is True and not (t / b).is_Rational
-    c, _ = t.as_coeff_Mul()
-    return c.is_Integer and int(c) % int(b) == 0
+    """Whether b divides t at every value of the symbols (integers), proved term by term: each term's integer
+    coefficient is a multiple of b's, and its factors include b's (a symbolic size's powers, or b itself where b
+    is a sum). Structural, so a size expression is never handed to sympy.simplify (seconds per query on a
+    transformer's symbolic graph); a divisibility it cannot see is answered False, which only leaves an index
+    unsimplified."""
+    if b.is_Integer:
+        c, _ = t.as_coeff_Mul()
+        return c.is_Integer and int(c) % int(b) == 0
+    if t == 0:
+        return True
+    bc, bm = b.as_coeff_Mul()
+    if not bc.is_Integer or bc == 0:
+        return False
+    need = bm.as_powers_dict() if not bm.is_Add else {bm: 1}
+    for term in sympy.Add.make_args(t):
+        c, m = term.as_coeff_Mul()
+        if not c.is_Integer or int(c) % int(bc) != 0:
+            return False
+        have = m.as_powers_dict()
+        if not all(sympy.sympify(e).is_Integer and have.get(f, 0) >= e for f, e in need.items()):
+            return False
+    return True
 
 
 def bounds(e, ranges: dict) -> tuple | None:
