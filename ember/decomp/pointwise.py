@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 
 from ember import ir
@@ -366,7 +367,8 @@ def _arange(*args, **kwargs):
     name = ir.GRAPH.op_name
     start, step = (0, 1) if name.endswith(".default") else (args[0], args[2] if name.endswith("start_step") else 1)
     # (a symbolic start, a size's expression: the position ids arange(past, past + n) of a cache)
-    if not floaty(v.dtype) and type(step) is int and (type(start) is int or getattr(start, "is_integer", False)):
+    if not floaty(v.dtype) and type(step) is int and (type(start) is int or isinstance(start, sympy.Basic)
+                                                      and start.is_integer):
         return P.iota(out_shape(), 0, v.dtype, start, step)
     return NotImplemented  # float aranges accumulate rounding exactly as eager's kernel does: keep it
 
