@@ -272,8 +272,11 @@ LOWERING_LOCK = threading.Lock()
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") -> LoweredGraph:
     """target: the code generator the buffers are for, "cpu" (C++) or "gpu" (Triton): reductions with too few
-    results to keep it busy are split for it (split_reduction)."""
-    with collector.frozen():
+    results to keep it busy are split for it (split_reduction). A symbolic graph is lowered with its ShapeEnv
+    closed (symbols.no_new_guards): code deciding on a size's value raises, before the capture's ShapeEnv takes a
+    guard the frame's entry would check (a decomposition's op then stays an ATen call; elsewhere the graph runs as
+    its ATen graph), so a graph ember gives up on still serves every size."""
+    with collector.frozen(), symbols.no_new_guards(shape_env_of(gm) if is_symbolic(gm) else None):
         return _lower(gm, example_inputs, target)
 
 
@@ -420,7 +423,8 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                     out = g.realize(out)
                     out.origin_names = g.origins
                 env[node] = out
-                if g.symbolic and len(shape_env.guards) != guards_before:   # (the node that took it, for the log)
+                # (closed, the ShapeEnv takes no guard: one that came by another way names its node here)
+                if g.symbolic and len(shape_env.guards) != guards_before:
                     raise CannotLower(f"lowering {node.name} = {node.target} specialized a symbolic size "
                                       f"({shape_env.guards[guards_before].expr})"
                                       + (f" from {node.meta['where']}" if "where" in node.meta else ""))

@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 
 from ember import ir
+from ember.ir import symbols
 
 
 def registrar(entries: dict) -> Callable:
@@ -23,6 +24,13 @@ def registrar(entries: dict) -> Callable:
 def out():
     """The meta value of the node being lowered (its shape, dtype)."""
     return ir.GRAPH.val
+
+
+def out_shape() -> tuple:
+    """The node's (first) result's sizes as the loop IR holds them: sympy, symbolic ones over the graph's symbols
+    (a SymInt of the meta value is never handed on: its int() or comparison would be a guard)."""
+    v = out()
+    return symbols.sym_sizes((v[0] if isinstance(v, (tuple, list)) else v).shape)
 
 
 def odt() -> torch.dtype:

@@ -67,7 +67,7 @@ def _bn_eval(x, w, b, rm, rv, momentum, eps):
         y = P.mul(y, _bn_shape(w, x))
     if b is not None:
         y = P.add(y, _bn_shape(b, x))
-    return (y,) + tuple(P.const(0, v.dtype, list(v.shape)) for v in out()[1:])
+    return (y,) + tuple(P.const(0, v.dtype, symbols.sym_sizes(v.shape)) for v in out()[1:])
 
 
 # Train-mode batch norm is decomposed and fused on the device types listed here; elsewhere it stays an ATen call.
@@ -126,7 +126,7 @@ def _native_bn(x, w, b, rm, rv, training, momentum, eps):
     if not training:
         # save_mean/save_invstd are unused in eval mode; their shape differs by device (CUDA: [C], CPU: [0])
         y, _, _ = _bn_eval(x, w, b, rm, rv, momentum, eps)
-        return (y,) + tuple(P.const(0, v.dtype, list(v.shape)) for v in out()[1:])
+        return (y,) + tuple(P.const(0, v.dtype, symbols.sym_sizes(v.shape)) for v in out()[1:])
     if rm is not None or rv is not None:
         return NotImplemented  # updates running stats in place: only the functional form is compiled
     r = _bn_train(x, w, b, P.const(0, x.dtype, [x.size[1]]), P.const(0, x.dtype, [x.size[1]]), True, 0.0, eps)

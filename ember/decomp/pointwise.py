@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 
 from ember import ir
 from ember.ir import TensorBox
 from ember.decomp import prims as P
-from ember.decomp.common import floaty, odt, out, registrar
+from ember.decomp.common import floaty, odt, out, out_shape, registrar
 
 aten = torch.ops.aten
 ENTRIES: dict = {}   # this family's part of decomp.table.TABLE
@@ -346,13 +347,13 @@ def _new_filled(*args, **kwargs):
     """new_ones/new_zeros/new_full; empty* too: any content is correct for an uninitialized tensor, zeros are cheap."""
     name = ir.GRAPH.op_name
     value = 1 if "ones" in name else args[2] if "new_full" in name else 0
-    return P.const(value, odt(), tuple(out().shape))
+    return P.const(value, odt(), out_shape())
 
 
 @reg(aten.copy.default)
 def _copy_into(dst, src, non_blocking=False):
     """The functional copy_: src's values, broadcast to dst's shape, in dst's dtype."""
-    return P.cast(P.expand(src, tuple(out().shape)), odt())
+    return P.cast(P.expand(src, out_shape()), odt())
 
 
 @reg(aten.fill.Scalar)
@@ -365,14 +366,16 @@ def _arange(*args, **kwargs):
     v = out()
     name = ir.GRAPH.op_name
     start, step = (0, 1) if name.endswith(".default") else (args[0], args[2] if name.endswith("start_step") else 1)
-    if not floaty(v.dtype) and all(type(a) is int for a in (start, step)):
-        return P.iota(v.shape, 0, v.dtype, start, step)
+    # (a symbolic start, a size's expression: the position ids arange(past, past + n) of a cache)
+    if not floaty(v.dtype) and type(step) is int and (type(start) is int or isinstance(start, sympy.Basic)
+                                                      and start.is_integer):
+        return P.iota(out_shape(), 0, v.dtype, start, step)
     return NotImplemented  # float aranges accumulate rounding exactly as eager's kernel does: keep it
 
 
 @reg(aten.eye.default, aten.eye.m)
 def _eye(n, m=None, **kwargs):
-    size = tuple(out().shape)
+    size = out_shape()
     return P.cast(P.pointwise("eq", P.iota(size, 0), P.iota(size, 1)), odt())
 
 

@@ -165,7 +165,8 @@ def _embedding_dense_backward(grad, idx, num_weights, padding_idx, scale_grad_by
         return NotImplemented
     other = user.args[1] if user.args[0] is node else user.args[0]
     ov, uv = getattr(other, "meta", {}).get("val"), user.meta.get("val")
-    if not all(isinstance(t, torch.Tensor) and t.shape == v.shape and t.dtype == v.dtype for t in (ov, uv)):
+    if not all(isinstance(t, torch.Tensor) and symbols.sym_sizes(t.shape) == symbols.sym_sizes(v.shape)
+                and t.dtype == v.dtype for t in (ov, uv)):
         return NotImplemented
 
     def unread(idx):

@@ -540,7 +540,10 @@ class TensorBox:
     buffer, where it lives (`strided`: buffer, stride, offset), so library calls can take it without a copy."""
 
     def __init__(self, size, dtype: torch.dtype, loader: Callable, strided: tuple | None = None, origin: str = ""):
-        self.size = tuple(sympy.Integer(s) if isinstance(s, int) else s for s in size)
+        # (a SymInt, a meta value's size a decomposition passed on, as its sympy expression: the IR's sizes are
+        # sympy, never SymInts, whose int() or comparison would be a guard on the capture's ShapeEnv)
+        self.size = tuple(sympy.Integer(s) if isinstance(s, int) else symbols.sym_expr(s) if isinstance(s, torch.SymInt)
+                          else s for s in size)
         self.dtype, self.loader, self.strided, self.origin = dtype, loader, strided, origin
         self.origin_names: tuple = ()  # fx nodes whose work this (unmaterialized) box carries
 

@@ -8,11 +8,54 @@ code it chooses must be right at every size (the choice only decides speed).
 """
 from __future__ import annotations
 
+import contextlib
+
 import sympy
 import torch
 
 HINTS: dict = {}   # sympy Symbol -> the example's int, for the graph being compiled (empty: a static graph)
 SHAPE_ENV = None   # the ShapeEnv of the graph being compiled, whose guards facts may use (set and cleared with HINTS)
+
+
+class SizeDecision(NotImplementedError):
+    """Code under `no_new_guards` asked for a symbolic size's value (int() of a SymInt, a branch on a comparison the
+    guards do not decide): code taking that decision would be right at one size only. (A NotImplementedError: a
+    decomposition raising it keeps its op as an ATen call; elsewhere the backend runs the graph as its ATen graph.)"""
+
+
+# the ShapeEnv methods through which every decision on a size's value reaches it: a guard (and the replacement or
+# range it implies) is added there or nowhere (SymNode.guard_int/guard_bool/expect_true, torch._check, guard_or_*)
+_DECIDING = ("evaluate_expr", "guard_or_defer_runtime_assert")
+
+
+@contextlib.contextmanager
+def no_new_guards(shape_env):
+    """Within, `shape_env` takes no guard, replacement or runtime assert: a decision its guards and ranges already
+    decide is answered, any other raises SizeDecision before the ShapeEnv changes. A compiler deciding on a size
+    would otherwise leave its guard behind in the capture's ShapeEnv, so the frame's entry would pin the size even
+    where the compiler then gave up on the graph (instance attributes shadow the methods: no torch internals are
+    copied or restored, the same on every torch version)."""
+    if shape_env is None or getattr(vars(shape_env).get("evaluate_expr"), "closes", None) is shape_env:
+        yield   # (none, or closed already by an outer call)
+        return
+
+    def decided(expr, *args, **kwargs):
+        known = None
+        with contextlib.suppress(Exception):   # (a private method of torch's: what it cannot take, it cannot decide)
+            known = shape_env._maybe_evaluate_static(expr)
+        if known is None:
+            raise SizeDecision(f"a decision on a symbolic size ({expr}) that holds at one size only")
+        return known
+    decided.closes = shape_env
+    shadowed = {name: vars(shape_env)[name] for name in _DECIDING if name in vars(shape_env)}
+    shape_env.evaluate_expr = decided
+    shape_env.guard_or_defer_runtime_assert = lambda expr, *args, **kwargs: bool(decided(expr))
+    try:
+        yield
+    finally:
+        for name in _DECIDING:
+            vars(shape_env).pop(name, None)
+        vars(shape_env).update(shadowed)
 
 
 def sym_expr(x):

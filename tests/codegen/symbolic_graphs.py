@@ -107,6 +107,25 @@ def cat_and_slices_by_symbolic_bounds(s0, x, y):
     return aten.mul.Tensor(a, 3.0), aten.neg.default(b), aten.exp.default(c), aten.add.Tensor(d, 1.0)
 
 
+def cache_mask(device: str):
+    """transformers' sdpa_mask for one new token over a key/value cache of s0 tokens (masking_utils, as ember
+    records it where the mask is not skipped): key positions arange(s0 + 1) + 0 viewed [1, 1, 1, s0 + 1] through a
+    whole slice, compared with the query's position s0 (arange(s0, s0 + 1)), expanded to [1, 1, 1, s0 + 1]; and
+    x [2, s0] and the new token's column (x's first), masked. The function of (s0, x) for `symbolic_graph`."""
+    aten = torch.ops.aten
+
+    def mask(s0, x):
+        n = s0 + 1
+        kv = aten.add.Tensor(aten.arange.default(n, device=device, pin_memory=False), 0)
+        kv = aten.unsqueeze.default(aten.unsqueeze.default(aten.unsqueeze.default(kv, 0), 1), 2)
+        kv = aten.slice.Tensor(kv, 3, 0, 9223372036854775807)
+        q = aten.arange.start(s0, n, device=device, pin_memory=False)
+        q = aten.unsqueeze.default(aten.unsqueeze.default(aten.unsqueeze.default(q, 0), 1), 3)
+        m = aten.expand.default(aten.le.Tensor(kv, q), [1, -1, 1, n])
+        return m, aten.mul.Tensor(aten.cat.default([x, aten.slice.Tensor(x, 1, 0, 1)], 1), m)
+    return mask
+
+
 def sgd_momentum(s0, p, buf, g):
     """An SGD-with-momentum update over a symbolic length: (new p, new buf), each the new value of an input (the
     graph's `ember_input_mutations` [(1, 0), (2, 1)]: what ember.autograd says of an optimizer step)."""

@@ -9,8 +9,8 @@ from ember.backends import cpp_backend
 from ember.codegen import cpp
 from ember.runtime import cache
 from tests.codegen.symbolic_graphs import (
-    SGD_MUTATIONS, aten_fn, cat_and_slices_by_symbolic_bounds, check, check_sgd_in_place, sgd_momentum, symbolic_graph,
-    views_by_symbolic_sizes,
+    SGD_MUTATIONS, aten_fn, cache_mask, cat_and_slices_by_symbolic_bounds, check, check_sgd_in_place, sgd_momentum,
+    symbolic_graph, views_by_symbolic_sizes,
 )
 from tests.numerics import assert_as_close_as_eager
 
@@ -259,9 +259,8 @@ def test_backward_ops():
             torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-4)   # (sums of 100 products, another order)
 
 
-def test_lowering_that_specializes_falls_back(monkeypatch, caplog):
-    """A lowering step that reads a symbolic size as an int (a guard on its value in the ShapeEnv) would give
-    code right at the example's size only: the graph runs as its ATen graph instead."""
+def _specializing_cos(monkeypatch):
+    """cos's decomposition made to read its symbolic size as an int (a decision on the size's value)."""
     from ember import ir
     from ember.codegen import lower
     decomp = lower.TABLE[aten.cos.default]
@@ -271,15 +270,119 @@ def test_lowering_that_specializes_falls_back(monkeypatch, caplog):
         return decomp(x)
     monkeypatch.setitem(lower.TABLE, aten.cos.default, specializing)
 
+
+def _specializing_planner(monkeypatch):
+    """A lowering step outside any decomposition (the linear fusions' planner) made to read a symbolic size as an
+    int: the graph cannot be lowered."""
+    from ember.codegen import lower
+    plan = lower.plan_linear_fusions
+
+    def specializing(gm):
+        for n in gm.graph.nodes:
+            v = n.meta.get("val")
+            if n.op == "placeholder" and isinstance(v, torch.Tensor):
+                int(v.shape[0])
+        return plan(gm)
+    monkeypatch.setattr(lower, "plan_linear_fusions", specializing)
+
+
+def _shape_env_state(env):
+    return list(env.guards), dict(env.replacements), dict(env.var_to_range)
+
+
+def test_a_decomposition_that_specializes_keeps_its_op_and_no_guard(monkeypatch):
+    """A decomposition that reads a symbolic size as an int would give code right at the example's size only: its
+    op stays an ATen call (the rest compiled), and the capture's ShapeEnv keeps no guard or replacement from it
+    (else the frame's entry would pin the size)."""
+    _specializing_cos(monkeypatch)
+
+    def f(s0, x):
+        return aten.cos.default(aten.mul.Tensor(x, 2.0)), aten.add.Tensor(x, 1.0)
+    gm, env = symbolic_graph(aten_fn(f), [5, torch.randn(5, 3)], {1: [0]})
+    before = _shape_env_state(env)
+    compiled = cpp_backend.compile_aten(gm, [5, torch.randn(5, 3)])
+    assert compiled.compiled.sched.lowered.fallbacks == ["aten.cos.default"]
+    assert _shape_env_state(env) == before
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(n, 3)])
+
+
+def test_lowering_that_specializes_runs_the_aten_graph_and_adds_no_guard(monkeypatch, caplog):
+    """A lowering step outside a decomposition that reads a symbolic size as an int: the graph runs as its ATen
+    graph, logged, and the ShapeEnv is as it was."""
+    _specializing_planner(monkeypatch)
+
     def f(s0, x):
         return aten.cos.default(x)
-    gm, _ = symbolic_graph(aten_fn(f), [5, torch.randn(5, 3)], {1: [0]})
+    gm, env = symbolic_graph(aten_fn(f), [5, torch.randn(5, 3)], {1: [0]})
+    before = _shape_env_state(env)
     with caplog.at_level("WARNING", logger="ember.fallbacks"):
         compiled = cpp_backend.compile_aten(gm, [5, torch.randn(5, 3)])
     assert not hasattr(compiled, "compiled")
-    assert any("specialized a symbolic size" in r.getMessage() for r in caplog.records)
+    assert any("symbolic graph runs as its ATen graph" in r.getMessage() and "decision on a symbolic size" in
+               r.getMessage() for r in caplog.records), caplog.text
+    assert _shape_env_state(env) == before
     for n in SIZES:
         check(compiled, f, [n, torch.randn(n, 3)])
+
+
+def graphs_per_call(fn, calls, **compile_options) -> list[int]:
+    """ember.compile(fn) (the ember backend) called on each argument tuple of `calls`, each call compared with
+    eager: the number of graphs compiled after each call."""
+    import ember
+    from ember.backends import lookup_backend
+    graphs = []
+
+    def count(gm, ex):
+        graphs.append(gm)
+        return lookup_backend("ember")(gm, ex)
+    compiled = ember.compile(fn, backend=count, **compile_options)
+    counts = []
+    for args in calls:
+        torch.testing.assert_close(compiled(*args), fn(*args))
+        counts.append(len(graphs))
+    return counts
+
+
+@pytest.mark.parametrize("where", ["decomposition", "planner"])
+def test_a_graph_whose_lowering_specializes_serves_every_size(monkeypatch, where):
+    """ember.compile, automatic dynamic: a symbolic graph whose lowering took a decision on a size (its op an
+    ATen call, or the whole graph its ATen graph) is still the one graph of every later size, no recompile."""
+    (_specializing_cos if where == "decomposition" else _specializing_planner)(monkeypatch)
+
+    def f(x):
+        return torch.cos(x * 2.0) + 1.0
+    counts = graphs_per_call(f, [(torch.randn(n, 3),) for n in (4, 5, 6, 9, 17, 5)])
+    assert counts == [1, 2, 2, 2, 2, 2], counts
+
+
+def test_a_cache_mask_of_every_length():
+    """transformers' sdpa mask over a key/value cache (symbolic_graphs.cache_mask): arange(s0 + 1) viewed through
+    a whole slice, compared with arange(s0, s0 + 1): kernels at every length, no guard."""
+    f = cache_mask("cpu")
+    compiled, gm = compile_symbolic(f, [5, torch.randn(2, 5)], {1: [1]})
+    env = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder").node.shape_env
+    assert not env.guards and not env.replacements
+    for n in SIZES:
+        check(compiled, f, [n, torch.randn(2, n)])
+
+
+def test_a_mask_over_a_growing_cache_one_graph():
+    """GPT-2's decoding step with transformers' sdpa mask built (transformers 5.17 under a compiler, as on the
+    GPU): one graph for every cache length after the first two, no recompile (the mask's whole slice of
+    arange(past + 1) once read the length as an int, a guard pinning it)."""
+    import torch.nn.functional as F
+
+    def step(k, q):
+        n = k.shape[2]
+        kv_idx = torch.arange(n + 1) + 0
+        mask = kv_idx[None, None, None, :] <= (torch.arange(1) + n)[None, None, :, None]
+        kv = torch.cat([k, q], 2)
+        return F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask.expand(1, -1, 1, n + 1))
+    eager_graphs = cpp_backend.STATS["eager_graphs"]
+    counts = graphs_per_call(step, [(torch.randn(1, 4, n, 16), torch.randn(1, 4, 1, 16)) for n in range(16, 24)])
+    assert counts == [1, 2, 2, 2, 2, 2, 2, 2], counts
+    assert cpp_backend.STATS["eager_graphs"] == eager_graphs   # (both compiled to kernels)
 
 
 def test_batch_norm_training_over_a_symbolic_batch():
@@ -422,3 +525,42 @@ def test_batched_matmul_attention_of_every_length_one_graph():
         torch.testing.assert_close(x.grad, xe.grad, rtol=1e-4, atol=1e-4)
         w.grad = None
     assert len(graphs) == 1, len(graphs)
+
+
+def test_gpt2_decoding_with_the_sdpa_mask_three_graphs(monkeypatch):
+    """transformers' GPT-2 decoding with its KV cache, the sdpa mask built at each step (transformers 5.17 builds
+    it under any compiler, its is_tracing() being True; later versions skip it): the prompt's graph, the first
+    step's, then one symbolic graph for every cache length, each step's logits as eager's."""
+    transformers = pytest.importorskip("transformers", reason="the GPT-2 model is transformers'")
+    from transformers import masking_utils
+    monkeypatch.setattr(masking_utils, "_ignore_causal_mask_sdpa", lambda *a, **k: False)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64, vocab_size=100)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    import ember
+    from ember.backends import lookup_backend
+    graphs = []
+
+    def count(gm, ex):
+        graphs.append(gm)
+        return lookup_backend("ember")(gm, ex)
+    step = ember.compile(model, backend=count)
+    eager_graphs = cpp_backend.STATS["eager_graphs"]
+
+    def generate(f, tokens):
+        out = f(input_ids=torch.arange(6).view(1, 6) * 7, use_cache=True)
+        logits = [out.logits]
+        for _ in range(tokens):
+            out = f(input_ids=out.logits[:, -1].argmax(-1, keepdim=True), past_key_values=out.past_key_values,
+                    use_cache=True)
+            logits.append(out.logits)
+        return logits
+    with torch.no_grad():
+        want = generate(model, 7)
+        got = generate(step, 7)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert len(graphs) == 3, len(graphs)
+    masks = [n.kwargs.get("attn_mask") for n in graphs[-1].graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert masks and all(isinstance(m, torch.fx.Node) for m in masks), masks   # (the mask was built)
+    assert cpp_backend.STATS["eager_graphs"] == eager_graphs   # (every graph compiled to kernels)

@@ -8,8 +8,8 @@ import torch
 
 from tests.codegen.triton_interpreter import import_triton
 from tests.codegen.symbolic_graphs import (
-    SGD_MUTATIONS, aten_fn, cat_and_slices_by_symbolic_bounds, check, check_sgd_in_place, sgd_momentum, symbolic_graph,
-    views_by_symbolic_sizes,
+    SGD_MUTATIONS, aten_fn, cache_mask, cat_and_slices_by_symbolic_bounds, check, check_sgd_in_place, sgd_momentum,
+    symbolic_graph, views_by_symbolic_sizes,
 )
 
 CUDA, DEV, triton = import_triton()
@@ -290,3 +290,60 @@ def test_element_at_a_size_dependent_offset_is_a_scalar_load():
     compiled = compile_symbolic(f, [5, rand(5), rand(3, 4)], {1: [0]})
     for n in SIZES:
         check(compiled, f, [n, rand(n), rand(3, 4)])
+
+
+def test_a_cache_mask_of_every_length():
+    """transformers' sdpa mask over a key/value cache (symbolic_graphs.cache_mask, the GPU's GPT-2 decoding under
+    transformers 5.17): kernels at every length, the capture's ShapeEnv without a guard."""
+    f = cache_mask(DEV)
+    gm, env = symbolic_graph(aten_fn(f), [5, rand(2, 5)], {1: [1]})
+    compiled = triton_backend.compile_aten(gm, [5, rand(2, 5)])
+    assert hasattr(compiled, "compiled") and not compiled.compiled.sched.lowered.fallbacks
+    assert not env.guards and not env.replacements
+    for n in SIZES:
+        check(compiled, f, [n, rand(2, n)])
+
+
+def test_lowering_that_specializes_keeps_no_guard(monkeypatch):
+    """A decomposition that reads a symbolic size as an int keeps its op an ATen call; a lowering step outside one
+    that does runs the graph as its ATen graph; either way the ShapeEnv keeps no guard (the frame's entry would
+    pin the size), and ember.compile compiles one graph for every later size (automatic dynamic)."""
+    import ember
+    from ember import ir
+    from ember.backends import ember_backend
+    from ember.codegen import lower
+    decomp, plan = lower.TABLE[aten.cos.default], lower.plan_linear_fusions
+
+    def specializing(x):
+        int(ir.GRAPH.val.shape[0])
+        return decomp(x)
+
+    def f(s0, x):
+        return aten.cos.default(aten.mul.Tensor(x, 2.0)), aten.add.Tensor(x, 1.0)
+    monkeypatch.setitem(lower.TABLE, aten.cos.default, specializing)
+    gm, env = symbolic_graph(aten_fn(f), [5, rand(5, 3)], {1: [0]})
+    compiled = triton_backend.compile_aten(gm, [5, rand(5, 3)])
+    assert compiled.compiled.sched.lowered.fallbacks == ["aten.cos.default"]
+    assert not env.guards and not env.replacements
+    for n in SIZES:
+        check(compiled, f, [n, rand(n, 3)])
+
+    def planner(gm):
+        for n in gm.graph.nodes:
+            if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor):
+                int(n.meta["val"].shape[0])
+        return plan(gm)
+    monkeypatch.setattr(lower, "plan_linear_fusions", planner)
+    if not CUDA:
+        monkeypatch.setitem(ember_backend.DEVICE_BACKENDS, "cpu", "ember.backends.triton_backend")
+    before = dict(triton_backend.STATS)
+
+    def g(x):
+        return torch.cos(x * 2.0) + 1.0
+    compiled = ember.compile(g)
+    for n in (4, 5, 6, 9, 17, 5):
+        x = rand(n, 3)
+        torch.testing.assert_close(compiled(x), g(x))
+    # (the static graph of the first size compiled, the symbolic one of every later size its ATen graph)
+    assert (triton_backend.STATS["graphs"] - before["graphs"], triton_backend.STATS["eager_graphs"] -
+            before["eager_graphs"]) == (1, 1), triton_backend.STATS

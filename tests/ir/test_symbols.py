@@ -69,3 +69,29 @@ def test_facts_the_guards_prove():
     finally:
         symbols.HINTS.clear()
         symbols.SHAPE_ENV = None
+
+
+def test_no_new_guards_leaves_the_shape_env_as_it_was():
+    """Under symbols.no_new_guards a decision on a symbol's value (int(), a comparison the guards do not decide,
+    torch._check) raises SizeDecision and the ShapeEnv keeps no guard, replacement or range from it; what its
+    guards and ranges decide is answered; after it, the ShapeEnv decides (and guards) again."""
+    import pytest
+    env = ShapeEnv()
+    a, sa = _symint(env, 17, 0)
+    b, sb = _symint(env, 9, 1)
+    assert b < a   # (the program's check: a guard from before)
+    guards, reps, ranges = list(env.guards), dict(env.replacements), dict(env.var_to_range)
+    with symbols.no_new_guards(env):
+        for decide in (lambda: int(a + 1), lambda: bool(a == 18), lambda: bool(a > 20),
+                       lambda: torch._check(a + 1 == 18), lambda: bool(a * 2 == b + 7)):
+            with pytest.raises(symbols.SizeDecision):
+                decide()
+        assert bool(b < a) and bool(a >= 2) and not bool(a == 1) and bool(a + 1 > a)   # (decided already)
+        with symbols.no_new_guards(env):   # (nested: the outer one stays in force)
+            with pytest.raises(symbols.SizeDecision):
+                int(b)
+        with pytest.raises(symbols.SizeDecision):
+            int(b)
+    assert env.guards == guards and env.replacements == reps and env.var_to_range == ranges
+    assert not vars(env).keys() & {"evaluate_expr", "guard_or_defer_runtime_assert"}
+    assert int(a + 1) == 18 and env.replacements.get(sa) == 17   # (open again: a guard, as before)
