@@ -1,7 +1,8 @@
 """Model suite: eager vs torch.compile (Inductor) vs ember on named models of bench/zoo.py's families, for speed.
 
     .venv/bin/python bench/suite.py [--device cpu|cuda] [--rows a,b] [--shard i/n] [--cpu-target native|avx2|avx512]
-                                    [--batch B] [--timeout S] [--budget S] [--json FILE] [--list]
+                                    [--threads N] [--clock wall|process] [--batch B] [--timeout S] [--budget S]
+                                    [--json FILE] [--list]
     .venv/bin/python bench/suite.py --merge a.json b.json ...     # one table and summary from shards' JSON
 
 Rows: a model (torchvision, or transformers built from a config: random weights, no downloads), a mode and a dtype:
@@ -27,7 +28,10 @@ and its own optimizer), then
   follow the optimizer's updates) at the same tolerances. A failed check is printed in the row (MISMATCH), and
   the row is still timed;
 - timing: rounds in turns, each round starting at the next column, one call per column and round on the CPU, a
-  block of calls of at least 5 ms on the GPU (synchronized after it); median ms per call over the rounds.
+  block of calls of at least 5 ms on the GPU (synchronized after it); median ms per call over the rounds. --clock
+  process (CPU) times the calls in this process's CPU time: on a machine shared with other work, with
+  --threads 1, what the calls cost without the waits for a core that others' work adds (cold compiles stay wall
+  time: both compilers build in other processes).
 --cpu-target (CPU only) sets the instruction set of the whole row's process, as on a machine that has only it:
 EMBER_CPU_ISA for ember's C++, ATEN_CPU_CAPABILITY for ATen's kernels and Inductor's C++ (Inductor picks its vector
 ISA from it), ONEDNN_MAX_CPU_ISA for oneDNN (as `python -m tests.other_targets` does).
@@ -323,7 +327,7 @@ def child(a) -> dict:
         print(f"  {row.name} [{col}] " + ", ".join(f"{k.split(' ', 1)[1]} {v if isinstance(v, str) else round(v, 3)}"
                                                    for k, v in res.items() if k.startswith(col + " ")), flush=True)
     outs.clear()
-    res.update(time_in_turns(steps, a.device, a.budget))
+    res.update(time_in_turns(steps, a.device, a.budget, time.process_time if a.clock == "process" else time.perf_counter))
     if a.device == "cuda" and a.batch:
         for col, (step, _) in steps.items():
             res[f"{col} host ms"] = host_ms(step)
@@ -332,7 +336,7 @@ def child(a) -> dict:
     return res
 
 
-def time_in_turns(steps: dict, device: str, budget: float) -> dict:
+def time_in_turns(steps: dict, device: str, budget: float, clock=time.perf_counter) -> dict:
     """{"<col> ms": median ms per call}: rounds in turns, each starting at the next column (module doc)."""
     import torch
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -347,11 +351,11 @@ def time_in_turns(steps: dict, device: str, budget: float) -> dict:
         for k in keys[r % len(keys):] + keys[:r % len(keys)]:
             step = steps[k][0]
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(inner[k]):
                 step()
             sync()
-            times[k].append((time.perf_counter() - t0) / inner[k])
+            times[k].append((clock() - t0) / inner[k])
     return {f"{k} ms": statistics.median(v) * 1e3 for k, v in times.items()} | {"rounds": rounds}
 
 
@@ -372,7 +376,8 @@ def host_ms(step, calls: int = 20) -> float:
 def run_row(row: Row, a, machine_cache: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                EMBER_CACHE_DIR=machine_cache, **ISA_ENV[a.cpu_target if a.device == "cpu" else "native"])
-    cmd = [sys.executable, __file__, "--child", row.name, "--device", a.device, "--budget", str(a.budget)]
+    cmd = [sys.executable, __file__, "--child", row.name, "--device", a.device, "--budget", str(a.budget),
+           "--clock", a.clock]
     if a.batch:
         cmd += ["--batch", str(a.batch)]
     if a.threads:
@@ -473,6 +478,9 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-target", default="native", choices=sorted(ISA_ENV), help="CPU instruction set (module doc)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of every column (OMP_NUM_THREADS and "
                    "torch.set_num_threads; default: torch's)")
+    p.add_argument("--clock", default="wall", choices=["wall", "process"],
+                   help="the timed calls' clock: wall, or (CPU) this process's CPU time, which a shared machine's "
+                   "other work does not add to (with --threads 1 the same as the wall time of an idle machine)")
     p.add_argument("--batch", type=int, default=0, help="every row's batch (host-time rows: 1 or 2)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per row (its process is killed after)")
     p.add_argument("--budget", type=float, default=0, help="seconds of timing per row (default 6 CPU, 3 GPU)")
@@ -494,6 +502,8 @@ def main(argv=None) -> int:
         import torch
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
     a.budget = a.budget or (6.0 if a.device == "cpu" else 3.0)
+    if a.clock == "process" and a.device != "cpu":
+        p.error("--clock process times CPU work: --device cpu only")
     if a.child:
         res = child(a)
         print(TAG + json.dumps(res), flush=True)
@@ -509,7 +519,7 @@ def main(argv=None) -> int:
         return 0
     head = machine(a.device, a.cpu_target)
     print(f"# bench/suite.py --device {a.device} --shard {a.shard}" + (f" --batch {a.batch}" if a.batch else "")
-          + (f" --threads {a.threads}" if a.threads else "")
+          + (f" --threads {a.threads}" if a.threads else "") + (f" --clock {a.clock}" if a.clock != "wall" else "")
           + f": {len(rows)} rows\n# {head}", flush=True)
     machine_cache = tempfile.mkdtemp(prefix="suite_machine_")
     results = []
@@ -523,7 +533,7 @@ def main(argv=None) -> int:
         if a.json:   # after every row, so a run cut short keeps its rows
             with open(a.json, "w") as f:
                 json.dump({"machine": head, "device": a.device, "cpu_target": a.cpu_target, "batch": a.batch,
-                           "threads": a.threads,
+                           "threads": a.threads, "clock": a.clock,
                            "rows": results}, f, indent=1)
     shutil.rmtree(machine_cache, ignore_errors=True)
     print()
