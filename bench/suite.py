@@ -41,6 +41,7 @@ eager, and the largest ratio of ember's cold compile to Inductor's (the goal: at
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -244,7 +245,7 @@ def make_step(row: Row, device: str, base, kwargs, labels, compiler):
 
     def train_step(kwargs, labels):
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device, dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
             if tv:
                 loss = F.cross_entropy(model(**kwargs), labels)
             else:
@@ -302,6 +303,7 @@ def child(a) -> dict:
         kwargs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in kwargs.items()}
     res["batch"] = next(iter(kwargs.values())).shape[0]
     compilers = {"eager": None, "ember": ember.compile, "inductor": torch.compile}
+    eagerly = ran_eagerly()
     steps, outs, first = {}, {}, 3
     for col, comp in compilers.items():
         try:
@@ -327,6 +329,9 @@ def child(a) -> dict:
         print(f"  {row.name} [{col}] " + ", ".join(f"{k.split(' ', 1)[1]} {v if isinstance(v, str) else round(v, 3)}"
                                                    for k, v in res.items() if k.startswith(col + " ")), flush=True)
     outs.clear()
+    if eagerly:   # a graph ember ran eagerly (a miss): the row's ember column is partly eager's
+        res["ember eager graphs"] = len(eagerly)
+        res["ember eager first"] = eagerly[0]
     res.update(time_in_turns(steps, a.device, a.budget, time.process_time if a.clock == "process" else time.perf_counter))
     if a.device == "cuda" and a.batch:
         for col, (step, _) in steps.items():
@@ -334,6 +339,21 @@ def child(a) -> dict:
     res["load"] = os.getloadavg()[0]
     shutil.rmtree(fresh, ignore_errors=True)
     return res
+
+
+def ran_eagerly() -> list:
+    """The messages of ember's `fallbacks` log that say a graph ran eagerly (as bench/zoo.py counts misses), from
+    now on."""
+    import logging
+    lines: list = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            msg = record.getMessage()
+            if "eagerly" in msg or "ATen graph" in msg:
+                lines.append(msg.strip().splitlines()[0][:300])
+    logging.getLogger("ember.fallbacks").addHandler(Keep(logging.WARNING))
+    return lines
 
 
 def time_in_turns(steps: dict, device: str, budget: float, clock=time.perf_counter) -> dict:
@@ -430,7 +450,8 @@ def table(results: list[dict], host: bool = False) -> str:
         cells = [r["row"], str(r.get("batch", "-")), fmt(r.get("eager ms"), ".3f"), fmt(r.get("inductor ms"), ".3f"),
                  fmt(r.get("ember ms"), ".3f"), fmt(vs_ind, ".2f") + "x", fmt(vs_eager, ".2f") + "x",
                  fmt(r.get("inductor cold s"), ".1f"), fmt(r.get("ember cold s"), ".1f"), fmt(cold, ".2f"),
-                 " ".join(x for x in (checks or ("ok" if "ember check" in r else ""), errs) if x)]
+                 " ".join(x for x in (checks or ("ok" if "ember check" in r else ""), errs) if x)
+                 + (f" ({r['ember eager graphs']} ember graphs eager)" if r.get("ember eager graphs") else "")]
         if host:
             cells += [fmt(r.get(f"{c} host ms"), ".3f") for c in ("eager", "inductor", "ember")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -445,6 +466,7 @@ def summary(results: list[dict]) -> str:
     colds = [(c, n) for n, _, _, c in rs if c == c]
     worst = max(colds) if colds else (float("nan"), "-")
     over = [f"{n} {c:.2f}" for c, n in colds if c > 0.2]
+    eager = [f"{r['row']} ({r['ember eager first'][:120]})" for r in results if r.get("ember eager graphs")]
     failed = [r["row"] for r in results if any(k.endswith("error") for k in r)
               or any(str(r.get(f"{c} check", "ok")) != "ok" for c in ("inductor", "ember"))]
     return (f"ember vs Inductor geomean {geomean([x[1] for x in ok]):.2f}x over {len(ok)} rows (lowest "
@@ -453,7 +475,8 @@ def summary(results: list[dict]) -> str:
             f"rows below 0.95x Inductor: {', '.join(low) or 'none'}\n"
             f"rows slower than eager: {', '.join(slow) or 'none'}\n"
             f"cold compile ember/Inductor: largest {worst[0]:.2f} ({worst[1]}), rows over 0.2: {', '.join(over) or 'none'}\n"
-            f"rows with an error or a failed check: {', '.join(failed) or 'none'}")
+            f"rows with an error or a failed check: {', '.join(failed) or 'none'}\n"
+            f"rows where ember ran a graph eagerly: {', '.join(eager) or 'none'}")
 
 
 def machine(device: str, cpu_target: str) -> str:
