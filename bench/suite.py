@@ -51,6 +51,7 @@ import os
 import pathlib
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -404,16 +405,20 @@ def run_row(row: Row, a, machine_cache: str) -> dict:
         env["OMP_NUM_THREADS"] = str(a.threads)
         cmd += ["--threads", str(a.threads)]
     t0 = time.perf_counter()
+    # its own session: a timeout ends the row's process and every process it started (compile workers, g++)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         start_new_session=True)
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        print(out, end="")
+        stdout, stderr = p.communicate(timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, _ = p.communicate()
+        print("".join(l + "\n" for l in stdout.splitlines() if not l.startswith(TAG)), end="")
         return {"row": row.name, "error": f"timeout after {a.timeout:.0f} s", "seconds": a.timeout}
-    print("".join(l + "\n" for l in p.stdout.splitlines() if not l.startswith(TAG)), end="", flush=True)
-    lines = [l for l in p.stdout.splitlines() if l.startswith(TAG)]
+    print("".join(l + "\n" for l in stdout.splitlines() if not l.startswith(TAG)), end="", flush=True)
+    lines = [l for l in stdout.splitlines() if l.startswith(TAG)]
     if not lines:
-        tail = p.stderr.strip().splitlines()[-3:]
+        tail = stderr.strip().splitlines()[-3:]
         return {"row": row.name, "error": f"exit {p.returncode}: {' | '.join(tail)[-300:]}",
                 "seconds": round(time.perf_counter() - t0, 1)}
     res = json.loads(lines[-1][len(TAG):])
