@@ -34,7 +34,9 @@ and its own optimizer), then
   time: both compilers build in other processes).
 --cpu-target (CPU only) sets the instruction set of the whole row's process, as on a machine that has only it:
 EMBER_CPU_ISA for ember's C++, ATEN_CPU_CAPABILITY for ATen's kernels and Inductor's C++ (Inductor picks its vector
-ISA from it), ONEDNN_MAX_CPU_ISA for oneDNN (as `python -m tests.other_targets` does).
+ISA from it), ONEDNN_MAX_CPU_ISA for oneDNN (as `python -m tests.other_targets` does), MKL_ENABLE_INSTRUCTIONS for
+MKL (eager's and Inductor's matrix products and 1x1 convolutions: left at AVX-512, they ran ~2x faster than an AVX2
+machine's, where ember's oneDNN products were capped).
 The summary gives the geomean of ember against Inductor (Inductor ms / ember ms), the rows below 0.95x, against
 eager, and the largest ratio of ember's cold compile to Inductor's (the goal: at most 1/5 on every row).
 """
@@ -61,8 +63,10 @@ from typing import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TAG = "@@SUITE "
-ISA_ENV = {"avx2": {"EMBER_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-           "avx512": {"EMBER_CPU_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+ISA_ENV = {"avx2": {"EMBER_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                    "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+           "avx512": {"EMBER_CPU_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+                      "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
            "native": {}}
 
 
