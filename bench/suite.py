@@ -527,7 +527,7 @@ def main(argv=None) -> int:
         order = {r.name: i for i, r in enumerate(rows_for(docs[0]["device"]))}
         results.sort(key=lambda r: order.get(r["row"], 1e9))
         print("\n".join(f"# {d['machine']}" for d in docs))
-        print(table(results, host=any(d.get("batch") for d in docs)))
+        print(table(results, host=any(d.get("batch") for d in docs) and docs[0]["device"] == "cuda"))
         print(summary(results))
         return 0
     if a.device is None:
