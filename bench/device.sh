@@ -20,6 +20,9 @@
 #                                       # --models hf_beit,resnet18 or --shard 2/4 (then zoo.py --merge the JSONs)
 #   bash bench/device.sh sweep          # several GPUs: the whole zoo in shards, GPU tests and bench/dynamic.py beside it
 #   bash bench/device.sh par            # several GPUs: the commands PAR_0, PAR_1, ... each on its own GPU at once
+#   bash bench/device.sh suite [ARGS]   # several GPUs: bench/suite.py --device cuda in shards, one per GPU at once,
+#                                       # each pinned to its share of the cores; ARGS go to every shard (--rows ...,
+#                                       # --batch 1); each shard's log and JSON in $OUT, the merged table in suite.md
 #   bash bench/device.sh ship           # the saved-program tests on the GPU, then bench/ship.py --device cuda (MODELS=,
 #                                       # PHASES= to choose; its table, and ship.json after each model, in $OUT)
 #   bash bench/device.sh distributed [ARGS]  # bench/distributed.py: DDP and FSDP2 on every GPU (nvidia-h200-x2)
@@ -128,6 +131,18 @@ par)     # a several-GPU kind: the commands PAR_0, PAR_1, ... at once, each on i
   wait
   tar czf "$OUT/par.tar.gz" -C "$W" .
   for f in "$W"/par[0-9].log; do echo "== $f"; grep -v -i warn "$f" | cut -c1-250 | tail -"${PAR_TAIL:-25}"; done ;;
+suite)   # one shard per GPU, pinned to cores [i*c, (i+1)*c) (c = cores / GPUs): both compilers' worker pools
+         # size themselves from the cores they may use; no row started after SUITE_S s is cut (ROW_TIMEOUT per row)
+  shift
+  n=$(nvidia-smi -L | wc -l); c=$(( $(nproc) / n ))
+  for i in $(seq 1 "$n"); do
+    CUDA_VISIBLE_DEVICES=$((i - 1)) timeout "${SUITE_S:-570}" taskset -c "$(( (i - 1) * c ))-$(( i * c - 1 ))" \
+      python3 bench/suite.py --device cuda --shard "$i/$n" --timeout "${ROW_TIMEOUT:-240}" \
+      --json "$OUT/suite$i.json" "$@" > "$OUT/suite$i.log" 2>&1 &
+  done
+  wait
+  grep -h -E "^[a-z0-9_]+ (eval|train) [a-z0-9]+: " "$OUT"/suite[0-9]*.log | cut -c1-250
+  python3 bench/suite.py --merge "$OUT"/suite[0-9]*.json 2>&1 | tee "$OUT/suite.md" ;;
 run)
   shift
   name=$(basename "${1:?usage: bash bench/device.sh run SCRIPT [ARGS]}" .py)
@@ -145,6 +160,6 @@ distributed)   # bench/distributed.py on every GPU of the machine (kind nvidia-h
   timeout 460 python3 bench/distributed.py --json "$OUT/distributed.json" "$@" 2>&1 | tee "$OUT/distributed.log" \
     | grep -E "^\||^(ddp|fsdp) |^torch |Error" | tail -30 ;;
 *)
-  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|sweep|par|ship|distributed [ARGS]|run SCRIPT [ARGS]" >&2
+  echo "usage: bash bench/device.sh tests|bench [ROWS]|train [COLS]|table|final|quick [COLS]|profile|workers|dynamic|zoo [ARGS]|sweep|par|ship|distributed [ARGS]|suite [ARGS]|run SCRIPT [ARGS]" >&2
   exit 2 ;;
 esac

@@ -29,7 +29,7 @@ from ember.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, Te
 from ember.codegen.cat_chains import lower_cat, plan_cat_chains
 from ember.codegen.layout import ALIGNED_ARGUMENTS, CONVOLUTIONS, aligned_strides, channels_last_strides, \
     is_aligned, is_dense, padded, same_strides, value_key, wants_channels_last
-from ember.codegen.matmul import addmm, lower_sibling_product, mm, plan_sibling_products
+from ember.codegen.matmul import addmm, bmm, lower_sibling_product, mm, plan_sibling_products
 from ember.codegen.onednn import LinearFusion, lower_conv_fusion, lower_linear_fusion, plan_conv_fusions, \
     plan_linear_fusions
 from ember.codegen.reductions import one_hot_sum, split_reduction
@@ -46,7 +46,7 @@ aten = torch.ops.aten
 # ATen ops whose lowering is codegen's own choice (a library call, a layout), looked up before the decomposition
 # TABLE: each takes the op's arguments as a decomposition does; where it does not choose, it calls the op's
 # decomposition itself or returns NotImplemented (the ATen call)
-CHOICES = {aten.addmm.default: addmm, aten.mm.default: mm, aten.cat.default: lower_cat}
+CHOICES = {aten.addmm.default: addmm, aten.mm.default: mm, aten.bmm.default: bmm, aten.cat.default: lower_cat}
 
 
 # sympy nodes an unmaterialized box's largest index may hold before the box is stored: past it, composing more

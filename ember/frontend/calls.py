@@ -97,6 +97,8 @@ def call_grad_mode_exit(frame: Frame, fn: GradModeExitV, args: list[V], kwargs: 
 
 
 def call_autocast_exit(frame: Frame, fn: AutocastExitV, args: list[V], kwargs: dict[str, V]) -> V:
+    if fn.node is None:   # a block entered before this graph (values.AutocastExit): its end runs in Python
+        raise Unsupported("the end of an autocast block entered before a graph break", frame.where())
     return frame.exit_autocast(fn)
 
 

@@ -26,7 +26,7 @@ from ember.frontend.policy import CONST_TYPES, MODULE_WRAPPERS, overrides_torch_
 from ember.frontend.python_objects import is_key, is_namedtuple_cls, is_structseq_cls
 from ember.frontend.symbolic import SYM_TYPES, Symbols, check_no_unbacked, log_dynamic, symbols_of
 from ember.frontend.values import (
-    CellV, ConstV, DictV, GradExit, GradModeExitV, ListV, ObjV, SetV, TensorV, TupleV, V,
+    AutocastExit, AutocastExitV, CellV, ConstV, DictV, GradExit, GradModeExitV, ListV, ObjV, SetV, TensorV, TupleV, V,
 )
 from ember.autograd.recorder import cuda_attention
 from ember.ir.meta import MATMUL_METHODS, MATMULS, fake_of_real, fast_result, symbolic_matmul
@@ -64,6 +64,8 @@ class Capture:
         # `.grad` of graph inputs as the code has set it so far (`p.grad = None`, an in-graph backward's `p.grad = g`):
         # id(TensorV of p) -> (that TensorV, the new value); written back after the graph
         self.grad_writes: dict[int, tuple[TensorV, V]] = {}
+        # _enter_autocast nodes of the blocks still open: a graph that ends inside one (a break) closes them
+        self.open_autocast: list[torch.fx.Node] = []
         self.backward_in_graph = False   # whether `loss.backward()` may join the graph (FrameCompiler.capture)
         self.backward_node: torch.fx.Node | None = None
         # policy.AT_CAPTURE's "answer" questions (torch.compiler.is_compiling()): torch.compile's answer unless
@@ -186,6 +188,10 @@ class Capture:
             v.contents = self.wrap(contents, f"{source}.cell_contents" if source else None)
             self._track(value, v)
             return v
+        if type(value) is AutocastExit:   # (its __exit__ breaks the graph: calls.call_autocast_exit)
+            if source is not None:
+                g.add(f"type({source}) is {self.consts.ref(AutocastExit)}", 0)
+            return AutocastExitV(None, value, source)
         if type(value) is GradExit:
             if source is not None:
                 g.add(f"type({source}) is {self.consts.ref(GradExit)} and {source}.prev is {value.prev}", 0)

@@ -47,16 +47,16 @@ from ember.frontend.capture import Capture, ConstTable
 from ember.frontend.dynamic_dims import DimPolicy
 from ember.frontend.symbolic import log_dynamic
 from ember.frontend.interpreter import Frame, instructions, where
-from ember.frontend.modes import autocast_state, restore_autocast
+from ember.frontend.modes import autocast_state, close_autocast, restore_autocast
 from ember.frontend.policy import COMPILE_ANSWERED, EAGER_ANSWERS, add_program, program_in
 from ember.frontend.python_objects import is_namedtuple_cls
 from ember.frontend.recompile_reasons import failed_check, with_sizes
 from ember.frontend.signals import StopCapture
-from ember.frontend.values import GradExit as _GradExit
+from ember.frontend.values import AutocastExit as _AutocastExit, GradExit as _GradExit
 from ember.frontend.values import noop_exit as _noop_exit
 from ember.frontend.values import (
-    BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV, NullV, ObjV,
-    PartialV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
+    AutocastExitV, BoundV, CellV, ClosureV, ConstV, DictV, GradModeCtxV, GradModeExitV, IterV, ListV, NewObjV, NoOpCtxV,
+    NullV, ObjV, PartialV, PyFloatV, SetV, SuperV, TensorV, TupleV, V,
 )
 from ember.tools import collector, failsafe
 from ember.tools.logs import enabled, get_logger
@@ -481,8 +481,9 @@ class EntryCodegen:
             return self.consts.ref(f)
         return f"___make_function({self.consts.ref(code)}, {self.consts.ref(f.__globals__)}, (), {{}}, ___clo)"
 
-    def tmp(self) -> str:
+    def tmp(self, value: str | None = None) -> str:
         self.ntmp += 1
+        self.lines += [f"___t{self.ntmp} = {value}"] if value is not None else []   # (a statement assigning it)
         return f"___t{self.ntmp}"
 
     # -- the graph --------------------------------------------------------------------------------------
@@ -552,6 +553,7 @@ class EntryCodegen:
             self.namespace["___with_freed_history"] = with_freed_history
         for i, v in enumerate(needed):
             self.outputs[id(v)] = i
+        close_autocast(cap)
         cap.graph.output(tuple(out_nodes))
         dead_ops = eliminate_dead_code(cap.graph)
         for inp in list(cap.inputs):  # inputs the graph ended up not using (still guarded) are not passed
@@ -686,6 +688,8 @@ class EntryCodegen:
             return f"___MethodType({c(v.func)}, {self.expr(v.self_v)})"
         if isinstance(v, GradModeExitV):
             return f"___grad_exit({v.prev})"
+        if isinstance(v, AutocastExitV):   # (a statement: the block entered before the break's instruction runs)
+            return v.source or self.tmp(f"{c(_AutocastExit)}({', '.join(c(a) for a in v.node.args)})")
         if isinstance(v, GradModeCtxV):
             return f"___torch.set_grad_enabled({v.enabled})" if v.prev is not None else \
                 f"___torch.{'enable_grad' if v.enabled else 'no_grad'}()"

@@ -17,6 +17,14 @@ def restore_autocast(state: dict) -> None:
         torch.set_autocast_dtype(d, dt)
 
 
+def close_autocast(cap) -> None:
+    """A graph that ends inside autocast blocks (a break) leaves them: the process's state is the entry's when the
+    graph returns (a backend that runs the graph's torch calls would otherwise leave autocast on), and the resume
+    function enters them again (values.AutocastExit)."""
+    for node in reversed(cap.open_autocast):
+        cap.graph.call_function(torch.amp.autocast_mode._exit_autocast, (node,))
+
+
 # autocast's context classes -> the device type they fix (None: the device is their first argument)
 AUTOCAST_CLASSES = {torch.autocast: None, torch.amp.autocast: None, torch.cpu.amp.autocast: "cpu",
                     torch.cuda.amp.autocast: "cuda"}   # the last two: the deprecated per-device spellings
@@ -32,10 +40,13 @@ class GlobalModes:
         node = self.cap.graph.call_function(torch.amp.autocast_mode._enter_autocast, ctx.args)
         real = torch.amp.autocast(*ctx.args)
         real.__enter__()
+        self.cap.open_autocast.append(node)
         return AutocastExitV(node, real)
 
     def exit_autocast(self, v: AutocastExitV) -> V:
         self.cap.graph.call_function(torch.amp.autocast_mode._exit_autocast, (v.node,))
+        if v.node in self.cap.open_autocast:
+            self.cap.open_autocast.remove(v.node)
         v.ctx.__exit__(None, None, None)
         return ConstV(None)
 

@@ -200,7 +200,8 @@ class AutocastCtxV(V):
 @dataclasses.dataclass(eq=False)
 class AutocastExitV(V):
     """The __exit__ of an autocast block entered in the graph: its _enter_autocast node, and the real context
-    entered for the capture (the fake tensors' dtypes follow it)."""
+    entered for the capture (the fake tensors' dtypes follow it). node None: a block entered before the graph
+    (an AutocastExit handed to a resume function, ctx that object)."""
     node: Any
     ctx: Any
     source: str | None = None
@@ -258,6 +259,19 @@ class GradExit:
     def __call__(self, *exc):
         torch._C._set_grad_enabled(self.prev)
         return False
+
+
+class AutocastExit:
+    """At run time: the __exit__ of an autocast block entered inside a graph, handed to a resume function. Made
+    where the graph breaks, it enters the block again (the graph's casts were its own, not the process's state),
+    so the break's instruction and the rest of the block run under it, and leaves it at the block's end."""
+
+    def __init__(self, *args):
+        self.ctx = torch.amp.autocast(*args)
+        self.ctx.__enter__()
+
+    def __call__(self, *exc):
+        return self.ctx.__exit__(*exc)
 
 
 def noop_exit(*exc) -> bool:

@@ -205,3 +205,37 @@ def test_bias_inside_the_product_for_attention_inputs():
         assert targets == [LINEAR] and attrs == ["none"], (targets, attrs)
         x = torch.randn(64, 128)
         torch.testing.assert_close(f(x), fn(x))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_product_of_a_weight_broadcast_over_a_batch_is_one_product(batch_first):
+    """nn.MultiheadAttention's in-projection under no_grad: torch.matmul of a transposed 3-D input makes a bmm
+    with the weight expanded over the batch (stride 0); it runs as one product of all the rows (vit_b_16)."""
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(64, 4, batch_first=batch_first).eval()
+    fn = lambda x: m(x, x, x, need_weights=False)[0]
+    with torch.no_grad():
+        f, targets, _ = _externs(fn, torch.randn(3, 17, 64))
+        assert "aten.bmm.default" not in targets, targets
+        assert sum(t in (LINEAR, "aten.mm.default") for t in targets) == 2, targets
+        for _ in range(2):
+            x = torch.randn(3, 17, 64)
+            torch.testing.assert_close(f(x), fn(x))
+
+
+@pytest.mark.parametrize("stored_transposed", [True, False])
+def test_bmm_of_an_expanded_weight(stored_transposed):
+    """The product of a 3-D value (a computed one, and a stored one read along its middle dim first) and a
+    weight expanded over the batch, in float32 and float64 (no oneDNN: ATen's mm), equals eager's bmm."""
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        w = torch.randn(24, 40, dtype=dtype)
+
+        def fn(x):
+            a = x.transpose(0, 1) if stored_transposed else (x * 2).transpose(0, 1)
+            return torch.bmm(a, w.expand(a.shape[0], 24, 40)).relu()
+        with torch.no_grad():
+            f, targets, _ = _externs(fn, torch.randn(5, 9, 24, dtype=dtype))
+            assert "aten.bmm.default" not in targets, targets
+            x = torch.randn(5, 9, 24, dtype=dtype)
+            torch.testing.assert_close(f(x), fn(x))

@@ -90,3 +90,27 @@ def test_autocast_training_step_gradients_match_eager():
         torch.testing.assert_close(cstep(model, x), step(twin, x))
         for p, q in zip(model.parameters(), twin.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
+
+
+class _AutocastProbe:
+    """Printed at a graph break: whether autocast is on where the break's instruction runs."""
+
+    def __str__(self):
+        return f"autocast {torch.is_autocast_enabled('cpu')} {torch.get_autocast_dtype('cpu')}"
+
+
+def test_graph_break_inside_autocast_block_resumes_compiled_under_the_block():
+    """The code after a break inside an autocast block is compiled (not run uncompiled: the block's __exit__ is
+    rebuilt for the resume function), the break's instruction runs under the block, and the block ends where
+    its code does."""
+    probe = _AutocastProbe()
+
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+            print(probe)
+            z = torch.relu(y @ w.t()) + 1
+        return z, z.dtype, (z.float() @ w).dtype, torch.is_autocast_enabled("cpu")
+    rec = check(f, rand(8, 16), rand(16, 16), _recompiles=True)
+    assert rec.graphs >= 2 and sum(rec.ops[1:]) >= 3, rec   # (the block's end breaks once more: a graph of none)
+    assert not torch.is_autocast_enabled("cpu")
