@@ -101,11 +101,11 @@ def bmm(a, b):
     """A batched product whose second operand is one matrix broadcast over the batch (batch stride 0) as one
     product of all the batch's rows: torch.matmul under no_grad makes it from a 3-D input that no view flattens
     (nn.MultiheadAttention's in-projection of a transposed input: vit_b_16), and ATen's CPU bmm runs a stride-0
-    operand ~10x slower than the same work as one mm (on CUDA, a batch of 2-row products fills few of the GPU's
-    tiles where one mm of all the rows fills them). The rows are taken in the order a's strides store them, so
-    a stored `a` is read as it is and the result is a view of the product."""
+    operand ~10x slower than the same work as one mm (CPU only: cuBLAS's strided batched product was not measured
+    slow). The rows are taken in the order a's strides store them, so a stored `a` is read as it is and the result
+    is a view of the product."""
     v = out()
-    if v.device.type not in ("cpu", "cuda") or ir.GRAPH.symbolic or a.ndim != 3 or b.ndim != 3 or b.strided is None \
+    if v.device.type != "cpu" or ir.GRAPH.symbolic or a.ndim != 3 or b.ndim != 3 or b.strided is None \
             or int(b.strided[1][0]) != 0 or not floaty(v.dtype) or a.dtype != v.dtype or b.dtype != v.dtype:
         return NotImplemented
     s0, s1, n = int(a.size[0]), int(a.size[1]), int(b.size[2])
@@ -114,9 +114,8 @@ def bmm(a, b):
     flat = P.reshape(rows, (s0 * s1, int(a.size[2])))
     w = P.select(b, 0, 0)
     g = ir.GRAPH
-    with g.lowering_as(torch.empty((s0 * s1, n), dtype=v.dtype, device="cpu" if v.device.type == "cpu" else "meta")):
-        prod = cpu_matmul(g, flat, w) or padded_product(g, flat, w) or \
-            g.extern(aten.mm.default, (flat, w), {}, fallback=False)
+    with g.lowering_as(torch.empty((s0 * s1, n), dtype=v.dtype)):
+        prod = cpu_matmul(g, flat, w) or g.extern(aten.mm.default, (flat, w), {}, fallback=False)
     prod = P.reshape(prod, (s1, s0, n) if swap else (s0, s1, n))
     return P.permute(prod, [1, 0, 2]) if swap else prod
 
