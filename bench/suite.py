@@ -220,17 +220,6 @@ def rows_for(device: str) -> list[Row]:
 
 # ---------------------------------------------------------------- one row, in its own process
 
-def tensors(out) -> list:
-    import torch
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in tensors(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in tensors(v)]
-    return []
-
-
 def make_step(row: Row, device: str, base, kwargs, labels, compiler):
     """A no-argument step for one column: eval returns the model's output, train the loss (detached)."""
     import torch
@@ -265,6 +254,8 @@ def make_step(row: Row, device: str, base, kwargs, labels, compiler):
 def check(row: Row, outs: list, refs: list) -> str:
     """"ok", or "MISMATCH: ..." with the worst error (module doc: the tolerances)."""
     import torch
+    sys.path.insert(0, str(ROOT / "bench"))
+    from zoo import tensors
     tol = 1e-3 if row.dtype == "f32" else 4e-2
     got = [t for o in outs for t in tensors(o) if t.is_floating_point()]
     want = [t for o in refs for t in tensors(o) if t.is_floating_point()]

@@ -347,30 +347,9 @@ def _variant_inputs(kwargs) -> list:
     return runs
 
 
-def eval_variants(model, kwargs) -> list:
-    """The outputs of eager float32 eval runs in _variant_inputs' other summation orders (no_grad)."""
-    import torch
-    out, threads = [], torch.get_num_threads()
-    for kind, kw in _variant_inputs(kwargs):
-        m = copy.deepcopy(model)
-        if kind == "channels_last":
-            m = m.to(memory_format=torch.channels_last)
-        else:
-            torch.set_num_threads(2)
-        try:
-            with torch.no_grad():
-                torch.manual_seed(100)
-                out.append(m(**kw))
-        finally:
-            torch.set_num_threads(threads)
-    return out
-
-
-def eager_variants(model, kwargs) -> list:
-    """Copies of `model` after eager float32 forward + backward runs in other summation orders than the main
-    eager run's: at 2 threads, and in channels_last where an input is an image batch. Eager float32's error on a
-    gradient depends on the order (train-mode batch norm over few values), so one eager run is a poor estimate
-    of it: check_grads takes the largest of these runs' errors."""
+def _variant_runs(model, kwargs, run) -> list:
+    """run(copy of model, inputs) for each of _variant_inputs' orders (2 threads, channels_last), seeded as the
+    main run; the results in order."""
     import torch
     out, threads = [], torch.get_num_threads()
     for kind, kw in _variant_inputs(kwargs):
@@ -381,11 +360,31 @@ def eager_variants(model, kwargs) -> list:
             torch.set_num_threads(2)
         try:
             torch.manual_seed(100)
-            scalar_loss(m(**kw)).backward()
+            out.append(run(m, kw))
         finally:
             torch.set_num_threads(threads)
-        out.append(m)
     return out
+
+
+def eval_variants(model, kwargs) -> list:
+    """The outputs of eager float32 eval runs in _variant_inputs' other summation orders (no_grad)."""
+    import torch
+
+    def forward(m, kw):
+        with torch.no_grad():
+            return m(**kw)
+    return _variant_runs(model, kwargs, forward)
+
+
+def eager_variants(model, kwargs) -> list:
+    """Copies of `model` after eager float32 forward + backward runs in other summation orders than the main
+    eager run's: at 2 threads, and in channels_last where an input is an image batch. Eager float32's error on a
+    gradient depends on the order (train-mode batch norm over few values), so one eager run is a poor estimate
+    of it: check_grads takes the largest of these runs' errors."""
+    def forward_backward(m, kw):
+        scalar_loss(m(**kw)).backward()
+        return m
+    return _variant_runs(model, kwargs, forward_backward)
 
 
 def check_grads(model, m32s: list, m64) -> str | None:
