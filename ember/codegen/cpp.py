@@ -417,8 +417,12 @@ def kernel_source(group: FusedGroup, sched: Schedule) -> tuple[str, list[str]]:
     scalars: dict = {}
     for block in _blocks(group.members):
         if block[0].is_reduction:
-            lines += _member(block[0], ptrs, scalars, ind, parallel and group.numel == 1, rows)
-            scalars[block[0].buf.name] = f"{block[0].buf.name}_v"
+            if len(block) > 1:
+                lines += _sums(block, ptrs, scalars, ind, parallel and group.numel == 1, rows)
+            else:
+                lines += _member(block[0], ptrs, scalars, ind, parallel and group.numel == 1, rows)
+            for m in block:
+                scalars[m.buf.name] = f"{m.buf.name}_v"
         else:
             lines += _pointwise_block(block, ptrs, scalars, ind, parallel and group.numel == 1, rows, team)
     if team:
@@ -711,6 +715,9 @@ def _blocks(members: list) -> list[list]:
     out = []
     for m in members:
         prev = out[-1] if out else None
+        if prev and _sibling_sums(prev, m):
+            prev.append(m)
+            continue
         if prev and not m.is_reduction and not prev[0].is_reduction and tuple(prev[0].inner) == tuple(m.inner) \
                 and prev[0].block == m.block:
             stores = {p.buf.name: p.store for p in prev}
@@ -720,6 +727,41 @@ def _blocks(members: list) -> list[list]:
                 continue
         out.append([m])
     return out
+
+
+def _sibling_sums(prev: list, m: Member) -> bool:
+    """Whether sum m joins the sums of `prev` in one loop nest (_sums): the same inner loops, none reading
+    another's result. A batch norm's backward takes two sums of one recomputed value per element; one loop
+    computes it once."""
+    def plain_sum(x: Member) -> bool:
+        return x.is_reduction and x.buf.kind == "sum" and bool(x.inner) and x.body.dtype != torch.bool \
+            and x.body.dtype not in cpp_lowp.LOW_PRECISION
+    if not (plain_sum(m) and all(plain_sum(p) for p in prev) and tuple(prev[0].inner) == tuple(m.inner)
+            and prev[0].block == m.block):
+        return False
+    names = {p.buf.name for p in prev}
+    return not any(x.op == "load" and x.args[0] in names for x in m.body.walk())
+
+
+def _sums(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
+    """Sibling sums (_sibling_sums) in one loop nest, an accumulator each: values their bodies share are
+    computed once per element (the Body's common subexpressions)."""
+    inner = ms[0].inner
+    accs = [f"{m.buf.name}_acc" for m in ms]
+    lines = [f"{ind}// {', '.join(m.buf.name for m in ms)}: sum reductions over {list(symbols.ints(inner))}, one loop"]
+    lines += [f"{ind}{CTYPE[m.body.dtype]} {acc} = {REDUCE_INIT['sum']};" for m, acc in zip(ms, accs)]
+    lind = ind + "  "
+    head, bind, close = _loops(inner, lind, parallel_inner, "".join(f" reduction(+:{a})" for a in accs), simd=True)
+    b = Body(ptrs, scalars, bind, rows, hoist=(lind, set(rvars(len(inner)))))
+    b.chunk(head, inner)
+    updates = [f"{bind}{acc} += {b.emit(m.body)};" for m, acc in zip(ms, accs)]
+    lines += [ind + "{"] + b.pre + b.loop(head, b.lines + updates, close) + [ind + "}"]
+    for m, acc in zip(ms, accs):
+        t = CTYPE[m.buf.dtype]
+        lines.append(f"{ind}{t} {m.buf.name}_v = {cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({acc})')};")
+        if not m.local:
+            lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {cpp_lowp.store(m.buf.dtype, m.buf.name + '_v')};")
+    return lines
 
 
 MAX_PIECES = 8   # inner loops cut at more points than this keep their selects

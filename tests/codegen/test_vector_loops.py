@@ -114,3 +114,23 @@ def test_concatenation_along_another_dim_keeps_its_select():
     torch.manual_seed(0)
     _, kernels = compiled(lambda a, b: torch.cat([a, b + 1], 0), [torch.randn(5, 64), torch.randn(9, 64)])
     assert kernels.count("#pragma omp simd") == 1, kernels
+
+
+def test_sibling_sums_of_one_value_run_in_one_loop():
+    """Two sums over the same loops that share their value (a batch norm backward's sum(g) and sum(g * x_hat) of
+    one recomputed gradient): one loop nest with two accumulators, the shared value computed once per element;
+    both equal eager's. A sum that reads another's result keeps a loop of its own."""
+    torch.manual_seed(0)
+    g, x = torch.randn(4, 8, 6, 6), torch.randn(4, 8, 6, 6)
+
+    def siblings(g, x):
+        v = torch.where(x > 0, g, 0.0) * x.exp()
+        return v.sum((0, 2, 3)), (v * x).sum((0, 2, 3))
+
+    def dependent(x):
+        mean = x.mean((0, 2, 3), keepdim=True)
+        return ((x - mean) ** 2).sum((0, 2, 3))
+    _, kernels = compiled(siblings, [g, x])
+    assert kernels.count("one loop") == 1 and re.search(r"simd reduction\(\+:\w+\) reduction\(\+:\w+\)", kernels), kernels
+    _, kernels = compiled(dependent, [x])
+    assert "one loop" not in kernels, kernels
