@@ -11,27 +11,13 @@ each prints the guards it added (a guard `Eq(s0, 28)` pins the length to its val
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
-from torch._guards import GuardSource, Source
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
-@dataclasses.dataclass(frozen=True)
-class _Src(Source):
-    name_: str
-
-    @property
-    def _name_template(self) -> str:
-        return self.name_
-
-    @property
-    def guard_source(self):
-        return GuardSource.LOCAL
+from ember.frontend.symbolic import SizeSource   # (a size's source, as ember's capture names them)
 
 
 class _OpsThatGuard(TorchDispatchMode):
@@ -55,7 +41,7 @@ def fakes(shapes: dict, dtype, dynamic_dims: dict):
         dims = dynamic_dims.get(name, ())
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK if d in dims else DimDynamic.STATIC
                                                       for d in range(len(shape))])
-        f = mode.from_tensor(torch.randn(shape, dtype=dtype), source=_Src(name), symbolic_context=ctx)
+        f = mode.from_tensor(torch.randn(shape, dtype=dtype), source=SizeSource(name), symbolic_context=ctx)
         with mode:   # (a CUDA fake of the same symbolic sizes; also where no GPU is, for a dry run)
             out[name] = torch.empty_strided(f.shape, f.stride(), dtype=dtype, device="cuda")
     return env, mode, out
