@@ -488,31 +488,30 @@ def run_task(task: dict) -> dict:
     t0 = time.perf_counter()
     out = dict(task)
     print(f"== zoo row {task['name']} {task['mode']} ({task['kind']})", file=sys.stderr, flush=True)
-    fallbacks = FallbackRecords().__enter__()
-    try:
-        skip = _skip_reason(task["name"], task.get("device", "cpu"))
-        if skip:
-            out["skipped"] = skip
-        elif task["kind"] == "torch":
-            out["counts"] = torch_counts(task["name"], task["mode"], task.get("device", "cpu"))
-        else:
-            out["counts"] = ember_row(task["name"], task["mode"], task["backend"], task["check_train"],
-                                      task.get("device", "cpu"))
-    except Exception as e:  # noqa: BLE001 - a failure is a row
-        tb = traceback.extract_tb(e.__traceback__)
-        where = f" at {short_path(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
-        out["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}{where}"
-    finally:
-        fallbacks.__exit__()
-        if fallbacks.lines and task["kind"] == "ember":
-            out["fallbacks"] = fallbacks.lines
+    with FallbackRecords() as fallbacks:
         try:
-            import torch._dynamo
-            torch._dynamo.reset()
-            import ember
-            ember.reset()
-        except Exception:  # noqa: BLE001
-            pass
+            skip = _skip_reason(task["name"], task.get("device", "cpu"))
+            if skip:
+                out["skipped"] = skip
+            elif task["kind"] == "torch":
+                out["counts"] = torch_counts(task["name"], task["mode"], task.get("device", "cpu"))
+            else:
+                out["counts"] = ember_row(task["name"], task["mode"], task["backend"], task["check_train"],
+                                          task.get("device", "cpu"))
+        except Exception as e:  # noqa: BLE001 - a failure is a row
+            tb = traceback.extract_tb(e.__traceback__)
+            where = f" at {short_path(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
+            out["error"] = (f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+                            f"{where}")
+    if fallbacks.lines and task["kind"] == "ember":
+        out["fallbacks"] = fallbacks.lines
+    try:
+        import torch._dynamo
+        torch._dynamo.reset()
+        import ember
+        ember.reset()
+    except Exception:  # noqa: BLE001
+        pass
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 

@@ -85,12 +85,12 @@ MVEC_UNARY = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", 
 MVEC_BINARY = ("atan2", "hypot", "pow")
 
 
-# libmvec's exp sends a lane beyond |x| of 87.33 (float) / 708.39 (double) to the scalar exp, ~13 ns each: a
-# softmax over a row masked with -inf (10% of it) ran 3.4x slower, one thread. Where an infinite or huge
+# libmvec's exp sends a lane beyond |x| of 87.33 (float) / 708.39 (double) to the scalar exp, a slow path per
+# lane: a softmax over rows masked with -inf spends its time there. Where an infinite or huge
 # constant can reach exp's argument (`exp_leaves_domain`: masked_fill(-inf), where(m, x, -finfo.max)) the
 # exp is ember_exp_guarded[f]: libmvec's on |x| at most 87 / 704 and exp(x / 2)^2 beyond (1 ulp more), 0 where
 # it underflows by a select, never a multiply (a denormal product is a microcode assist too). Elsewhere the
-# guard would double exp's cost (0.33 -> 0.67 ns an element, AVX-512), so plain libmvec.
+# guard would double exp's cost, so plain libmvec.
 EXP_DOMAIN = {torch.float32: 87.0, torch.float64: 704.0}
 GUARDED_EXP = "".join(rf"""
 static inline EMBER_NO_TRAPS {t} ember_exp_guarded{sfx}({t} x) {{
@@ -757,10 +757,16 @@ def _sums(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     updates = [f"{bind}{acc} += {b.emit(m.body)};" for m, acc in zip(ms, accs)]
     lines += [ind + "{"] + b.pre + b.loop(head, b.lines + updates, close) + [ind + "}"]
     for m, acc in zip(ms, accs):
-        t = CTYPE[m.buf.dtype]
-        lines.append(f"{ind}{t} {m.buf.name}_v = {cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({acc})')};")
-        if not m.local:
-            lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {cpp_lowp.store(m.buf.dtype, m.buf.name + '_v')};")
+        lines += _reduced(m, acc, ind)
+    return lines
+
+
+def _reduced(m: Member, acc: str, ind: str) -> list[str]:
+    """A reduction's value `{name}_v` from its accumulator (rounded to its type), stored unless it is local."""
+    t = CTYPE[m.buf.dtype]
+    lines = [f"{ind}{t} {m.buf.name}_v = {cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({acc})')};"]
+    if not m.local:
+        lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {cpp_lowp.store(m.buf.dtype, m.buf.name + '_v')};")
     return lines
 
 
@@ -866,7 +872,6 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: b
 
 
 def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
-    t = CTYPE[m.buf.dtype]
     inner = m.inner or (sympy.Integer(1),)  # a loop of one keeps each member's temporaries in its own scope
     kind, vt = m.buf.kind, CTYPE[m.body.dtype]
     acc = f"{m.buf.name}_acc"
@@ -923,12 +928,7 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     lines += [ind + "{"] + loop + [ind + "}"] if m.inner else loop
     if kind in ("max", "min") and fl:
         lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{vt}>::quiet_NaN();")
-    result = f"{acc}_i" if kind.startswith("arg") else acc
-    lines.append(f"{ind}{t} {m.buf.name}_v = {cpp_lowp.rounded(m.buf.dtype, f'static_cast<{t}>({result})')};")
-    if not m.local:
-        stored = cpp_lowp.store(m.buf.dtype, m.buf.name + "_v")
-        lines.append(f"{ind}{m.buf.name}[{index_code(m.store, {})}] = {stored};")
-    return lines
+    return lines + _reduced(m, f"{acc}_i" if kind.startswith("arg") else acc, ind)
 
 
 def _storage(dtype: torch.dtype) -> str:
