@@ -225,7 +225,8 @@ def _build(name: str, train: bool, device: str = "cpu"):
 
 def _skip_reason(name: str, device: str = "cpu") -> str | None:
     import zoo_models
-    n, most = zoo_models.param_count(name), zoo_models.MAX_PARAMS_CUDA if device == "cuda" else zoo_models.MAX_PARAMS
+    most = zoo_models.MAX_PARAMS_CUDA if device == "cuda" else zoo_models.MAX_PARAMS
+    n, most = zoo_models.param_count(name), int(os.environ.get("ZOO_MAX_PARAMS") or most)
     return f"{n / 1e6:.0f}M parameters > {most / 1e6:.0f}M" if n > most else None
 
 
@@ -767,6 +768,8 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--max-params", type=float, default=0, help="skip models over this many parameters (default: "
+                   "300M on the CPU, 2B on a GPU; e.g. 3e8 on a GPU to run the largest models alone elsewhere)")
     p.add_argument("--models", default="", help="comma-separated substrings of model names (hf_ = transformers)")
     p.add_argument("--mode", default="both", choices=["eval", "train", "both"])
     p.add_argument("--backend", default="ember", help="ember's backend: ember (the whole pipeline) or eager "
@@ -790,6 +793,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     global DEVICE
     DEVICE = a.device
+    if a.max_params:
+        os.environ["ZOO_MAX_PARAMS"] = str(int(a.max_params))   # read by the workers' _skip_reason
     if a.worker:
         return worker()
     if a.merge:
