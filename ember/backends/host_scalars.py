@@ -196,18 +196,24 @@ def _library_call(n: torch.fx.Node) -> bool:
         isinstance(n.target, torch._ops.OpOverload) and n.target not in TABLE))
 
 
-def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | None:
-    """(host graph, device graph, how to call them) for a graph whose CPU values are made on the CPU, else None."""
+def _named(n: fx.Node) -> str:
+    return f"{n.target if n.op == 'call_function' else n.name}" + (f" at {n.meta['where']}" if "where" in n.meta else "")
+
+
+def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | str:
+    """(host graph, device graph, how to call them) for a graph whose CPU values are made on the CPU, else why
+    not (the fallback's log line names the node)."""
     nodes = list(gm.graph.nodes)
     output = nodes[-1]
     host = {n for n in nodes if n.op in ("placeholder", "call_function", "get_attr") and _device_type(n) == "cpu"}
     if not host:
-        return None
+        return "no CPU value"
     for n in host:
         if any(a not in host for a in n.all_input_nodes):
-            return None      # a CPU value made from a device value: a device-to-host copy, which must wait
+            # a CPU value made from a device value: a device-to-host copy, which must wait
+            return f"a CPU value is made from a CUDA one ({_named(n)})"
         if not isinstance(n.meta["val"], torch.Tensor):
-            return None
+            return f"a CPU node's result is not a tensor ({_named(n)})"
     # CPU values that are not 0-d, and what is made from them: computed on the host only (module doc)
     heavy: set = set()
     for n in nodes:
@@ -226,8 +232,8 @@ def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | N
             packs.setdefault(n.meta["val"].dtype, []).append(n)
     # heavy values a device node reads: each sent as a tensor, an input's as it comes, others from the host graph
     tensors_sent = [n for n in nodes if n in heavy and any(u not in host and u.op != "output" for u in n.users)]
-    if any(n.op == "get_attr" for n in tensors_sent):
-        return None          # (fold_constants hands the device its copy of a constant first)
+    if any(n.op == "get_attr" for n in tensors_sent):   # (fold_constants hands the device a constant's copy first)
+        return f"the device reads a CPU constant ({_named(next(n for n in tensors_sent if n.op == 'get_attr'))})"
 
     # CPU values the device reads that are made with a libdevice function (Adam's bias corrections
     # `1 - beta ** step`): computed once by the host graph and sent, not recomputed in every kernel reading them
@@ -424,11 +430,11 @@ def _eager_while_building(host_fn: Callable, host_gm: fx.GraphModule) -> list[Ca
 
 
 def compile_split(gm: fx.GraphModule, example_inputs: list, compile_host: Callable, compile_device: Callable
-                  ) -> Callable | None:
-    """gm compiled as a host part and a device part (module doc), or None where it cannot be split."""
+                  ) -> Callable | str:
+    """gm compiled as a host part and a device part (module doc), or why it cannot be split."""
     parts = split(gm)
-    if parts is None:
-        return None
+    if isinstance(parts, str):
+        return parts
     host_gm, dev_gm, plan = parts
     host_idx, dev_idx, device = plan["host_inputs"], plan["device_inputs"], plan["device"]
     tensors_sent = plan["tensors_sent"]

@@ -202,10 +202,11 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list, options: dict |
                 return graphed(f, g) if graphed is not None else f
             split = host_scalars.compile_split(
                 gm, example_inputs, lambda g, ex: cpp_backend.compile_aten(g, ex, options), compile_device)
-            if split is not None:
+            if not isinstance(split, str):
                 return split
-        fallback_log.warning("graph runs eagerly (Triton backend): it mixes %s tensors with CUDA ones",
-                             "/".join(sorted(devices - {"cuda"})))
+        why = f": {split}" if devices == {"cpu", "cuda"} else ""
+        fallback_log.warning("graph runs eagerly (Triton backend): it mixes %s tensors with CUDA ones%s",
+                             "/".join(sorted(devices - {"cuda"})), why)
         STATS["eager_graphs"] += 1
         return gm.forward
     symbolic = lower.is_symbolic(gm)

@@ -239,14 +239,15 @@ class Graph:
         args, kwargs = pytree.tree_map(arg, (args, kwargs), is_leaf=lambda x: isinstance(x, TensorBox))
         val = self.val
         leaves, spec = pytree.tree_flatten(val)
-        if not all(isinstance(v, torch.Tensor) or v is None for v in leaves):
+        # a plain int result (cuDNN attention's max_q / max_k) is a constant of the graph: its sizes are guarded
+        if not all(isinstance(v, torch.Tensor) or v is None or type(v) is int for v in leaves):
             raise CannotLower(f"{target} returns non-tensor values")
         call = self.add(ExternBuffer(self.new_name(), (), (), None, target=target, args=args, kwargs=kwargs,
                                      inputs=tuple(reads), fallback=fallback, origins=self.origins))
         outs = []
         for i, v in enumerate(leaves):
-            if v is None:
-                outs.append(None)
+            if not isinstance(v, torch.Tensor):
+                outs.append(v)
                 continue
             shape = symbols.sym_sizes(v.shape) if self.symbolic else tuple(v.shape)
             stride = out_stride if out_stride is not None else \
@@ -259,7 +260,7 @@ class Graph:
             b.extern, b.index = call, i
             self.by_name[b.name] = b
             outs.append(TensorBox.of_buffer(b))
-        call.outputs = [o.strided[0] if o is not None else None for o in outs]
+        call.outputs = [o.strided[0] if isinstance(o, TensorBox) else None for o in outs]
         if val is None:
             return call
         return pytree.tree_unflatten(outs, spec)

@@ -159,3 +159,31 @@ def test_a_symbolic_bias_is_padded_at_every_size():
     assert row.has(FloorDiv) and all(int(row.subs(bias.size[3].free_symbols.pop(), m)) == -(-m // 4) * 4
                                      for m in (2, 17, 64, 1001)), bias
     assert layout.is_aligned(bias.size, bias.stride, bias.offset, torch.float32)
+
+
+def test_cudnn_attention_lowers_with_its_int_results_as_constants():
+    """cuDNN attention (eager's choice for bfloat16 on Hopper) also returns max_q and max_k, plain ints in a graph of
+    guarded sizes: the call stays a library call, an int read from it is a constant of the compiled graph."""
+    op = aten._scaled_dot_product_cudnn_attention.default
+
+    def f(q, k, v):
+        r = op(q, k, v, None, False, 0.0, False, False)
+        return r[0] * 2, r[4]
+    gm, _ = trace_aten(f, [torch.empty(2, 4, 64, 32, device="meta", dtype=torch.bfloat16) for _ in range(3)])
+    low, _, _ = lower.lower(gm, [], target="gpu")
+    assert any(isinstance(b, ExternBuffer) and b.target is op for b in low.buffers)
+    assert low.outputs[1] == 64
+
+
+@pytest.mark.skipif(not CUDA, reason="cuDNN attention runs on CUDA only")
+def test_bfloat16_attention_on_cuda_compiles_and_matches_eager():
+    import ember
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v).relu() * 2
+    from ember.backends import triton_backend
+    before = triton_backend.STATS["eager_graphs"]
+    torch.testing.assert_close(ember.compile(f)(q, k, v), f(q, k, v))
+    assert triton_backend.STATS["eager_graphs"] == before
