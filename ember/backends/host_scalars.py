@@ -200,9 +200,62 @@ def _named(n: fx.Node) -> str:
     return f"{n.target if n.op == 'call_function' else n.name}" + (f" at {n.meta['where']}" if "where" in n.meta else "")
 
 
+# the per-tensor overload of a foreach op, by the foreach overload's kind (a `Tensor` kind, one tensor operand
+# for every element, is left as it is)
+_PER_TENSOR = {"List": "Tensor", "Scalar": "Scalar", "ScalarList": "Scalar", "default": "default"}
+
+
+def unroll_cpu_foreach(gm: fx.GraphModule) -> int:
+    """Each foreach op over CPU tensors (an optimizer's step counters: `_foreach_add(steps, 1)` in a whole
+    training step's graph) made into its per-tensor op, one node per element, which the split below handles as
+    any 0-d CPU value: the host graph computes them, the device recomputes the ones it reads. Returns how many."""
+    done = 0
+    for n in list(gm.graph.nodes):
+        val = n.meta.get("val")
+        if not (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                and n.target._schema.name.startswith("aten::_foreach_") and isinstance(val, (list, tuple))
+                and val and all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in val)
+                and all(u.target is operator.getitem for u in n.users)):
+            continue
+        base = getattr(aten, n.target._schema.name[len("aten::_foreach_"):], None)
+        per = getattr(base, _PER_TENSOR.get(n.target._overloadname, ""), None)
+        if per is None or not _same_arguments(n.target, per) or any(a.alias_info is not None and a.alias_info.is_write for a in n.target._schema.arguments):
+            continue
+        listed = {a.name for a in n.target._schema.arguments if isinstance(a.type, torch.ListType)}
+        names = [a.name for a in n.target._schema.arguments]
+        elements = []
+        with gm.graph.inserting_before(n):
+            for i, v in enumerate(val):
+                args = tuple(a[i] if name in listed else a for a, name in zip(n.args, names))
+                kwargs = {k: (a[i] if k in listed else a) for k, a in n.kwargs.items()}
+                e = gm.graph.call_function(per, args, kwargs)
+                e.meta = {**n.meta, "val": v}
+                elements.append(e)
+        for u in list(n.users):
+            u.replace_all_uses_with(elements[u.args[1]])
+            gm.graph.erase_node(u)
+        gm.graph.erase_node(n)
+        done += 1
+    if done:
+        gm.recompile()
+    return done
+
+
+def _same_arguments(foreach: torch._ops.OpOverload, per: torch._ops.OpOverload) -> bool:
+    """Whether per takes foreach's arguments, one element of each list (`_foreach_pow.Scalar` raises a list to a
+    Scalar power; `pow.Scalar` raises a Scalar to a tensor's: not the same op)."""
+    a, b = foreach._schema.arguments, per._schema.arguments
+
+    def element(t):
+        return t.getElementType() if isinstance(t, torch.ListType) else t
+    return len(a) <= len(b) and all(y.has_default_value() for y in b[len(a):]) and all(
+        str(element(x.type)) == str(y.type) and x.kwarg_only == y.kwarg_only for x, y in zip(a, b))
+
+
 def split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule, dict] | str:
     """(host graph, device graph, how to call them) for a graph whose CPU values are made on the CPU, else why
     not (the fallback's log line names the node)."""
+    unroll_cpu_foreach(gm)
     nodes = list(gm.graph.nodes)
     output = nodes[-1]
     host = {n for n in nodes if n.op in ("placeholder", "call_function", "get_attr") and _device_type(n) == "cpu"}

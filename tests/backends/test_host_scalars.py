@@ -215,3 +215,69 @@ def test_a_generated_kernel_that_would_read_a_cpu_tensor_is_refused():
     gm, _ = trace_aten(lambda x: (x.sin(),), [x])
     low, _, _ = lower.lower(gm, [x], target="gpu")
     _no_kernel_reads_cpu(low, [x])
+
+
+def test_foreach_ops_on_cpu_step_counters_are_unrolled_and_the_graph_splits(monkeypatch):
+    """A whole training step's graph advances every optimizer step counter with one `_foreach_add(steps, 1)` on
+    the CPU: unrolled into one `add` per counter, the graph splits (no eager fallback) and the new counters and the
+    device update match eager. A foreach op whose per-tensor overload takes other arguments stays as it is."""
+    class Pack:
+        def __init__(self, dtype, positions, device):
+            self.positions = positions
+
+        def send(self, host_args):
+            return torch.stack([host_args[i] for i in self.positions]).to("meta")
+    monkeypatch.setattr(host_scalars, "_Pack", Pack)
+
+    def f(w0, w1, s0, s1):
+        n0, n1 = aten._foreach_add.Scalar([s0, s1], 1)
+        return aten.mul.Tensor(w0, n0), aten.mul.Tensor(w1, n1), n0, n1
+    w0, w1 = torch.randn(3, device="meta"), torch.randn(5, device="meta")
+    s0, s1 = torch.rand(()) + 1, torch.rand(()) + 3
+    gm = _with_values(fx.symbolic_trace(f), [w0, w1, s0, s1])
+    assert isinstance(host_scalars.split(_with_values(fx.symbolic_trace(f), [w0, w1, s0, s1])), tuple)
+    run = host_scalars.compile_split(gm, [w0, w1, s0, s1], lambda h, ex: h.forward, lambda d, ex: d.forward)
+    assert not any(n.target is aten._foreach_add.Scalar for n in gm.graph.nodes)
+    out = run(w0, w1, s0, s1)
+    torch.testing.assert_close(out[2], s0 + 1)
+    torch.testing.assert_close(out[3], s1 + 1)
+    assert out[1].device.type == "meta" and out[1].shape == (5,)
+
+    def g(w0, s0, s1):
+        p0, p1 = aten._foreach_pow.Scalar([s0, s1], 2.0)
+        return aten.mul.Tensor(w0, p0), p1
+    gm = _with_values(fx.symbolic_trace(g), [w0, s0, s1])
+    assert host_scalars.unroll_cpu_foreach(gm) == 0
+
+
+@pytest.mark.skipif(not CUDA, reason="a CUDA training step with CPU step counters needs a GPU")
+def test_whole_training_step_with_adamw_compiles_on_cuda_without_eager_graphs():
+    """zero_grad, forward, loss, backward and AdamW(foreach) in one compiled function: its CPU step counters
+    travel with the CUDA update, no graph runs eagerly, and parameters and counters match eager's for 3 steps."""
+    import copy
+
+    import ember
+    from ember.backends import triton_backend
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).cuda()
+    x, y = torch.randn(16, 32, device="cuda"), torch.randint(0, 10, (16,), device="cuda")
+    models, opts = [copy.deepcopy(base) for _ in range(2)], []
+    for m in models:
+        opts.append(torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=True))
+
+    def stepper(m, opt):
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+    eager, compiled = stepper(models[0], opts[0]), ember.compile(stepper(models[1], opts[1]))
+    before = triton_backend.STATS["eager_graphs"]
+    for _ in range(3):
+        torch.testing.assert_close(compiled(), eager())
+    assert triton_backend.STATS["eager_graphs"] == before
+    for a, b in zip(models[1].parameters(), models[0].parameters()):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(opts[1].state[a]["step"], opts[0].state[b]["step"])
