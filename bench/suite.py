@@ -97,7 +97,8 @@ DEC_CPU = dict(vocab_size=8000, hidden_size=256, num_hidden_layers=4, num_attent
                intermediate_size=688, max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 DEC_GPU = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
                intermediate_size=2816)
-T5_CPU = dict(vocab_size=8000, d_model=256, d_kv=32, d_ff=1024, num_layers=4, num_decoder_layers=4, num_heads=8)
+T5_CPU = dict(vocab_size=8000, d_model=256, d_kv=32, d_ff=1024, num_layers=4, num_decoder_layers=4, num_heads=8,
+              decoder_start_token_id=0, pad_token_id=0)   # (the labels shifted into decoder inputs need both)
 T5_GPU = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8)
 VIT_CPU = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536, image_size=224,
                patch_size=16, num_labels=1000)
