@@ -3,6 +3,7 @@ bench/suite.py's train rows run it: ember's fallback log (EMBER_LOGS=fallbacks: 
 why), the graphs run eagerly, and the losses of 3 steps against eager's.
 
     PYTHONPATH=. EMBER_LOGS=fallbacks python bench/tools/gpu_train_step_diag.py [--models resnet18,gpt2] [--bf16]
+        [--backend ember|aot_eager|eager]   (a model of bench/suite.py by its name there: its GPU size, batch --batch)
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import contextlib
 import copy
 import os
 import sys
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,11 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def model_and_inputs(name: str, device: str):
+def model_and_inputs(name: str, device: str, batch: int):
+    import suite
+    if name in suite.MODELS:
+        model, kwargs, labels = suite.build(name, device, True, batch)
+        return model, kwargs, labels, suite.MODELS[name].family == "tv"
     torch.manual_seed(0)
     if name == "mlp":
         model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
@@ -36,10 +42,10 @@ def model_and_inputs(name: str, device: str):
                                                                                           device=device), True
 
 
-def run(name: str, bf16: bool, device: str) -> None:
+def run(name: str, bf16: bool, device: str, backend: str, batch: int) -> None:
     import ember
     from ember.backends import triton_backend
-    base, kwargs, labels, plain = model_and_inputs(name, device)
+    base, kwargs, labels, plain = model_and_inputs(name, device, batch)
     losses = {}
     for who in ("eager", "ember"):
         model = copy.deepcopy(base)
@@ -53,7 +59,7 @@ def run(name: str, bf16: bool, device: str) -> None:
             loss.backward()
             opt.step()
             return loss.detach()
-        fn = ember.compile(step) if who == "ember" else step
+        fn = ember.compile(step, backend=backend) if who == "ember" else step
         before = triton_backend.STATS["eager_graphs"]
         losses[who] = [float(fn()) for _ in range(3)]
         if who == "ember":
@@ -67,12 +73,14 @@ def main() -> None:
     ap.add_argument("--models", default="mlp,resnet18,gpt2")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--backend", default="ember")
+    ap.add_argument("--batch", type=int, default=0, help="a suite model's batch (default: the suite's)")
     a = ap.parse_args()
     for name in a.models.split(","):
         try:
-            run(name, a.bf16, a.device)
-        except Exception as e:   # the next model still runs
-            print(f"{name}: {type(e).__name__}: {str(e)[:300]}")
+            run(name, a.bf16, a.device, a.backend, a.batch or None)
+        except Exception:   # the next model still runs
+            traceback.print_exc()
 
 
 if __name__ == "__main__":
