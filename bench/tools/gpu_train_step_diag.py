@@ -3,7 +3,8 @@ bench/suite.py's train rows run it: ember's fallback log (EMBER_LOGS=fallbacks: 
 why), the graphs run eagerly, and the losses of 3 steps against eager's.
 
     PYTHONPATH=. EMBER_LOGS=fallbacks python bench/tools/gpu_train_step_diag.py [--models resnet18,gpt2] [--bf16]
-        [--backend ember|aot_eager|eager]   (a model of bench/suite.py by its name there: its GPU size, batch --batch)
+        [--backend ember|aot_eager|eager] [--profile]   (a model of bench/suite.py by its name there: its GPU size,
+        batch --batch; --profile: each column's top kernels)
 """
 from __future__ import annotations
 
@@ -42,7 +43,27 @@ def model_and_inputs(name: str, device: str, batch: int):
                                                                                           device=device), True
 
 
-def run(name: str, bf16: bool, device: str, backend: str, batch: int) -> None:
+def print_profile(who: str, fn, device: str, steps: int = 3, top: int = 15) -> None:
+    """The kernels (or, on the CPU, the ops) with the most time over `steps` more steps, and the step's wall."""
+    import time
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])
+    torch.cuda.synchronize() if device == "cuda" else None
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize() if device == "cuda" else None
+    wall = 1e3 * (time.perf_counter() - t0) / steps
+    events = prof.key_averages()
+    kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA] or events
+    key = (lambda e: e.self_device_time_total) if device == "cuda" else (lambda e: e.self_cpu_time_total)
+    print(f"  {who}: {wall:.2f} ms a step under the profiler; kernels {sum(key(e) for e in kernels) / steps / 1e3:.2f}"
+          f" ms a step; the top {top} (ms a step, calls a step):")
+    for e in sorted(kernels, key=key, reverse=True)[:top]:
+        print(f"    {key(e) / steps / 1e3:8.3f} {e.count / steps:6.1f}  {e.key[:120]}")
+
+
+def run(name: str, bf16: bool, device: str, backend: str, batch: int, profile: bool = False) -> None:
     import ember
     from ember.backends import triton_backend
     base, kwargs, labels, plain = model_and_inputs(name, device, batch)
@@ -62,6 +83,8 @@ def run(name: str, bf16: bool, device: str, backend: str, batch: int) -> None:
         fn = ember.compile(step, backend=backend) if who == "ember" else step
         before = triton_backend.STATS["eager_graphs"]
         losses[who] = [float(fn()) for _ in range(3)]
+        if profile:
+            print_profile(who, fn, device)
         if who == "ember":
             print(f"{name}{' bf16' if bf16 else ''}: graphs run eagerly {triton_backend.STATS['eager_graphs'] - before}")
     print(f"  losses eager {losses['eager']}\n  losses ember {losses['ember']}")
@@ -75,10 +98,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--backend", default="ember")
     ap.add_argument("--batch", type=int, default=0, help="a suite model's batch (default: the suite's)")
+    ap.add_argument("--profile", action="store_true", help="each column's top kernels over 3 more steps")
     a = ap.parse_args()
     for name in a.models.split(","):
         try:
-            run(name, a.bf16, a.device, a.backend, a.batch or None)
+            run(name, a.bf16, a.device, a.backend, a.batch or None, a.profile)
         except Exception:   # the next model still runs
             traceback.print_exc()
 
