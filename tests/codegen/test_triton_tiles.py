@@ -1,0 +1,81 @@
+"""Triton kernels whose memory accesses run along different dims: flat kernels whose loads are transposed to
+their stores take 2-D tiles (each access contiguous along its own dim). On a GPU the kernels run there; without
+one in Triton's interpreter. Each test checks eager's values at several sizes (odd ones included) and the
+kernel's structure."""
+import pytest
+import torch
+
+from tests.codegen.triton_interpreter import import_triton
+from tests.codegen.test_triton import compile_and_check, rand
+
+CUDA, DEV, triton = import_triton()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+
+
+def _tiled(call) -> bool:
+    return "YBLOCK: tl.constexpr" in call.kernel_source and "tl.arange(0, YBLOCK)[:, None]" in call.kernel_source
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (37, 1000), (100, 17), (33, 65)])
+def test_transposed_copy_is_a_2d_tiled_kernel(shape):
+    call = compile_and_check(lambda x: x.transpose(0, 1).contiguous() + 1, rand(*shape))
+    assert _tiled(call), call.kernel_source[-1500:]
+    assert len(call.kernels) == 1
+
+
+@pytest.mark.parametrize("shape,perm", [((5, 48, 40), (0, 2, 1)), ((3, 20, 7, 33), (0, 2, 3, 1)),
+                                        ((2, 24, 5, 32), (0, 3, 1, 2)), ((40, 3, 50), (2, 1, 0))])
+def test_permuted_copies_are_tiled(shape, perm):
+    call = compile_and_check(lambda x: x.permute(*perm).contiguous() * 2, rand(*shape))
+    assert _tiled(call), call.kernel_source[-1500:]
+
+
+def test_transposed_and_contiguous_inputs_and_a_broadcast_in_one_tile():
+    # x + y.t() + b: one load along the stores, one across them, one broadcast over the tile's rows
+    call = compile_and_check(lambda x, y, b: (x + y.t()) * b, rand(48, 80), rand(80, 48), rand(80))
+    assert _tiled(call)
+
+
+def test_sixteen_bit_transposed_copy():
+    for dt in (torch.float16, torch.bfloat16):
+        call = compile_and_check(lambda x: x.t().contiguous() * 3, rand(40, 72, dtype=dt))
+        assert _tiled(call)
+
+
+def test_contiguous_and_narrow_ranges_stay_flat():
+    # no load across the stores: the plain flat kernel
+    call = compile_and_check(lambda x: x * 2 + 1, rand(64, 96))
+    assert not _tiled(call)
+    # the transposed side is 3 long: too narrow to tile (no whole lines to gain)
+    call = compile_and_check(lambda x: x.t().contiguous() + 1, rand(500, 3))
+    assert not _tiled(call)
+
+
+def _configs(call) -> list:
+    return [cfg for _, _, _, cfg, _ in call.kernels]
+
+
+@pytest.mark.parametrize("shape", [(50, 2500), (37, 3001)])
+def test_softmax_over_dim0_is_a_persistent_column_strip(shape):
+    """Statistics and output of a softmax over a non-contiguous dim in one kernel: a program owns a strip of
+    contiguous columns, whole in registers, so each row's piece of the strip is one coalesced load, read once."""
+    call = compile_and_check(lambda x: (torch.log_softmax(x, 0), torch.softmax(x * 2, 0)), rand(*shape))
+    assert len(call.kernels) <= 2
+    assert "for roff" not in call.kernel_source
+    assert all(cfg["XBLOCK"] >= 8 and cfg["persistent"] for cfg in _configs(call)), _configs(call)
+
+
+def test_softmax_over_long_columns_loops_down_a_strip():
+    call = compile_and_check(lambda x: torch.log_softmax(x, 0), rand(1100, 2200))
+    assert "for roff" in call.kernel_source
+    assert all(cfg["XBLOCK"] >= 8 for cfg in _configs(call)), _configs(call)
+
+
+def test_middle_dim_softmax_and_normalization_down_columns():
+    x = rand(3, 40, 1200)
+    call = compile_and_check(lambda x: (torch.softmax(x, 1), x - x.mean(1, keepdim=True)), x)
+    assert all(cfg["XBLOCK"] >= 8 for cfg in _configs(call) if "RBLOCK" in cfg), _configs(call)
