@@ -79,3 +79,72 @@ def test_middle_dim_softmax_and_normalization_down_columns():
     x = rand(3, 40, 1200)
     call = compile_and_check(lambda x: (torch.softmax(x, 1), x - x.mean(1, keepdim=True)), x)
     assert all(cfg["XBLOCK"] >= 8 for cfg in _configs(call) if "RBLOCK" in cfg), _configs(call)
+
+
+@pytest.mark.parametrize("shape", [(40, 256), (7, 1000), (3, 5000)])
+def test_masked_scaled_softmax_stores_only_its_output(shape):
+    """exp(x - max) of a masked softmax is materialized by the decomposition (too costly to compute twice); its
+    readers are all in the row kernel, so it stays in registers (or is computed again in a looped kernel), never
+    stored."""
+    x, m = rand(*shape), torch.rand(*shape, device=DEV) < 0.2
+    m[:, 0] = False   # (a fully masked row is NaN in both)
+    call = compile_and_check(lambda x, m: torch.softmax(x.masked_fill(m, float("-inf")) * 0.125, -1), x, m)
+    kernel = call.kernel_source[call.kernel_source.index("# fused fx nodes"):]
+    assert kernel.count("tl.store(") == 1, kernel
+
+
+def ember_triton(monkeypatch, fn, *xs, **tol):
+    """fn compiled by ember.compile (its ATen graphs functionalized, as a user's are) on the Triton backend (the CPU
+    routed there without a GPU), under no_grad, checked against eager; returns the host programs it compiled."""
+    import ember
+    from ember.backends import ember_backend, triton_backend
+    if not CUDA:
+        monkeypatch.setitem(ember_backend.DEVICE_BACKENDS, "cpu", "ember.backends.triton_backend")
+    calls, compile_schedule = [], triton_backend.compile_schedule
+
+    def spy(*a, **k):
+        calls.append(compile_schedule(*a, **k))
+        return calls[-1]
+    monkeypatch.setattr(triton_backend, "compile_schedule", spy)
+    with torch.no_grad():
+        torch.testing.assert_close(ember.compile(fn)(*xs), fn(*xs), **tol)
+    assert calls, "no graph compiled by the Triton backend"
+    return calls
+
+
+@pytest.mark.parametrize("n,c", [(65, 1000), (33, 517), (300, 100)])
+def test_smoothed_cross_entropy_never_stores_the_log_softmax(monkeypatch, n, c):
+    """log_softmax read by the smoothing's row sum and by nll_loss's gather of one element a row: computed again
+    by each (one big input), not stored whole."""
+    x, t = rand(n, c), torch.randint(0, c, (n,), device=DEV)
+    t[3] = -100   # an ignored target
+    calls = ember_triton(monkeypatch, lambda x, t: torch.nn.functional.cross_entropy(x, t, label_smoothing=0.1), x, t)
+    for call in calls:
+        assert f"_empty(({n}, {c})" not in call.source, call.source
+
+
+def _calls_scan(call) -> bool:
+    from ember.runtime import triton_scan
+    return any(v is triton_scan.cumsum for v in call.namespace.values())
+
+
+@pytest.mark.parametrize("shape", [(64, 1024), (5, 7), (3, 5000), (2, 3, 100), (1000,)])
+def test_cumsum_along_the_last_dim_is_a_triton_scan(shape):
+    x = rand(*shape)
+    call = compile_and_check(lambda x: (x.cumsum(-1) * 2, torch.cumsum(x + 1, dim=x.ndim - 1)), x,
+                             atol=1e-4, rtol=1e-5)
+    assert _calls_scan(call), call.source
+
+
+def test_cumsum_sixteen_bit_and_other_dims():
+    for dt in (torch.float16, torch.bfloat16):
+        x = rand(9, 300, dtype=dt)
+        # (float32 sums rounded once, as eager's CUDA kernel; eager's CPU kernel rounds each partial sum)
+        tol = {"atol": 2e-2, "rtol": 1e-2} if CUDA else {"atol": 0.5, "rtol": 0.1}
+        call = compile_and_check(lambda x: x.cumsum(1), x, **tol)
+        assert _calls_scan(call)
+    # along dim 0 and for integers: ATen's cumsum
+    call = compile_and_check(lambda x: x.cumsum(0), rand(50, 40))
+    assert not _calls_scan(call)
+    call = compile_and_check(lambda a: a.cumsum(-1), torch.randint(-5, 5, (6, 70), device=DEV))
+    assert not _calls_scan(call)
