@@ -70,8 +70,10 @@ INDEX_BUDGET = 100
 
 
 # compute ops (ir.compute_cost) a value read by several nodes may cost and still be computed again by each
-# reader's kernel on the GPU (_recomputed_on_gpu)
+# reader's kernel on the GPU (_recomputed_on_gpu), and the elements it has at least (smaller stores cost less
+# than a launch; an optimizer's one-element values keep recompute_scalars' rules)
 GPU_RECOMPUTE_COST = 8
+GPU_RECOMPUTE_MIN = 1 << 16
 
 
 def _recomputed_on_gpu(g: "Graph", box: TensorBox) -> bool:
@@ -83,6 +85,8 @@ def _recomputed_on_gpu(g: "Graph", box: TensorBox) -> bool:
     if g.target != "gpu" or box.cost() > GPU_RECOMPUTE_COST:
         return False
     n = symbols.hint(ir.prod(box.size))
+    if n < GPU_RECOMPUTE_MIN:
+        return False
     idx = [sympy.Symbol(f"c{i}", integer=True, nonnegative=True) for i in range(box.ndim)]
     big = {x.args[0] for x in box.loader(idx).walk() if x.op == "load" and x.args[0] in g.by_name
            and 8 * symbols.hint(ir.prod(g.by_name[x.args[0]].size)) > n}

@@ -33,7 +33,8 @@ def cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch
     xblock = max(1, min(TILE // step, 1 << max(0, (rows - 1).bit_length())))
     warps = 8 if xblock * step >= 2048 else 4
     grid = ((rows + xblock - 1) // xblock,)
-    _kernel()[grid](x, y, rows, n, XBLOCK=xblock, RBLOCK=step, WIDE=x.numel() >= 2 ** 31, num_warps=warps)
+    _kernel()[grid](x, y, rows, n, XBLOCK=xblock, RBLOCK=step, WIDE=x.numel() >= 2 ** 31, ONE_STEP=n <= step,
+                     num_warps=warps)
     return y
 
 
@@ -43,17 +44,25 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def cumsum_rows(x_ptr, y_ptr, rows, n, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, WIDE: tl.constexpr):
+    def cumsum_rows(x_ptr, y_ptr, rows, n, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, WIDE: tl.constexpr,
+                    ONE_STEP: tl.constexpr):
         row = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
         if WIDE:
             row = row.to(tl.int64)
         xmask = row < rows
-        carry = tl.zeros([XBLOCK, 1], tl.float32)
-        for start in range(0, n, RBLOCK):
-            col = start + tl.arange(0, RBLOCK)[None, :]
+        if ONE_STEP:   # the whole row in one tile: no running sum to carry
+            col = tl.arange(0, RBLOCK)[None, :]
             mask = xmask & (col < n)
             v = tl.load(x_ptr + row * n + col, mask, other=0).to(tl.float32)
-            s = tl.cumsum(v, 1) + carry
-            tl.store(y_ptr + row * n + col, s.to(y_ptr.dtype.element_ty), mask)
-            carry = tl.max(tl.where(col == tl.minimum(start + RBLOCK, n) - 1, s, float("-inf")), 1)[:, None]
+            tl.store(y_ptr + row * n + col, tl.cumsum(v, 1).to(y_ptr.dtype.element_ty), mask)
+        else:
+            carry = tl.zeros([XBLOCK, 1], tl.float32)
+            for start in range(0, n, RBLOCK):
+                col = start + tl.arange(0, RBLOCK)[None, :]
+                mask = xmask & (col < n)
+                v = tl.load(x_ptr + row * n + col, mask, other=0).to(tl.float32)
+                s = tl.cumsum(v, 1) + carry
+                tl.store(y_ptr + row * n + col, s.to(y_ptr.dtype.element_ty), mask)
+                # the running sum: the step's last column (masked lanes past n hold no element)
+                carry = tl.max(tl.where(col == tl.minimum(start + RBLOCK, n) - 1, s, float("-inf")), 1)[:, None]
     return cumsum_rows

@@ -276,7 +276,9 @@ def transposed_split(members: list[Member], rows: int, rsize: int) -> int | None
     when the flat index advances by B), B a divisor of the range taken from the loads' div/mod; None where
     no load runs across the stores (the plain flat kernel is already contiguous)."""
     total = rows * rsize
-    if not symbols.is_static(total) or int(total) < TILE_MIN * TILE_MIN:
+    # (not where a store overwrites memory the kernel reads, in place: the flat kernel's one layout keeps each
+    # element's load and store in one thread)
+    if not symbols.is_static(total) or int(total) < TILE_MIN * TILE_MIN or any(m.dest for m in members):
         return None
     total = int(total)
     i = XINDEX
