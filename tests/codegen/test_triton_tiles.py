@@ -148,3 +148,18 @@ def test_cumsum_sixteen_bit_and_other_dims():
     assert not _calls_scan(call)
     call = compile_and_check(lambda a: a.cumsum(-1), torch.randint(-5, 5, (6, 70), device=DEV))
     assert not _calls_scan(call)
+
+
+def test_cumsum_in_a_symbolic_graph_serves_every_size(monkeypatch):
+    import ember
+    from ember.backends import ember_backend, triton_backend
+    if not CUDA:
+        monkeypatch.setitem(ember_backend.DEVICE_BACKENDS, "cpu", "ember.backends.triton_backend")
+    before = dict(triton_backend.STATS)
+    f = lambda x: x.cumsum(-1) * 2 + x   # noqa: E731
+    compiled = ember.compile(f, dynamic=True)
+    for n in (3, 7, 20, 64):
+        x = rand(n, 33)
+        torch.testing.assert_close(compiled(x), f(x), atol=1e-5, rtol=1e-5)
+    assert triton_backend.STATS["graphs"] - before["graphs"] == 1
+    assert triton_backend.STATS["eager_graphs"] == before["eager_graphs"]
