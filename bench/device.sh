@@ -26,6 +26,9 @@
 #   bash bench/device.sh ship           # the saved-program tests on the GPU, then bench/ship.py --device cuda (MODELS=,
 #                                       # PHASES= to choose; its table, and ship.json after each model, in $OUT)
 #   bash bench/device.sh distributed [ARGS]  # bench/distributed.py: DDP and FSDP2 on every GPU (nvidia-h200-x2)
+#   bash bench/device.sh ops [ROWS]     # the Triton tests of op kernels (tiles, columns, rows), then bench/ops.py's
+#                                       # ROWS (parts of row names; default: those behind Inductor or eager on the
+#                                       # H200) at SCALE (4: 64M elements)
 #   bash bench/device.sh run SCRIPT [ARGS]   # any bench script with this set-up, e.g.
 #                                       # run bench/gpu.py --only "train step" --columns ember --phases
 #                                       # run bench/tools/gpu_kernel_configs.py gpt2
@@ -143,6 +146,12 @@ suite)   # one shard per GPU, pinned to cores [i*c, (i+1)*c) (c = cores / GPUs):
   wait
   grep -h -E "^[a-z0-9_]+ (eval|train) [a-z0-9]+: " "$OUT"/suite[0-9]*.log | cut -c1-250
   python3 bench/suite.py --merge "$OUT"/suite[0-9]*.json 2>&1 | tee "$OUT/suite.md" ;;
+ops)
+  timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/codegen/test_triton_tiles.py tests/codegen/test_triton.py \
+    ${EXTRA_TESTS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E  |FAILED" | head -20
+  timeout 370 python3 bench/ops.py --device cuda --scale "${SCALE:-4}" --json "$OUT/ops.json" \
+    --only "${2:-transpose,log_softmax,softmax,sum middle,sum last,masked,cross_entropy,cumsum,pointwise chain}" 2>&1 \
+    | tee "$OUT/ops.log" | grep -v -i warn | tail -16 ;;
 run)
   shift
   name=$(basename "${1:?usage: bash bench/device.sh run SCRIPT [ARGS]}" .py)

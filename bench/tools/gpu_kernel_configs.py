@@ -2,7 +2,9 @@
 config launch_config/column_config chose and under the others of a grid, each alone in a CUDA graph of 20
 launches (so host launch cost is not timed), with the arguments of its first launch.
 
-    python bench/tools/gpu_kernel_configs.py [densenet_train|gpt2|bert|resnet50] [TOP] [--json FILE] [--cold]
+    python bench/tools/gpu_kernel_configs.py [densenet_train|gpt2|bert|resnet50|ops:ROWS] [TOP] [--json FILE] [--cold]
+
+ops:ROWS: bench/ops.py's rows named (comma-separated, whole names) at 64M elements, one call of each a step.
 
 --cold: L2 emptied before each launch (a write of 128 MB): the time of a kernel whose inputs were made long
 before it in the step.
@@ -69,6 +71,9 @@ def graph_us(launch, args) -> float:
 def candidates(shape: str, cfg: dict, rows: int, rmax: int, column: bool) -> list[dict]:
     """The grid searched for one kernel (the chosen config among them)."""
     out = []
+    if "YBLOCK" in cfg:   # a flat kernel in 2-D tiles (kernels.transposed_split)
+        return [{"YBLOCK": y, "XBLOCK": x, "num_warps": w} for y in (16, 32, 64, 128) for x in (16, 32, 64, 128)
+                for w in (2, 4, 8) if 256 <= x * y <= 8192 and 1 <= x * y // (32 * w) <= 32]
     if shape in (heuristics.FLAT, heuristics.FOREACH):
         for b in (128, 256, 512, 1024, 2048, 4096):
             for w in (1, 2, 4, 8, 16):
@@ -100,14 +105,34 @@ def candidates(shape: str, cfg: dict, rows: int, rmax: int, column: bool) -> lis
     return [dict(t) for t in {tuple(sorted(c.items())) for c in out}]
 
 
+def ops_step(names: str):
+    """A STEPS entry: one call of each of bench/ops.py's rows `names` at 64M elements (its --scale 4)."""
+    from bench import ops
+
+    def build(compile_fn, _):
+        rows = []
+        for name in names.split(","):
+            fn, specs = ops.PATTERNS[name](64 * ops.M)
+            rows.append((compile_fn(fn), ops.make_inputs(specs, "cuda")))
+
+        def step():
+            with torch.no_grad():
+                for f, args in rows:
+                    f(*args)
+        return step
+    return build
+
+
 def variant(group, sched, cfg: dict):
     """(kernel name, module source, args, grid) of `group` under `cfg`."""
-    saved = kernels.launch_config, kernels.column_config   # (kernel_source looks them up in kernels)
+    saved = kernels.launch_config, kernels.column_config, kernels.TILE_META   # (kernel_source reads them there)
     kernels.launch_config = kernels.column_config = lambda *a, **k: dict(cfg)
+    if "YBLOCK" in cfg:
+        kernels.TILE_META = dict(cfg)
     try:
         src, args, c, grid = kernels.kernel_source(group, sched, "KERNEL")
     finally:
-        kernels.launch_config, kernels.column_config = saved
+        kernels.launch_config, kernels.column_config, kernels.TILE_META = saved
     name, text = kernels.canonical(src, args + [m.buf.name for m in group.members])
     return name, PRELUDE + "\n\n\n" + text + "\n", args, grid
 
@@ -124,7 +149,7 @@ def main() -> None:
         COLD["buffer"] = torch.empty(32 << 20, device="cuda")
     row = argv[0] if argv else "densenet_train"
     top = int(argv[1]) if len(argv) > 1 else 40
-    build = STEPS[row]
+    build = ops_step(row[4:]) if row.startswith("ops:") else STEPS[row]
     calls = []
     orig_compile = triton_backend.compile_schedule
 

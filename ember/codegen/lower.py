@@ -36,6 +36,7 @@ from ember.codegen.reductions import one_hot_sum, split_reduction
 from ember.codegen.schedule import SCRATCH_BYTES
 from ember.decomp import prims as P
 from ember.decomp.table import EXTERN, TABLE
+from ember.runtime import triton_scan
 from ember.tools import collector
 from ember.tools.logs import get_logger
 
@@ -46,13 +47,50 @@ aten = torch.ops.aten
 # ATen ops whose lowering is codegen's own choice (a library call, a layout), looked up before the decomposition
 # TABLE: each takes the op's arguments as a decomposition does; where it does not choose, it calls the op's
 # decomposition itself or returns NotImplemented (the ATen call)
-CHOICES = {aten.addmm.default: addmm, aten.mm.default: mm, aten.bmm.default: bmm, aten.cat.default: lower_cat}
+
+
+def cumsum(x, dim, *, dtype=None):
+    """On the GPU, a floating-point prefix sum along the last dim is ember's own Triton scan
+    (runtime.triton_scan.cumsum, a library call of one kernel): ATen's CUDA cumsum reached 1.75 TB/s on 64M
+    floats on the H200 where one pass of reads and writes runs near 3. Elsewhere ATen's op."""
+    g = ir.GRAPH
+    if g.target != "gpu" or not triton_scan.supported(x.dtype, x.ndim, dim, dtype):
+        return NotImplemented
+    return g.extern(triton_scan.cumsum, (x, dim), {}, fallback=False)
+
+
+CHOICES = {aten.addmm.default: addmm, aten.mm.default: mm, aten.bmm.default: bmm, aten.cat.default: lower_cat,
+           aten.cumsum.default: cumsum}
 
 
 # sympy nodes an unmaterialized box's largest index may hold before the box is stored: past it, composing more
 # views and concatenations onto it costs the simplifier more than the store costs at run time (channel shuffles
 # nest a level per block and grow exponentially otherwise)
 INDEX_BUDGET = 100
+
+
+# compute ops (ir.compute_cost) a value read by several nodes may cost and still be computed again by each
+# reader's kernel on the GPU (_recomputed_on_gpu), and the elements it has at least (smaller stores cost less
+# than a launch; an optimizer's one-element values keep recompute_scalars' rules)
+GPU_RECOMPUTE_COST = 8
+GPU_RECOMPUTE_MIN = 1 << 16
+
+
+def _recomputed_on_gpu(g: "Graph", box: TensorBox) -> bool:
+    """On the GPU, a value several nodes read is computed again where each reads it, not stored, when that reads
+    no more memory than loading a stored copy would: its expression reads at most one buffer of its size (any
+    number of smaller ones: row statistics, a bias) and costs at most GPU_RECOMPUTE_COST ops. The store is
+    saved: a smoothed cross-entropy's log_softmax, read by a row sum and by a gather of one element a row, is
+    not written whole (256 MB for 64M logits)."""
+    if g.target != "gpu" or box.cost() > GPU_RECOMPUTE_COST:
+        return False
+    n = symbols.hint(ir.prod(box.size))
+    if n < GPU_RECOMPUTE_MIN:
+        return False
+    idx = [sympy.Symbol(f"c{i}", integer=True, nonnegative=True) for i in range(box.ndim)]
+    big = {x.args[0] for x in box.loader(idx).walk() if x.op == "load" and x.args[0] in g.by_name
+           and 8 * symbols.hint(ir.prod(g.by_name[x.args[0]].size)) > n}
+    return len(big) <= 1
 
 
 def _moves_elements(node: torch.fx.Node) -> bool:
@@ -411,7 +449,8 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                         elif is_dense(v) and b.size and any(s != 1 for s in v.shape):
                             b.eager_stride = tuple(v.stride())
                 if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and (
-                        out.cost() > 3 or stored.get(node, 0) > 1):
+                        out.cost() > 3 or stored.get(node, 0) > 1) and not (
+                        stored.get(node, 0) <= 1 and _recomputed_on_gpu(g, out)):
                     # in eager's layout where ember keeps eager's (GPT-2's key/value cache: a concatenation of
                     # the heads' view, laid out [b, s, h, d] as the projection it copies; contiguous, its copy
                     # is slower and attention reads it in another layout than eager's)

@@ -6,7 +6,8 @@ The second printer beside cpp.py, over the same loop IR. A group is printed in o
   flat   every member is pointwise over the same rows x inner range and none reads another member:
          one 1-D range over all numel*R elements, `BLOCK` per program. The row/inner indices are
          substituted as div/mod of the flat index and simplified back (sympy), so contiguous buffers
-         get plainly contiguous offsets and Triton emits 16-byte vector loads.
+         get plainly contiguous offsets and Triton emits 16-byte vector loads. Where a load runs across the
+         stores (a transposed copy), [YBLOCK, XBLOCK] tiles instead, each access contiguous along its own dim.
   foreach  pointwise members over ranges of different sizes, or of several blocks of an `elementwise` group
          (horizontal fusion, e.g. an optimizer step): one flat range per (size, block), laid end to end
          over the program ids (`if pid < end0: ...`, `if (pid >= end0) & (pid < end1): ...`), so N

@@ -101,13 +101,25 @@ def reduction_share(group: FusedGroup) -> str:
     return "all" if n == len(group.members) else "some" if n else "none"
 
 
-def column_config(rows: int, rmax: int) -> dict:
+COLUMN_TILE = 8192   # elements of a persistent column tile whose group also stores rows (column_config)
+
+
+def column_config(rows: int, rmax: int, reductions: str = "all") -> dict:
     """Reductions down columns (a bias or layer-norm weight gradient: a sum over the rows of a row-major
     matrix). A program takes a strip of at least 8 columns, so each row's piece is whole 32-byte sectors (one
     column a program reads a sector for 4 bytes), as many strips as fill the GPU, and loops down the rows; a
-    strip that loops takes 16 columns or more in tiles of 1024 on 8 warps (timed: docs/evidence)."""
+    strip that loops takes 16 columns or more in tiles of 1024 on 8 warps (timed: docs/evidence).
+    A group that also stores down its columns (`reductions` "some": a log_softmax over dim 0) keeps the strip
+    whole in registers while COLUMN_TILE holds 8 columns of it (read once, not once for its statistics and
+    again for its output), as wide as that size allows and the GPU is filled."""
     from ember.codegen.reductions import GPU_COLUMN_STRIP
     xblock = GPU_COLUMN_STRIP
+    if reductions == "some" and triton_next_pow2(rmax) * xblock <= COLUMN_TILE:
+        rblock = triton_next_pow2(rmax)
+        while xblock < 64 and xblock * 2 * rblock <= COLUMN_TILE and math.ceil(rows / (xblock * 2)) >= 2 * sm_count():
+            xblock *= 2
+        tile = xblock * rblock
+        return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": 8 if tile >= 2048 else 4, "persistent": True}
     while xblock < 64 and math.ceil(rows / (xblock * 2)) >= 2 * sm_count():
         xblock *= 2
     rblock = max(1, min(triton_next_pow2(rmax), 4096 // xblock))
@@ -118,18 +130,22 @@ def column_config(rows: int, rmax: int) -> dict:
 
 
 def is_columnwise(group: FusedGroup) -> bool:
-    """Whether every member is a reduction and the loads run down columns: consecutive kept indices (x0) are
-    neighbours in memory while the reduced index strides over rows, and no load runs along the reduction."""
+    """Whether the group reduces and every access runs down columns: consecutive kept indices (x0) are
+    neighbours in memory while the reduced index strides over rows, and no load or store runs along the
+    reduction (pointwise members too: a log_softmax over dim 0 stores its rows down the same columns)."""
     rflat = sympy.Symbol("rflat", integer=True, nonnegative=True)
     column = False
+    if not any(m.is_reduction for m in group.members):
+        return False
     for m in group.members:
-        if not m.is_reduction or m.buf.kind.startswith("arg"):
+        if (m.is_reduction and m.buf.kind.startswith("arg")) or m.body is None:
             return False
         subst = inner_index(m, rflat) if m.inner else {}
-        for x in m.body.walk():
-            if x.op != "load":
-                continue
-            off = sympy.sympify(x.args[1]).xreplace(subst)
+        offsets = [x.args[1] for x in m.body.walk() if x.op == "load"]
+        if not m.is_reduction:
+            offsets.append(m.store)
+        for off in offsets:
+            off = sympy.sympify(off).xreplace(subst)
             try:
                 base = int(off.subs({X0: 0, rflat: 0}))
                 along_x, along_r = int(off.subs({X0: 1, rflat: 0})) - base, int(off.subs({X0: 0, rflat: 1})) - base

@@ -83,7 +83,7 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
         # blocks for the range of sizes, not the example's alone: launch_config's smaller blocks for few programs
         # help only small sizes (quick at any block), and cost large ones half their speed
         hint_rows = max(hint_rows, -(-heuristics.FLAT_FULL_BLOCKS_FROM // max(hint_r, 1)))
-    cfg = column_config(hint_rows, hint_r) if shape == ROWS and hint_r > 1 and is_columnwise(group) else \
+    cfg = column_config(hint_rows, hint_r, reduction_share(group)) if shape == ROWS and hint_r > 1 and is_columnwise(group) else \
         launch_config(shape, hint_rows, hint_r, expensive, reduction_share(group))
     if cfg.get("persistent") and not all(symbols.is_static(inner_size(m)) for m in group.members):
         cfg = {**cfg, "persistent": False}   # (one pass over the row at the example's length and below)
@@ -93,11 +93,17 @@ def kernel_source(group: FusedGroup, sched: Schedule, name: str, fixup: bool = F
         max([rows * rmax] + [ir.prod(sched.buffers[a].size) + abs(int(sched.buffers[a].offset or 0))
                              for a in args if sched.buffers[a].size]) >= 2 ** 31 - 1
     if shape == FLAT:
-        flagged = fixup and not symbolic and _flagged_sincos(group, rows * rmax)
+        split = None if symbolic else transposed_split(group.members, rows, rmax)
+        flagged = split is None and fixup and not symbolic and _flagged_sincos(group, rows * rmax)
         if flagged:
             cfg = {**cfg, "BLOCK": max(cfg["BLOCK"], 1024), "fixup": 4 * heuristics.sm_count()}
-        src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"], flagged)
-        grid = _programs(rows * rmax, cfg["BLOCK"])
+        if split is not None:
+            cfg = dict(TILE_META)
+            src = _tiled_kernel(group, name, args, rows, rmax, i64, extents, split)
+            grid = math.ceil(rows * rmax // split / cfg["YBLOCK"]) * math.ceil(split / cfg["XBLOCK"])
+        else:
+            src = _flat_kernel(group, name, args, rows, rmax, i64, extents, cfg["BLOCK"], flagged)
+            grid = _programs(rows * rmax, cfg["BLOCK"])
     elif shape == FOREACH:
         if symbolic:
             raise NotImplementedError("a horizontally fused kernel over ranges of symbolic sizes")
@@ -209,6 +215,31 @@ def _flat_kernel(group, name, args, rows, rsize, i64, extents, block: int, flagg
     return L
 
 
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)
+
+
+def flat_bodies(members: list[Member], rows: int, rsize: int) -> list[tuple[Member, Expr, object]]:
+    """(member, its value, its store offset) over the flat index `xindex` of rows x rsize: row and inner indices
+    as div/mod of it, simplified back; an elementwise group's members reading each other's element take the
+    value, not a load."""
+    i = XINDEX
+    ranges = {i: rows * rsize}
+    out = []
+    values: dict = {}  # member name -> its value Expr: an elementwise group's members read each other's element
+    for m in members:
+        many = not symbols.is_static(rows) or int(rows) > 1
+        subst = {X0: FloorDiv(i, rsize) if many else sympy.Integer(0)}
+        subst.update(inner_index(m, ModIndex(i, rsize) if many else i))
+        mbody = m.body
+        for name in m.reads & values.keys():
+            mbody = _replace_loads(mbody, name, values[name])
+        values[m.buf.name] = mbody
+        out.append((m, ir.substitute(mbody, subst, ranges),
+                    ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)))
+    return out
+
+
 def flat_range(members: list[Member], pid: str, rows: int, rsize: int, extents: dict, ind: str, prefix: str = "t",
                block: int | None = None, sincos_call: str | None = None) -> list[str]:
     """Members over rows x rsize as one flat range, program `pid` taking BLOCK elements of it. When `block`
@@ -219,27 +250,97 @@ def flat_range(members: list[Member], pid: str, rows: int, rsize: int, extents: 
     L = [f"{ind}xindex = {pid} * BLOCK + tl.arange(0, BLOCK)",
          f"{ind}xmask = tl.full([BLOCK], True, tl.int1)" if full else
          f"{ind}xmask = xindex < {index_code(sympy.sympify(total), {})}"]
-    i = sympy.Symbol("xindex", integer=True, nonnegative=True)
-    ranges = {i: total}
-    b = Body({}, "xmask", ind, ranges, extents)  # one body: members share their loads (CSE)
+    b = Body({}, "xmask", ind, {XINDEX: total}, extents)  # one body: members share their loads (CSE)
     b.prefix = prefix
     if sincos_call:
         b.sincos_call = sincos_call
     stores = []
-    values: dict = {}  # member name -> its value Expr: an elementwise group's members read each other's element
-    for m in members:
-        many = not symbols.is_static(rows) or int(rows) > 1
-        subst = {X0: FloorDiv(i, rsize) if many else sympy.Integer(0)}
-        subst.update(inner_index(m, ModIndex(i, rsize) if many else i))
-        mbody = m.body
-        for name in m.reads & values.keys():
-            mbody = _replace_loads(mbody, name, values[name])
-        values[m.buf.name] = mbody
-        body = ir.substitute(mbody, subst, ranges)
-        store = ir.simplify_index(sympy.sympify(m.store).xreplace(subst), ranges)
+    for m, body, store in flat_bodies(members, rows, rsize):
         v = b.emit(body)
         stores.append(ind + store_statement(m, v, index_code(store, {}), "xmask", "[BLOCK]"))
     # stores last: every load comes first (an input updated in place is read before it is written)
+    return L + b.lines + stores
+
+
+# A flat kernel whose loads run along another dim of the range than its stores (a transposed copy) takes
+# [YBLOCK, XBLOCK] tiles: rows of the tile are contiguous for the stores, columns for those loads, and Triton
+# gives each access the layout its addresses are contiguous in (a shuffle through shared memory between them),
+# so both are whole 128-byte lines. A flat block's transposed loads each touch a sector for 4 bytes.
+TILE_META = {"YBLOCK": 32, "XBLOCK": 32, "num_warps": 4}
+TILE_MIN = 16   # each side of the split range at least this long (a narrower one gains no whole lines)
+
+
+def transposed_split(members: list[Member], rows: int, rsize: int) -> int | None:
+    """B: a flat range of static size split as [total / B, B] (flat index = y * B + x) so that every store and
+    some load that is not contiguous along the flat index are contiguous along y (they advance by one element
+    when the flat index advances by B), B a divisor of the range taken from the loads' div/mod; None where
+    no load runs across the stores (the plain flat kernel is already contiguous)."""
+    total = rows * rsize
+    # (not where a store overwrites memory the kernel reads, in place: the flat kernel's one layout keeps each
+    # element's load and store in one thread)
+    if not symbols.is_static(total) or int(total) < TILE_MIN * TILE_MIN or any(m.dest for m in members):
+        return None
+    total = int(total)
+    i = XINDEX
+
+    def at(f, k: int) -> int | None:
+        try:
+            return int(f.xreplace({i: sympy.Integer(k)}))
+        except (TypeError, ValueError):
+            return None
+
+    def step(f, k: int) -> int | None:
+        a, b = at(f, 0), at(f, k)
+        return None if a is None or b is None else b - a
+    bodies = flat_bodies(members, rows, rsize)
+    stores = [sympy.sympify(s) for _, _, s in bodies]
+    if any(step(s, 1) != 1 for s in stores):
+        return None
+    across, candidates = [], set()
+    for _, body, _ in bodies:
+        for x in body.walk():
+            if x.op != "load" or ir.indirect_symbols(x.args[1]):
+                continue
+            off = sympy.sympify(x.args[1])
+            if step(off, 1) in (0, 1, None):   # a broadcast value, or contiguous with the stores
+                continue
+            across.append(off)
+            candidates |= {int(d.args[1]) for d in off.atoms(FloorDiv, ModIndex) if d.args[1].is_Integer}
+    for B in sorted(candidates):
+        if TILE_MIN <= B <= total // TILE_MIN and total % B == 0 and any(step(off, B) == 1 for off in across):
+            return B
+    return None
+
+
+def _tiled_kernel(group, name, args, rows, rsize, i64, extents, split: int) -> list[str]:
+    """The flat range of `group` as [total / split, split] tiles of TILE_META's size (transposed_split): program
+    pid takes tile (pid % ny, pid // ny), consecutive programs going down y (along the transposed loads).
+    `yindex` and `xindex` are both full [YBLOCK, XBLOCK] tensors, so any load's pointer has the tile's shape."""
+    total = int(rows * rsize)
+    ny, nx = total // split, split
+    by, bx = TILE_META["YBLOCK"], TILE_META["XBLOCK"]
+    ind = "    "
+    pid = "tl.program_id(0).to(tl.int64)" if i64 else "tl.program_id(0)"
+    tiles_y = math.ceil(ny / by)
+    itype = "tl.int64" if i64 else "tl.int32"
+    L = kernel_header(group, name, args, ["YBLOCK", "XBLOCK"])
+    L += [f"{ind}pid = {pid}",
+          f"{ind}zero = tl.zeros([YBLOCK, XBLOCK], {itype})",
+          f"{ind}yindex = (pid % {tiles_y}) * YBLOCK + tl.arange(0, YBLOCK)[:, None] + zero",
+          f"{ind}xindex = (pid // {tiles_y}) * XBLOCK + tl.arange(0, XBLOCK)[None, :] + zero"]
+    if ny % by == 0 and nx % bx == 0:
+        L.append(f"{ind}xmask = tl.full([YBLOCK, XBLOCK], True, tl.int1)")
+    else:
+        L.append(f"{ind}xmask = (yindex < {ny}) & (xindex < {nx})")
+    ranges = {YINDEX: ny, XINDEX: nx}
+    flat = {XINDEX: YINDEX * split + XINDEX}
+    b = Body({}, "xmask", ind, ranges, extents)  # one body: members share their loads (CSE)
+    b.prefix = "t"
+    stores = []
+    for m, body, store in flat_bodies(group.members, rows, rsize):
+        v = b.emit(ir.substitute(body, flat, ranges))
+        store = ir.simplify_index(sympy.sympify(store).xreplace(flat), ranges)
+        stores.append(ind + store_statement(m, v, index_code(store, {}), "xmask", "[YBLOCK, XBLOCK]"))
     return L + b.lines + stores
 
 

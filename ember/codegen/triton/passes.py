@@ -15,10 +15,14 @@ from ember.codegen.wrapper import CONV_RESULTS, OUT_VARIANTS, buffer_layout
 
 
 def registers_for_private_values(sched: Schedule) -> None:
-    """Pointwise members of a group without reductions that nothing outside the group reads (no graph output, no
-    in-place write, no later kernel or library call): `local`, so `inline_locals` substitutes them into their
-    readers and they are never stored (a value computed only for a gradient in the same kernel costs a write
-    otherwise). Runs after the splits and chunks, which could part a value from its readers."""
+    """Pointwise members that nothing outside their group reads (no graph output, no in-place write, no later
+    kernel or library call): `local`, so `inline_locals` substitutes them into their readers and they are never
+    stored (a value computed only for a gradient in the same kernel costs a write otherwise). In a group with
+    reductions too, a row value its reductions and epilogue read (a masked softmax's exp(x - max), which the
+    decomposition materializes as too costly to compute twice): a persistent kernel computes it once into
+    registers shared by its readers, a looped one computes it again in each loop instead of storing it in the
+    first and loading it in the next. Runs after the splits and chunks, which could part a value from its
+    readers."""
     outputs = {o.buffer for o in sched.lowered.outputs if isinstance(o, TensorArg)}
     readers: dict[str, set] = {}
     for j, it in enumerate(sched.items):
@@ -26,7 +30,7 @@ def registers_for_private_values(sched: Schedule) -> None:
         for n in names:
             readers.setdefault(n, set()).add(j)
     for j, it in enumerate(sched.items):
-        if isinstance(it, FusedGroup) and not any(m.is_reduction for m in it.members):
+        if isinstance(it, FusedGroup):
             for k, m in enumerate(it.members):
                 if m.local or m.dest or m.buf.name in outputs or readers.get(m.buf.name) != {j}:
                     continue

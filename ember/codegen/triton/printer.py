@@ -349,7 +349,7 @@ def store_statement(m: Member, value: str, offset: str, mask: str, shape: str) -
     """tl.store of `value` to member m's buffer at `offset`, cast to its dtype; `shape` is the tile's."""
     t = TL[m.buf.dtype]
     if offset.lstrip("-").isdigit():  # one element (a full reduction): a pointer per lane, all the same
-        offset = f"{offset} + 0 * {'xindex' if shape == '[BLOCK]' else 'x0'}"
+        offset = f"{offset} + 0 * {'xindex' if shape in ('[BLOCK]', '[YBLOCK, XBLOCK]') else 'x0'}"
     if _is_literal(value):  # a constant: give it the tile's shape
         value = f"tl.full({shape}, {value}, {t})"
     return f"tl.store({m.target} + {offset}, ({value}).to({t}), {mask})"
