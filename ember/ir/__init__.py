@@ -507,6 +507,9 @@ class Reduction(Buffer):
     rsize: tuple = ()
     kind: str = "sum"
     origins: tuple = ()
+    # a sum in a wider dtype whose values may first be summed in this one, a short run at a time (a statistic
+    # rounded to it afterwards, which eager's kernels sum so: codegen.cpp_sums); None: every value in dtype
+    partial_dtype: object = None
 
 
 @dataclasses.dataclass(eq=False)
