@@ -43,6 +43,7 @@ BN_FLOAT64_SUMS_ON_GPU = _env("BN_FLOAT64_SUMS_ON_GPU", False)  # GPU train batc
 
 # codegen: the C++ target
 CPU_ISA = _env("CPU_ISA", "native")   # native | avx512 | avx2 | portable: what generated C++ is built for
+CPU_KEEP_FREED_MEMORY = _env("CPU_KEEP_FREED_MEMORY", True)  # glibc keeps freed memory for reuse (runtime.heap)
 
 # codegen: lowering
 FUSE_CONVOLUTIONS = _env("FUSE_CONVOLUTIONS", True)  # CPU inference: conv absorbs batch norm; oneDNN post-ops

@@ -12,7 +12,7 @@ from typing import Callable
 
 from ember.codegen import wrapper
 from ember.ir import symbols
-from ember.runtime import artifacts, cache
+from ember.runtime import artifacts, cache, heap
 from ember.tools.logs import get_logger
 
 fallback_log = get_logger("fallbacks")
@@ -31,6 +31,7 @@ class CompiledGraph:
         self.saved_program = None   # (host program source, namespace) of a loaded graph
 
     def _load(self):
+        heap.keep_freed_memory()
         try:
             path = self.build.result()
         except cache.BuildError:

@@ -17,7 +17,7 @@ import torch
 
 from ember import ir
 from ember.ir import Expr, IndirectSymbol, symbols
-from ember.codegen import cpp_lowp, printer
+from ember.codegen import cpp_lowp, cpp_sums, printer
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
 from ember.runtime import cache
 
@@ -196,30 +196,41 @@ class Body(printer.Body):
     def __init__(self, ptrs: dict, scalars: dict, indent: str, rows: dict, hoist: tuple | None = None):
         super().__init__(scalars, indent)
         self.ptrs, self.rows = ptrs, rows
-        # hoist = (indent before the loop, its loop variables): values that do not change inside the loop
-        # (a learning rate from a scalar tensor, bias corrections from a step count) are computed before it,
-        # once, instead of per element (g++ does not hoist calls such as powf out of a simd loop)
-        self.hoist, self.pre, self.invariant = hoist, [], {}
+        # hoist = (indent before the loop nest, its loop variables, outermost first): values that do not change
+        # inside the nest (a learning rate from a scalar tensor) are computed before it, once (g++ does not hoist
+        # calls such as powf out of a simd loop); values of the outer loops only, before the innermost loop (`mid`,
+        # placed by `nest`): g++ sinks such a load into a select's branch and leaves the loop scalar
+        self.hoist, self.pre, self.invariant, self.mid, self.mid_invariant = None, [], {}, [], {}
+        self.mid_at = None   # (indent of the innermost loop, its variable) where the nest has outer loops
+        if hoist is not None:
+            self.hoist = (hoist[0], set(hoist[1]))
+            if len(hoist[1]) >= 2:
+                self.mid_at = (hoist[0] + "  " * (len(hoist[1]) - 1), {hoist[1][-1]})
         self.unrounded: dict = {}   # a cast to a 16-bit type's variable -> (its dtype, the float it rounds)
         self.chunks: cpp_lowp.Chunks | None = None   # the float16 operands converted a chunk at a time
 
     @property
-    def prefix(self) -> str:   # h<n>: hoisted before the loop, t<n>: in it
-        return "h" if self.lines is self.pre else "t"
+    def prefix(self) -> str:   # h<n>: hoisted before the loop nest, q<n>: before its innermost loop, t<n>: in it
+        return "h" if self.lines is self.pre else "q" if self.lines is self.mid else "t"
 
     def _node(self, x: Expr) -> str:
-        if self.hoist is None or not self._invariant(x):
+        if self.hoist is None:
+            return super()._node(x)
+        if self._invariant(x, self.hoist[1], self.invariant):
+            where = (self.pre, self.hoist[0])
+        elif self.mid_at is not None and self._invariant(x, self.mid_at[1], self.mid_invariant):
+            where = (self.mid, self.mid_at[0])
+        else:
             return super()._node(x)
         lines, indent = self.lines, self.indent
-        self.lines, self.indent = self.pre, self.hoist[0]
+        self.lines, self.indent = where
         try:
             return super()._node(x)
         finally:
             self.lines, self.indent = lines, indent
 
-    def _invariant(self, x: Expr) -> bool:
-        if id(x) not in self.invariant:
-            loopvars = self.hoist[1]
+    def _invariant(self, x: Expr, loopvars: set, memo: dict) -> bool:
+        if id(x) not in memo:
             if x.op == "load":
                 name, off = x.args
                 ok = name in self.scalars or (not (off.free_symbols & loopvars) and name not in self.rows
@@ -230,9 +241,14 @@ class Body(printer.Body):
             elif x.op == "rand":
                 ok = False
             else:
-                ok = all(self._invariant(a) for a in x.args if isinstance(a, Expr))
-            self.invariant[id(x)] = ok
-        return self.invariant[id(x)]
+                ok = all(self._invariant(a, loopvars, memo) for a in x.args if isinstance(a, Expr))
+            memo[id(x)] = ok
+        return memo[id(x)]
+
+    def nest(self, head: list[str]) -> list[str]:
+        """The loop nest's opening lines with the values hoisted before its innermost loop (`mid`) placed there."""
+        k = len(head) - (2 if len(head) > 1 and head[-2].lstrip().startswith("#pragma") else 1)
+        return head[:k] + self.mid + head[k:]
 
     def assignment(self, name: str, code: str, dtype: torch.dtype) -> str:
         return f"{self.indent}{CTYPE[dtype]} {name} = {code};"
@@ -715,7 +731,7 @@ def _blocks(members: list) -> list[list]:
     out = []
     for m in members:
         prev = out[-1] if out else None
-        if prev and _sibling_sums(prev, m):
+        if prev and cpp_sums.siblings(prev, m):
             prev.append(m)
             continue
         if prev and not m.is_reduction and not prev[0].is_reduction and tuple(prev[0].inner) == tuple(m.inner) \
@@ -729,22 +745,8 @@ def _blocks(members: list) -> list[list]:
     return out
 
 
-def _sibling_sums(prev: list, m: Member) -> bool:
-    """Whether sum m joins the sums of `prev` in one loop nest (_sums): the same inner loops, none reading
-    another's result. A batch norm's backward takes two sums of one recomputed value per element; one loop
-    computes it once."""
-    def plain_sum(x: Member) -> bool:
-        return x.is_reduction and x.buf.kind == "sum" and bool(x.inner) and x.body.dtype != torch.bool \
-            and x.body.dtype not in cpp_lowp.LOW_PRECISION
-    if not (plain_sum(m) and all(plain_sum(p) for p in prev) and tuple(prev[0].inner) == tuple(m.inner)
-            and prev[0].block == m.block):
-        return False
-    names = {p.buf.name for p in prev}
-    return not any(x.op == "load" and x.args[0] in names for x in m.body.walk())
-
-
 def _sums(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
-    """Sibling sums (_sibling_sums) in one loop nest, an accumulator each: values their bodies share are
+    """Sibling sums (cpp_sums.siblings) in one loop nest, an accumulator each: values their bodies share are
     computed once per element (the Body's common subexpressions)."""
     inner = ms[0].inner
     accs = [f"{m.buf.name}_acc" for m in ms]
@@ -752,9 +754,12 @@ def _sums(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     lines += [f"{ind}{CTYPE[m.body.dtype]} {acc} = {REDUCE_INIT['sum']};" for m, acc in zip(ms, accs)]
     lind = ind + "  "
     head, bind, close = _loops(inner, lind, parallel_inner, "".join(f" reduction(+:{a})" for a in accs), simd=True)
-    b = Body(ptrs, scalars, bind, rows, hoist=(lind, set(rvars(len(inner)))))
+    b = Body(ptrs, scalars, bind, rows, hoist=(lind, rvars(len(inner))))
     b.chunk(head, inner)
-    updates = [f"{bind}{acc} += {b.emit(m.body)};" for m, acc in zip(ms, accs)]
+    parts = {acc: f"{acc}_part" for m, acc in zip(ms, accs) if cpp_sums.widened_sum(m, ms)}
+    updates = [f"{bind}{parts[acc] if acc in parts else acc} += {b.emit(m.body.args[0] if acc in parts else m.body)};"
+               for m, acc in zip(ms, accs)]
+    head, close = cpp_sums.partial_loops(b.nest(head), close, inner, parts, _size_code(inner[-1]))
     lines += [ind + "{"] + b.pre + b.loop(head, b.lines + updates, close) + [ind + "}"]
     for m, acc in zip(ms, accs):
         lines += _reduced(m, acc, ind)
@@ -849,7 +854,7 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: b
                 _pointwise_block([_piece(m, lo, hi, ranges) for m in ms], ptrs, scalars, ind, False, rows, team)]
     inner = ms[0].inner or (sympy.Integer(1),)  # a loop of one keeps temporaries in their own scope
     head, bind, close = _loops(inner, ind, parallel_inner, team=team)
-    b = Body(ptrs, scalars, bind, rows, hoist=(ind, set(rvars(len(inner)))) if ms[0].inner else None)
+    b = Body(ptrs, scalars, bind, rows, hoist=(ind, rvars(len(inner))) if ms[0].inner else None)
     if ms[0].inner:
         b.chunk(head, inner)
     stores = []
@@ -866,6 +871,7 @@ def _pointwise_block(ms: list, ptrs, scalars, ind, parallel_inner, rows, team: b
     # stores last: every load of the iteration comes first (an input updated in place is read before written)
     # hoisted values go before the loop, in a scope of their own (shared, read-only, under `omp parallel for`)
     out = [f"{ind}// pointwise: {', '.join(m.buf.name for m in ms)}"]
+    head = b.nest(head)
     if b.pre:
         return out + [ind + "{"] + b.pre + b.loop(head, b.lines + stores, close) + [ind + "}"]
     return out + b.loop(head, b.lines + stores, close)
@@ -900,12 +906,17 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     # before it, once (another member's hoisted names may be the same)
     lind = ind + "  " if m.inner else ind
     head, bind, close = _loops(inner, lind, parallel_inner and simple, clause, simd=simple)
-    b = Body(ptrs, scalars, bind, rows, hoist=(lind, set(rvars(len(inner)))) if m.inner else None)
+    b = Body(ptrs, scalars, bind, rows, hoist=(lind, rvars(len(inner))) if m.inner else None)
     if m.inner:
         b.chunk(head, inner)
-    v = b.emit(m.body)
+    parts = {acc: f"{acc}_part"} if m.inner and cpp_sums.widened_sum(m) else {}
+    v = b.emit(m.body.args[0] if parts else m.body)
+    head = b.nest(head)
     fl = m.body.dtype.is_floating_point
-    if kind == "sum":
+    if parts:
+        upd = f"{acc}_part += {v};"
+        head, close = cpp_sums.partial_loops(head, close, inner, parts, _size_code(inner[-1]))
+    elif kind == "sum":
         upd = f"{acc} += {v};" if m.body.dtype != torch.bool else f"{acc} = {acc} || {v};"
     elif kind == "prod":
         upd = f"{acc} *= {v};" if m.body.dtype != torch.bool else f"{acc} = {acc} && {v};"

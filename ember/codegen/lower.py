@@ -175,7 +175,7 @@ class Graph:
             self.extern_inputs[key] = buf
         return TensorBox.of_buffer(buf)
 
-    def reduction(self, size, dtype, fn, rsize, kind, origin="") -> TensorBox:
+    def reduction(self, size, dtype, fn, rsize, kind, origin="", partial_dtype=None) -> TensorBox:
         size, rsize = tuple(size), tuple(rsize)
         one_hot = one_hot_sum(size, dtype, fn, rsize, kind) if config.ONE_HOT_SUMS else None
         if one_hot is not None:   # a sum of one element at a computed column: that element, no loop
@@ -186,7 +186,8 @@ class Graph:
         if split is not None:  # the partial results are a buffer of their own; this reduction reduces them
             fn, rsize = split
         buf = self.add(Reduction(self.new_name(), size, channels_last_strides(size) if cl else ir.contiguous_strides(size),
-                                 dtype, fn=fn, rsize=rsize, kind=kind, origins=self.origins))
+                                 dtype, fn=fn, rsize=rsize, kind=kind, origins=self.origins,
+                                 partial_dtype=None if split is not None else partial_dtype))
         self._note_layout(buf)
         return TensorBox.of_buffer(buf)
 

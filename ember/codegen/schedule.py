@@ -239,8 +239,9 @@ def merged_dims(buf: Pointwise) -> list[list[int]]:
         for t in sympy.Add.make_args(off):
             factors = sympy.Mul.make_args(t)
             if not all(f.is_Number or f.is_Symbol for f in factors):  # (plain terms c*m_i*m_j need no test)
+                # (a division or clamp of sizes only, a conv's output size (s - 1) // 2 + 1, is a size)
                 if not t.is_polynomial(*idx) or any(isinstance(a, (ir.FloorDiv, ir.ModIndex, sympy.Min, sympy.Max))
-                                                     for a in sympy.preorder_traversal(t)):
+                                                     and a.free_symbols & idx_set for a in sympy.preorder_traversal(t)):
                     blocked |= t.free_symbols
             # what off.coeff(m) sums: the other factors of each term with m as a factor
             for k, f in enumerate(factors):

@@ -159,8 +159,9 @@ def _bn_backward(dy, x, w, rm, rv, save_mean, save_invstd, train, eps, mask):
     mean_b, invstd_b = _bn_shape(mean, x), _bn_shape(invstd, x)
     xhat = P.mul(P.sub(x, mean_b), invstd_b)
     acc = _bn_acc(x) if train else None
-    sum_dy = P.reduce("sum", dy, dims, dtype=acc)
-    sum_dy_xhat = P.reduce("sum", P.mul(dy, xhat), dims, dtype=acc)
+    # (rounded to x's dtype: short runs of values may be summed in it first, as eager's per-plane vector sums)
+    sum_dy = P.reduce("sum", dy, dims, dtype=acc, partial_dtype=x.dtype)
+    sum_dy_xhat = P.reduce("sum", P.mul(dy, xhat), dims, dtype=acc, partial_dtype=x.dtype)
     if acc is not None:
         sum_dy, sum_dy_xhat = P.cast(sum_dy, x.dtype), P.cast(sum_dy_xhat, x.dtype)
     scale = P.mul(invstd_b, _bn_shape(w, x)) if w is not None else invstd_b

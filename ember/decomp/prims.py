@@ -150,8 +150,9 @@ def reuse(x: TensorBox, times: int) -> TensorBox:
 
 # ------------------------------------------------------------------------------------------------ reductions
 def reduce(kind: str, x: TensorBox, dims: Sequence[int], keepdim: bool = False,
-           dtype: torch.dtype | None = None) -> TensorBox:
-    """A Reduction buffer over `dims` of x (computed in `dtype`; argmax/argmin give int64)."""
+           dtype: torch.dtype | None = None, partial_dtype: torch.dtype | None = None) -> TensorBox:
+    """A Reduction buffer over `dims` of x (computed in `dtype`; argmax/argmin give int64; a sum in a `dtype`
+    wider than x's may add x's values in `partial_dtype` a short run at a time, ir.Reduction)."""
     assert kind in REDUCTIONS, kind
     dims = sorted({d % x.ndim for d in dims}) if x.ndim else []
     dtype = dtype or x.dtype
@@ -176,7 +177,7 @@ def reduce(kind: str, x: TensorBox, dims: Sequence[int], keepdim: bool = False,
             full[d] = src[d] if keepdim else src[j]
         return xc.loader(full)
 
-    return ir.GRAPH.reduction(out_size, out_dtype, fn, rsize, kind, x.origin)
+    return ir.GRAPH.reduction(out_size, out_dtype, fn, rsize, kind, x.origin, partial_dtype=partial_dtype)
 
 
 # ------------------------------------------------------------------------------------------------ views

@@ -225,6 +225,14 @@ def _simplify_index(e, ranges: dict | None = None):
     e = expand_index(e)
     if not e.has(FloorDiv, ModIndex):   # most indices (an optimizer's thousands of flat ones): nothing to undo
         return e
+    e = _within_ranges(e, ranges)
+    e = _collected(e)
+    # (collecting may leave a % d over a < d: a symbolic merged row's (r0 // n) % n * n + r0 % n is r0 % (n * n))
+    return _within_ranges(e, ranges) if symbols.HINTS and e.has(FloorDiv, ModIndex) else e
+
+
+def _within_ranges(e, ranges: dict | None):
+    """a // d -> 0 and a % d -> a where 0 <= a < d, and the splits of _split_low, given the index ranges."""
     if ranges:
         def small(x):  # a // d == 0 and a % d == a when 0 <= a < d
             b = bounds(x.args[0], ranges)
@@ -238,6 +246,12 @@ def _simplify_index(e, ranges: dict | None = None):
             e = expand_index(e)
             if e == before:
                 break
+    return e
+
+
+def _collected(e):
+    """k*d*(a//d) + k*(a%d) -> k*a and k*d*((a//d)%c) + k*(a%d) -> k*(a%(d*c)), over terms with equal factors
+    besides their coefficients (numbers, and expressions of the size symbols in a symbolic graph)."""
     changed = True
     while changed and isinstance(e, sympy.Add):
         changed = False
@@ -267,8 +281,8 @@ def _simplify_index(e, ranges: dict | None = None):
 def _size_coeff(t):
     """(coefficient, rest) of a term whose coefficient may hold size symbols (s1*((x // s1) % s0) -> s1, ...)."""
     factors = sympy.Mul.make_args(t)
-    c = [f for f in factors if f.is_Number or f in symbols.HINTS]
-    return sympy.Mul(*c), sympy.Mul(*[f for f in factors if not (f.is_Number or f in symbols.HINTS)])
+    c = [f for f in factors if f.is_Number or f.free_symbols <= symbols.HINTS.keys()]
+    return sympy.Mul(*c), sympy.Mul(*[f for f in factors if not (f.is_Number or f.free_symbols <= symbols.HINTS.keys())])
 
 
 def _split_low(x, ranges):
@@ -507,6 +521,9 @@ class Reduction(Buffer):
     rsize: tuple = ()
     kind: str = "sum"
     origins: tuple = ()
+    # a sum in a wider dtype whose values may first be summed in this one, a short run at a time (a statistic
+    # rounded to it afterwards, which eager's kernels sum so: codegen.cpp_sums); None: every value in dtype
+    partial_dtype: object = None
 
 
 @dataclasses.dataclass(eq=False)

@@ -134,3 +134,40 @@ def test_sibling_sums_of_one_value_run_in_one_loop():
     assert kernels.count("one loop") == 1 and re.search(r"simd reduction\(\+:\w+\) reduction\(\+:\w+\)", kernels), kernels
     _, kernels = compiled(dependent, [x])
     assert "one loop" not in kernels, kernels
+
+
+def scalar_float_compares(source: str) -> list[str]:
+    """The scalar float compares (`comiss`: a select g++ turned into a branch) in the assembly of `source`."""
+    asm = subprocess.run(["g++", *cache.cxxflags(shared=False), "-x", "c++", "-", "-S", "-o", "-"], input=source,
+                         capture_output=True, text=True, check=True).stdout
+    return re.findall(r"\bv?u?comis[sd]\b", asm)
+
+
+def test_batch_norm_backward_sums_take_float_partials_and_vectorize():
+    """A train-mode batch norm's backward behind a ReLU and an average pool (a conv net's last block): its two
+    sums accumulate float32 values in float64 (eager's accuracy); the innermost loop adds them to float partials
+    (added to the float64 accumulators after it), and the pooled gradient, which changes with the outer loops
+    only, is read before the innermost loop. Either one per element kept g++ from vectorizing the loop (a select
+    feeding a float64 cast; a load sunk into the select's branch): scalar code with a branch per element."""
+    torch.manual_seed(0)
+    n, c, h, w = 4, 8, 6, 16
+    x, y, gp = torch.randn(n, c, h, w), torch.randn(n, c, h, w), torch.randn(n, c, 1, 1)
+    weight, mean, invstd = torch.randn(c), torch.randn(c), torch.rand(c) + 0.5
+
+    def bn_backward(x, y, gp, weight, mean, invstd):
+        dy = torch.where(y <= 0, 0.0, (gp / (h * w)).expand(n, c, h, w))
+        return torch.ops.aten.native_batch_norm_backward(dy, x, weight, None, None, mean, invstd, True, 1e-5,
+                                                         [True, True, True])
+    src, kernels = compiled(bn_backward, [x, y, gp, weight, mean, invstd])
+    assert kernels.count("_part += ") == 2 and "double" in kernels, kernels
+    assert re.search(r"float q\d+ = arg2\[", kernels), kernels   # the pooled gradient, before the innermost loop
+    if config.CPU_ISA != "portable":
+        assert scalar_float_compares(src) == [], kernels
+
+
+def test_float64_sums_a_program_asks_for_keep_every_value_in_float64():
+    """`x.double().sum()` of float32 values: every value is added in float64 (no float partials), as eager."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 3000) * 1000 + 1
+    _, kernels = compiled(lambda x: torch.where(x > 0, x, 0.5).double().sum(1), [x])
+    assert "_part" not in kernels, kernels

@@ -51,6 +51,21 @@ def test_facts_at_every_size():
         symbols.HINTS.clear()
 
 
+def test_an_index_over_a_plane_of_computed_sizes_simplifies_as_a_static_one():
+    """A stride-2 convolution's output plane of a symbolic image, n = (s0 - 1) // 2 + 1 on a side, walked as one
+    loop r0 < n * n: the unmerged index n * ((r0 // n) % n) + r0 % n is r0 again (its coefficient n, expanded to
+    (s0 - 1) // 2 + 1, is one of sizes), so the inner loop reads contiguously with no division."""
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+    r, x = sympy.Symbol("r0", integer=True, nonnegative=True), sympy.Symbol("x0", integer=True, nonnegative=True)
+    n = 1 + FloorDiv(s0 - 1, 2)
+    symbols.HINTS.update({s0: 32})
+    try:
+        unmerged = n * ModIndex(FloorDiv(r, n), n) + ModIndex(r, n)
+        assert ir.simplify_index(unmerged + x * n * n, {r: n * n}) == ir.expand_index(r + x * n * n)
+    finally:
+        symbols.HINTS.clear()
+
+
 def test_facts_the_guards_prove():
     """Facts the graph's guards prove (symbols.SHAPE_ENV: `s1 <= s0`, a length the program checked against a
     table's; `s1 <= 512`, a range) hold, and nothing beyond them; without the ShapeEnv nothing is claimed."""
