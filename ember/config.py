@@ -46,7 +46,7 @@ CPU_ISA = _env("CPU_ISA", "native")   # native | avx512 | avx2 | portable: what 
 
 # codegen: lowering
 FUSE_CONVOLUTIONS = _env("FUSE_CONVOLUTIONS", True)  # CPU inference: conv absorbs batch norm; oneDNN post-ops
-ONEDNN_MATMULS = _env("ONEDNN_MATMULS", True)        # CPU float32 products through oneDNN (off: ATen's mm)
+ONEDNN_MATMULS = _env("ONEDNN_MATMULS", "auto")      # CPU float32 products through oneDNN: auto (a CPU not Intel's), 1, 0 (ATen's mm)
 FUSE_LINEARS = _env("FUSE_LINEARS", True)            # activations after CPU linear layers inside the oneDNN call
 SHARE_CAT_BUFFERS = _env("SHARE_CAT_BUFFERS", True)  # a chain of concatenations writes its pieces in place once
 SPLIT_REDUCTIONS = _env("SPLIT_REDUCTIONS", True)    # reductions with too few results split into partial ones

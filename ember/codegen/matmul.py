@@ -24,7 +24,8 @@ aten = torch.ops.aten
 
 
 def addmm(bias, a, b, *, beta=1, alpha=1):
-    """A linear layer's addmm. On CPU in float32 where the weight is laid out for it, one oneDNN inner product
+    """A linear layer's addmm. On CPU in float32 where the weight is laid out for it and oneDNN's products are
+    chosen (onednn.onednn_products: a CPU that is not Intel's), one oneDNN inner product
     with the bias inside (onednn.cpu_matmul: added as the product is written, no extra pass; a reader that is a
     library call, attention reading Q, K and V, then takes the product as it is). Elsewhere the library mm plus a
     lazy bias add, which fuses into whatever reads the result (gelu, the residual add + layer_norm): on CPU,
@@ -91,7 +92,8 @@ def _returned(node) -> bool:
 
 
 def mm(a, b):
-    """On CPU in float32, a oneDNN inner product where the weight is laid out for one (onednn.cpu_matmul); on
+    """On CPU in float32, a oneDNN inner product where the weight is laid out for one and oneDNN's products are
+    chosen (onednn.cpu_matmul); on
     CUDA with a leading dimension cuBLAS reads slowly, the product with padded rows (padded_product); else ATen's
     mm (the extern it is listed as)."""
     return cpu_matmul(ir.GRAPH, a, b) or padded_product(ir.GRAPH, a, b) or NotImplemented
