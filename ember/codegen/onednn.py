@@ -137,6 +137,12 @@ def lower_conv_fusion(g: "Graph", f: ConvFusion, env: dict):
         shift = P.mul(P.sub(b, mean) if b is not None else P.unary("neg", mean), scale)
         b = P.add(shift, beta) if beta is not None else shift
         w = P.mul(w, P.reshape(scale, [-1] + [1] * (w.ndim - 1)))
+    from ember.codegen.matmul import conv_product, product_conv
+    # a relu stays oneDNN's post-op: the convolution's output is written once, activated, where a product's
+    # relu is a pass of its own when a library call (a depthwise convolution) reads it (mobilenet_v3's expansions)
+    with g.lowering_as(f.conv.meta["val"]):
+        if not f.relu and product_conv(g, x, w, stride, padding, f.conv.args[6], groups):
+            return conv_product(g, x, w, b, env[f.other] if f.other is not None else None, f.relu)
     pointwise = _mkldnn_op("_convolution_pointwise")
     if f.other is not None:
         return g.extern(pointwise.binary, (x, env[f.other], w, b, padding, stride, dilation, groups, "add", None,
