@@ -47,8 +47,10 @@ CPU_KEEP_FREED_MEMORY = _env("CPU_KEEP_FREED_MEMORY", True)  # glibc keeps freed
 
 # codegen: lowering
 FUSE_CONVOLUTIONS = _env("FUSE_CONVOLUTIONS", True)  # CPU inference: conv absorbs batch norm; oneDNN post-ops
-ONEDNN_MATMULS = _env("ONEDNN_MATMULS", True)        # CPU float32 products through oneDNN (off: ATen's mm)
+ONEDNN_MATMULS = _env("ONEDNN_MATMULS", "auto")      # CPU float32 products through oneDNN: auto (a CPU not Intel's), 1, 0 (ATen's mm)
 FUSE_LINEARS = _env("FUSE_LINEARS", True)            # activations after CPU linear layers inside the oneDNN call
+CONV_PRODUCTS = _env("CONV_PRODUCTS", True)          # 1x1 convolutions of channels-last CPU graphs as matrix products
+STORE_BROADCASTS = _env("STORE_BROADCASTS", True)    # CPU: a costly value read broadcast is stored once first
 SHARE_CAT_BUFFERS = _env("SHARE_CAT_BUFFERS", True)  # a chain of concatenations writes its pieces in place once
 SPLIT_REDUCTIONS = _env("SPLIT_REDUCTIONS", True)    # reductions with too few results split into partial ones
 ONE_HOT_SUMS = _env("ONE_HOT_SUMS", True)            # a sum over a one-hot row is the element it picks

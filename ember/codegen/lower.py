@@ -29,7 +29,7 @@ from ember.ir import Buffer, ExternBuffer, InputBuffer, Pointwise, Reduction, Te
 from ember.codegen.cat_chains import lower_cat, plan_cat_chains
 from ember.codegen.layout import ALIGNED_ARGUMENTS, CONVOLUTIONS, aligned_strides, channels_last_strides, \
     is_aligned, is_dense, padded, same_strides, value_key, wants_channels_last
-from ember.codegen.matmul import addmm, bmm, lower_sibling_product, mm, plan_sibling_products
+from ember.codegen.matmul import addmm, bmm, convolution, lower_sibling_product, mm, plan_sibling_products
 from ember.codegen.onednn import LinearFusion, lower_conv_fusion, lower_linear_fusion, plan_conv_fusions, \
     plan_linear_fusions
 from ember.codegen.reductions import one_hot_sum, split_reduction
@@ -60,8 +60,14 @@ def cumsum(x, dim, *, dtype=None):
 
 
 CHOICES = {aten.addmm.default: addmm, aten.mm.default: mm, aten.bmm.default: bmm, aten.cat.default: lower_cat,
-           aten.cumsum.default: cumsum}
+           aten.convolution.default: convolution, aten.cumsum.default: cumsum}
 
+
+# a value read by several nodes is stored once above this compute cost (ir.compute_cost), recomputed by each
+# reader at or below it. On the CPU one exp or division (cost 2) per element costs more than a store and a load
+# (a silu, cost 3, read by a squeeze-excite block's mean and its gate's product: efficientnet_b0's kernels took
+# 112 ms recomputing it, 66 ms storing it, AVX2); a GPU recomputes it for less than a pass over memory.
+SHARED_STORE_COST = {"cpu": 2, "gpu": 3}
 
 # sympy nodes an unmaterialized box's largest index may hold before the box is stored: past it, composing more
 # views and concatenations onto it costs the simplifier more than the store costs at run time (channel shuffles
@@ -450,7 +456,7 @@ def _lower(gm: torch.fx.GraphModule, example_inputs: list, target: str = "cpu") 
                         elif is_dense(v) and b.size and any(s != 1 for s in v.shape):
                             b.eager_stride = tuple(v.stride())
                 if isinstance(out, TensorBox) and out.strided is None and users[node] > 1 and (
-                        out.cost() > 3 or stored.get(node, 0) > 1) and not (
+                        out.cost() > SHARED_STORE_COST[g.target] or stored.get(node, 0) > 1) and not (
                         stored.get(node, 0) <= 1 and _recomputed_on_gpu(g, out)):
                     # in eager's layout where ember keeps eager's (GPT-2's key/value cache: a concatenation of
                     # the heads' view, laid out [b, s, h, d] as the projection it copies; contiguous, its copy

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ember import ir
+from ember import config, ir
 from ember.ir import TensorBox
-from ember.codegen.layout import is_dense
+from ember.codegen.layout import channels_last_strides, is_dense
 from ember.codegen.onednn import cpu_matmul
 from ember.decomp import prims as P
 from ember.decomp.common import floaty, out
@@ -24,7 +24,8 @@ aten = torch.ops.aten
 
 
 def addmm(bias, a, b, *, beta=1, alpha=1):
-    """A linear layer's addmm. On CPU in float32 where the weight is laid out for it, one oneDNN inner product
+    """A linear layer's addmm. On CPU in float32 where the weight is laid out for it and oneDNN's products are
+    chosen (onednn.onednn_products: a CPU that is not Intel's), one oneDNN inner product
     with the bias inside (onednn.cpu_matmul: added as the product is written, no extra pass; a reader that is a
     library call, attention reading Q, K and V, then takes the product as it is). Elsewhere the library mm plus a
     lazy bias add, which fuses into whatever reads the result (gelu, the residual add + layer_norm): on CPU,
@@ -91,7 +92,8 @@ def _returned(node) -> bool:
 
 
 def mm(a, b):
-    """On CPU in float32, a oneDNN inner product where the weight is laid out for one (onednn.cpu_matmul); on
+    """On CPU in float32, a oneDNN inner product where the weight is laid out for one and oneDNN's products are
+    chosen (onednn.cpu_matmul); on
     CUDA with a leading dimension cuBLAS reads slowly, the product with padded rows (padded_product); else ATen's
     mm (the extern it is listed as)."""
     return cpu_matmul(ir.GRAPH, a, b) or padded_product(ir.GRAPH, a, b) or NotImplemented
@@ -118,6 +120,59 @@ def bmm(a, b):
         prod = cpu_matmul(g, flat, w) or g.extern(aten.mm.default, (flat, w), {}, fallback=False)
     prod = P.reshape(prod, (s1, s0, n) if swap else (s0, s1, n))
     return P.permute(prod, [1, 0, 2]) if swap else prod
+
+
+def product_conv(g: "Graph", x, w, stride, padding, transposed, groups) -> bool:
+    """Whether convolution(x, w, ...) is computed as a matrix product (conv_product): a 1x1 convolution
+    (stride 1, no padding, one group, not transposed) of a channels-last float32 CPU graph, with static sizes.
+    Its input stored channels-last is the pixels' matrix [N*H*W, Cin] as it is, and the product with the weight's
+    [Cin, Cout] is the channels-last output: the library product (MKL's sgemm) ran every 1x1 convolution of
+    efficientnet/mobilenet/resnet50 at the suite's batches 4-95% faster than ATen's convolution (oneDNN, or at a
+    small batch on one thread ATen's slow path, which copies a channels-last input to NCHW and back), AVX-512 or
+    AVX2, and ATen's convolution of NCHW values (eager's and Inductor's) 3-190% slower (bench/tools/
+    cpu_conv1x1.py); the bias, a folded batch norm's shift and a residual add become pointwise work that fuses
+    into the kernel reading the product (a fused relu stays oneDNN's post-op: onednn.lower_conv_fusion)."""
+    v = out()
+    return config.CONV_PRODUCTS and isinstance(v, torch.Tensor) and v.device.type == "cpu" \
+        and v.dtype == torch.float32 and g.channels_last \
+        and not g.symbolic and isinstance(x, TensorBox) and isinstance(w, TensorBox) and x.ndim == 4 \
+        and w.ndim == 4 and not transposed and groups == 1 and x.dtype == w.dtype == v.dtype \
+        and tuple(int(k) for k in w.size[2:]) == (1, 1) and list(stride) == [1, 1] and list(padding) == [0, 0]
+
+
+def conv_product(g: "Graph", x: TensorBox, w: TensorBox, bias=None, other=None, relu: bool = False) -> TensorBox:
+    """The 1x1 convolution product_conv accepts, (+ bias) (+ other) (relu), as one library product of the
+    pixels and the weight; the rest stays pointwise (lazy). The product's buffer is marked channels-last, so a
+    4-D value computed from it is stored so too, and graph outputs and ATen calls get eager's layout back."""
+    n, c, h, wd = (int(d) for d in x.size)
+    co = int(w.size[0])
+    pixels = None
+    if x.strided is not None and int(x.strided[1][1]) == 1:   # a stored value, channels innermost (or a window of
+        pixels = P.reshape(P.permute(x, [0, 2, 3, 1]), (n * h * wd, c))   # a wider one: a concatenation's)
+        pixels = pixels if pixels.strided is not None else None   # (its pixels a matrix with a leading dim)
+    if pixels is None:
+        cl = channels_last_strides(x.size)
+        x = g.realize(TensorBox(x.size, x.dtype, x.loader), stride=cl)
+        pixels = P.reshape(P.permute(x, [0, 2, 3, 1]), (n * h * wd, c))
+    weight = P.permute(P.reshape(w, (co, c)), [1, 0])
+    with g.lowering_as(torch.empty((n * h * wd, co), dtype=x.dtype, device="meta")):
+        prod = cpu_matmul(g, pixels, weight, any_weight=True) or \
+            g.extern(aten.mm.default, (pixels, weight), {}, fallback=False)
+    g.cl.add(prod.strided[0].name)
+    y = P.permute(P.reshape(prod, (n, h, wd, co)), [0, 3, 1, 2])
+    if bias is not None:
+        y = P.add(y, P.reshape(bias, (1, co, 1, 1)), dtype=x.dtype)
+    if other is not None:
+        y = P.add(y, other, dtype=x.dtype)
+    return P.unary("relu", y) if relu else y
+
+
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """A 1x1 convolution of a channels-last CPU graph as a matrix product (product_conv); else the library's."""
+    g = ir.GRAPH
+    if not product_conv(g, x, w, stride, padding, transposed, groups):
+        return NotImplemented
+    return conv_product(g, x, w, bias)
 
 
 # cuBLAS takes its fast kernels (vector loads and stores) only where each matrix's contiguous extent and leading

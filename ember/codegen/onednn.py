@@ -9,13 +9,16 @@ Where oneDNN's fused convolutions exist (torch.ops.mkldnn._convolution_pointwise
 the relu or residual add (+ relu) after it become post-ops of that one call: the output is written once, where
 a separate batch-norm/relu pass would read and write it again.
 
-CPU float32 products of a linear layer's layout are oneDNN inner products, their bias inside (cpu_matmul); in an
-inference graph a relu/gelu/silu that alone reads one becomes its post-op (plan_linear_fusions).
+CPU float32 products of a linear layer's layout are oneDNN inner products on a CPU that is not Intel's, their bias
+inside (cpu_matmul); in an inference graph a relu/gelu/silu that alone reads one becomes its post-op
+(plan_linear_fusions). On an Intel CPU they stay MKL's (onednn_products).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
+import pathlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -134,6 +137,12 @@ def lower_conv_fusion(g: "Graph", f: ConvFusion, env: dict):
         shift = P.mul(P.sub(b, mean) if b is not None else P.unary("neg", mean), scale)
         b = P.add(shift, beta) if beta is not None else shift
         w = P.mul(w, P.reshape(scale, [-1] + [1] * (w.ndim - 1)))
+    from ember.codegen.matmul import conv_product, product_conv
+    # a relu stays oneDNN's post-op: the convolution's output is written once, activated, where a product's
+    # relu is a pass of its own when a library call (a depthwise convolution) reads it (mobilenet_v3's expansions)
+    with g.lowering_as(f.conv.meta["val"]):
+        if not f.relu and product_conv(g, x, w, stride, padding, f.conv.args[6], groups):
+            return conv_product(g, x, w, b, env[f.other] if f.other is not None else None, f.relu)
     pointwise = _mkldnn_op("_convolution_pointwise")
     if f.other is not None:
         return g.extern(pointwise.binary, (x, env[f.other], w, b, padding, stride, dilation, groups, "add", None,
@@ -152,19 +161,44 @@ CONV_CALLS = CONVOLUTIONS + tuple(getattr(_POINTWISE_CONV, o, None) for o in ("d
 
 
 # CPU float32 products as oneDNN inner products (torch.ops.mkldnn._linear_pointwise: a @ w.T for a row-major
-# input and a row-major [N, K] weight, a linear layer's own layout): faster than ATen's mm (MKL) on a linear
-# layer's products, whatever the output buffer; below ONEDNN_MIN_WORK multiply-adds oneDNN's fixed cost per call
-# loses. A weight that is not row-major (x @ W of a [K, N] weight, the backward's products) stays with MKL:
+# input and a row-major [N, K] weight, a linear layer's own layout), on a CPU that is not Intel's: there ATen's
+# mm (MKL) takes MKL's generic code paths, 2.2x slower than oneDNN (AMD EPYC). On an Intel CPU, MKL's sgemm is as
+# fast or faster on every linear layer's shape, AVX-512 or capped at AVX2, one thread or two (the inner product
+# 0-10% slower; a bias or activation inside it bought nothing over the library mm and a kernel that adds them:
+# bench/tools/cpu_products.py, cpu_linear_blocks.py), so there the products stay ATen's mm (onednn_products).
+# Below ONEDNN_MIN_WORK multiply-adds oneDNN's fixed cost per call loses. A weight that is not row-major (x @ W of a [K, N] weight, the backward's products) stays with MKL:
 # oneDNN reorders such a weight on every call. The weight is read as it is on every call (no packed copy kept
 # across calls: `p.data.mul_(...)` changes a weight without bumping its version).
 _LINEAR = _mkldnn_op("_linear_pointwise")
 ONEDNN_MIN_WORK = 1 << 21  # multiply-adds (M*K*N) from which a product goes to oneDNN
 
 
+@functools.lru_cache(maxsize=None)
+def _intel_cpu() -> bool:
+    """Whether this machine's CPU is Intel's (MKL's own fast code paths run)."""
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(ln.startswith("vendor_id") and "GenuineIntel" in ln for ln in text.splitlines())
+
+
+def onednn_products() -> bool:
+    """Whether CPU float32 products go to oneDNN: config.ONEDNN_MATMULS, "auto" (the default) where ATen's mm is
+    not MKL on an Intel CPU (the comment above)."""
+    v = config.ONEDNN_MATMULS
+    if isinstance(v, str):
+        v = v.strip().lower()
+        if v == "auto":
+            return not (torch.backends.mkl.is_available() and _intel_cpu())
+        return v not in ("0", "false", "off", "no", "")
+    return bool(v)
+
+
 def _onednn_product(m, k, n, dtypes, device) -> bool:
-    """Whether an [m, k] @ [k, n] product of these dtypes on this device goes to oneDNN (see config.ONEDNN_MATMULS)."""
-    return _LINEAR is not None and config.ONEDNN_MATMULS and device == "cpu" and all(d == torch.float32 for d in dtypes) \
-        and m * k * n >= ONEDNN_MIN_WORK
+    """Whether an [m, k] @ [k, n] product of these dtypes on this device goes to oneDNN (onednn_products)."""
+    return _LINEAR is not None and device == "cpu" and all(d == torch.float32 for d in dtypes) \
+        and m * k * n >= ONEDNN_MIN_WORK and onednn_products()
 
 
 def _hints(*sizes) -> tuple:

@@ -20,7 +20,7 @@ from typing import Sequence
 import sympy
 import torch
 
-from ember import ir
+from ember import config, ir
 from ember.ir import Expr, FloorDiv, IndirectSymbol, ModIndex, TensorBox, symbols
 
 # name -> arity. The meaning of each name is fixed here; backends map names to their language.
@@ -83,9 +83,32 @@ def broadcast_shapes(*sizes) -> tuple:
     return tuple(out)
 
 
+# In a channels-last CPU graph (channels the innermost loop of every 4-D kernel), a per-channel value computed
+# on the fly (not stored) and read broadcast over the pixels, BROADCAST_STORE_FACTOR or more times its own
+# elements, at a cost of BROADCAST_STORE_COST compute nodes or more (ir.compute_cost: one exp or division), is
+# stored first: it varies along the innermost loop, so the compiler cannot hoist it, and its reader would
+# recompute it at every pixel (a squeeze-excite gate's sigmoid, a folded batch norm's shift
+# `beta - mean * gamma / sqrt(var + eps)`), where one small buffer computes it once per value. (Elsewhere a
+# value broadcast along the inner dims, a layer norm's 1 / std per row, is hoisted out of the inner loop.)
+BROADCAST_STORE_FACTOR = 8
+BROADCAST_STORE_COST = 2
+
+
+def _stored_if_costly(x: TensorBox, size: tuple) -> TensorBox:
+    g = ir.GRAPH
+    if not config.STORE_BROADCASTS or g is None or getattr(g, "target", None) != "cpu" \
+            or not getattr(g, "channels_last", False) or x.strided is not None or x.ndim != 4 or len(size) != 4 \
+            or not all(symbols.is_static(n) for n in (*x.size, *size)) or x.size[1] != size[1] or size[1] == 1:
+        return x
+    if ir.prod(size) < BROADCAST_STORE_FACTOR * ir.prod(x.size) or x.cost() < BROADCAST_STORE_COST:
+        return x
+    return g.realize(x)
+
+
 def _broadcast_loader(x: TensorBox, size: tuple):
     if x.size == size:
         return x.loader
+    x = _stored_if_costly(x, size)
     k = len(size) - x.ndim
     keep = [x.size[d] != 1 or size[d + k] == 1 for d in range(x.ndim)]
     return lambda idx: x.loader([idx[d + k] if keep[d] else sympy.Integer(0) for d in range(x.ndim)])

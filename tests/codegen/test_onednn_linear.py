@@ -14,6 +14,33 @@ pytestmark = pytest.mark.skipif(onednn._LINEAR is None, reason="this torch has n
 LINEAR = "mkldnn._linear_pointwise.default"
 
 
+@pytest.fixture(autouse=True)
+def _onednn_products(monkeypatch):
+    """These tests are of the oneDNN path, which an Intel CPU's default (MKL's mm) does not take."""
+    monkeypatch.setattr(config, "ONEDNN_MATMULS", True)
+
+
+@pytest.mark.parametrize("intel,mkl,want", [(True, True, "aten.mm.default"), (False, True, LINEAR),
+                                            (True, False, LINEAR)])
+def test_auto_products_are_mkl_on_an_intel_cpu_and_onednn_elsewhere(monkeypatch, intel, mkl, want):
+    monkeypatch.setattr(config, "ONEDNN_MATMULS", "auto")
+    monkeypatch.setattr(onednn, "_intel_cpu", lambda: intel)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    torch.manual_seed(0)
+    m = MLP().eval()
+    x = torch.randn(200, 96)
+    with torch.no_grad():
+        f, targets, _ = _externs(m, x)
+        assert targets == [want, want], targets
+        torch.testing.assert_close(f(x), m(x))
+
+
+def test_switch_given_as_text_from_the_environment(monkeypatch):
+    for text, on in (("0", False), ("off", False), ("1", True), ("true", True)):
+        monkeypatch.setattr(config, "ONEDNN_MATMULS", text)
+        assert onednn.onednn_products() is on, text
+
+
 def _compiled(fn, *args, inference=True):
     """Compile fn with the ember backend (through ember.compile) and call it; return (compiled fn, its graphs)."""
     def run(f, *args):
