@@ -35,6 +35,31 @@ def test_auto_products_are_mkl_on_an_intel_cpu_and_onednn_elsewhere(monkeypatch,
         torch.testing.assert_close(f(x), m(x))
 
 
+def test_auto_products_of_a_symbolic_graph_are_onednn_on_an_intel_cpu(monkeypatch):
+    """Under dynamic=True the products stay oneDNN's with their bias fused, on an Intel CPU too, and equal eager
+    at every size."""
+    import ember
+    monkeypatch.setattr(config, "ONEDNN_MATMULS", "auto")
+    monkeypatch.setattr(onednn, "_intel_cpu", lambda: True)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+    assert not onednn.onednn_products() and onednn.onednn_products(symbolic=True)
+    torch.manual_seed(0)
+    m = MLP().eval()
+    seen = []
+    real = onednn.onednn_products
+
+    def spy(symbolic=False):
+        seen.append(symbolic)
+        return real(symbolic)
+    monkeypatch.setattr(onednn, "onednn_products", spy)
+    f = ember.compile(m, dynamic=True)
+    with torch.no_grad():
+        for n in (200, 333, 517):
+            x = torch.randn(n, 96)
+            torch.testing.assert_close(f(x), m(x))
+    assert seen and all(seen)
+
+
 def test_switch_given_as_text_from_the_environment(monkeypatch):
     for text, on in (("0", False), ("off", False), ("1", True), ("true", True)):
         monkeypatch.setattr(config, "ONEDNN_MATMULS", text)
