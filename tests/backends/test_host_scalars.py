@@ -13,6 +13,18 @@ aten = torch.ops.aten
 CUDA = torch.cuda.is_available()
 
 
+def meta_packs(monkeypatch) -> None:
+    """host_scalars' packs of CPU values sent to the meta device (standing in for CUDA), by a plain gather in
+    place of the pinned-buffer transfer."""
+    class Pack:
+        def __init__(self, dtype, positions, device):
+            self.positions = positions
+
+        def send(self, host_args):
+            return torch.stack([host_args[i] for i in self.positions]).to("meta")
+    monkeypatch.setattr(host_scalars, "_Pack", Pack)
+
+
 def _with_values(gm: fx.GraphModule, inputs: list) -> fx.GraphModule:
     """gm with each node's meta['val'] set by running it on `inputs` (meta tensors standing in for CUDA ones)."""
     env = {}
@@ -221,13 +233,7 @@ def test_foreach_ops_on_cpu_step_counters_are_unrolled_and_the_graph_splits(monk
     """A whole training step's graph advances every optimizer step counter with one `_foreach_add(steps, 1)` on
     the CPU: unrolled into one `add` per counter, the graph splits (no eager fallback) and the new counters and the
     device update match eager. A foreach op whose per-tensor overload takes other arguments stays as it is."""
-    class Pack:
-        def __init__(self, dtype, positions, device):
-            self.positions = positions
-
-        def send(self, host_args):
-            return torch.stack([host_args[i] for i in self.positions]).to("meta")
-    monkeypatch.setattr(host_scalars, "_Pack", Pack)
+    meta_packs(monkeypatch)
 
     def f(w0, w1, s0, s1):
         n0, n1 = aten._foreach_add.Scalar([s0, s1], 1)

@@ -340,14 +340,8 @@ def test_host_scalars_split_assembles_outputs_in_order(monkeypatch):
     import torch.fx as fx
 
     from ember.backends import host_scalars
-
-    class Pack:
-        def __init__(self, dtype, positions, device):
-            self.positions = positions
-
-        def send(self, host_args):
-            return torch.stack([host_args[i] for i in self.positions]).to("meta")
-    monkeypatch.setattr(host_scalars, "_Pack", Pack)
+    from tests.backends.test_host_scalars import meta_packs
+    meta_packs(monkeypatch)
 
     def f(w, step, g, step2):
         s1 = step + 1
