@@ -12,6 +12,7 @@ from ember import config
 from ember.backends.ember_backend import compile_graph
 from ember.codegen import onednn
 from ember.ir import ExternBuffer
+from tests.codegen.test_conv_fusion import _randomized
 
 MM = torch.ops.aten.mm.default
 
@@ -39,18 +40,6 @@ class Block(torch.nn.Module):
         s = torch.sigmoid(self.se2(torch.relu(self.se1(y.mean((2, 3), keepdim=True)))))
         y = self.bn3(self.project(y * s)) + x
         return self.last(y), self.strided(y).sum((2, 3)), self.grouped(y) * 2, self.padded(y).amax((2, 3))
-
-
-def _randomized(m, seed=0):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.running_mean.uniform_(-0.5, 0.5)
-                mod.running_var.uniform_(0.5, 2.0)
-                mod.weight.uniform_(0.5, 1.5)
-                mod.bias.uniform_(-0.5, 0.5)
-    return m.eval()
 
 
 def _same(got, want):
