@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ember.errors import Unsupported
 from ember.frontend.attributes import attr_source
@@ -371,6 +372,10 @@ class Calls:
                   if isinstance(t, torch.Tensor) and t.requires_grad]
         if not leaves:
             return None
+        # (a symbolic capture's fakes answer a value read, `.tolist()`, with fresh unbacked symbols instead of
+        # raising; ember's autograd cannot trace sizes made from them either)
+        shape_env = self.cap.fake_mode.shape_env
+        known = set(shape_env.var_to_range) if shape_env is not None else set()
         try:
             with self.cap.fake_mode, torch.enable_grad():
                 outs = [t for t in pytree.tree_leaves(op(*fake_args, **fake_kwargs))
@@ -379,6 +384,8 @@ class Calls:
                     torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)
         except Exception as e:  # noqa: BLE001 - whatever stops the fake backward stops ember's autograd too
             return f"{type(e).__name__}: {str(e).strip()[:120]}"
+        if shape_env is not None and any(free_unbacked_symbols(s) for s in set(shape_env.var_to_range) - known):
+            return "it reads tensor values (data-dependent sizes)"
         return None
 
     def call_module(self, mod_v: V, mod: torch.nn.Module, args: list[V], kwargs: dict) -> V:

@@ -126,6 +126,25 @@ def test_custom_op_values_and_gradients_equal_eager(backend):
             assert_same(_library_op_program(x), compile(_library_op_program, backend=backend)(x))
 
 
+@pytest.mark.skipif(BASELINE, reason="ember's capture-time check of a custom op's gradient formula")
+def test_a_custom_op_whose_gradient_reads_values_is_a_break_in_a_symbolic_capture_too(caplog):
+    """Under dynamic shapes the capture's fakes answer `.tolist()` with unbacked symbols instead of raising: the
+    check still finds that the gradient reads values, and the op is a break, not an eager graph."""
+    def f(x, w, offs):
+        return getattr(torch.ops, NS).segment_scale(x.sin(), w * 2, offs).cos()
+    offs = torch.tensor([2, 5, 8])
+    reset()
+    x, w = rand(8, 3, requires_grad=True), rand(3, requires_grad=True)
+    x2, w2 = (a.detach().clone().requires_grad_(True) for a in (x, w))
+    with caplog.at_level("WARNING", logger="ember.fallbacks"):
+        out, expected = ember.compile(f, dynamic=True)(x, w, offs), f(x2, w2, offs)
+        assert_same(expected, out)
+        out.sum().backward()
+        expected.sum().backward()
+        assert_same((x2.grad, w2.grad), (x.grad, w.grad))
+    assert not [m for m in caplog.messages if "eagerly" in m], caplog.messages
+
+
 @pytest.mark.skipif(BASELINE, reason="torch.compile functionalizes a mutating custom op into its graph")
 def test_a_custom_op_that_writes_its_argument_runs_in_python():
     def f(x, acc):
