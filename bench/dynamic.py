@@ -90,7 +90,9 @@ def bert_loop(device: str, compile_fn) -> dict:
     return {"total_s": total, "steady_ms": 1e3 * sum(steady) / len(steady)}
 
 
-def gpt2_loop(device: str, compile_fn) -> dict:
+def gpt2_generator(device: str, compile_fn):
+    """generate(tokens) -> ids: greedy decoding with GPT-2's KV cache through the compiled model (the loop below;
+    bench/tools/gpu_decode_profile.py profiles its steps)."""
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=4 if device == "cpu" else 12, n_embd=256 if device == "cpu" else 768,
@@ -107,6 +109,11 @@ def gpt2_loop(device: str, compile_fn) -> dict:
             past = out.past_key_values
             ids.append(out.logits[:, -1].argmax(-1, keepdim=True))
         return torch.cat(ids, 1)
+    return generate
+
+
+def gpt2_loop(device: str, compile_fn) -> dict:
+    generate = gpt2_generator(device, compile_fn)
 
     with torch.no_grad():
         _sync(device)

@@ -19,22 +19,8 @@ import dynamic  # noqa: E402
 
 
 def profile(compiler: str, device: str, tokens: int = 32, top: int = 12) -> None:
-    from transformers import GPT2Config, GPT2LMHeadModel
-    torch.manual_seed(0)
     big = device == "cuda"
-    cfg = GPT2Config(n_layer=12 if big else 4, n_embd=768 if big else 256, n_head=12 if big else 4, n_positions=512)
-    model = GPT2LMHeadModel(cfg).eval().to(device)
-    step = dynamic._compiler(compiler, [0])(model)
-    prompt = torch.randint(0, cfg.vocab_size, (1, 16), device=device)
-
-    def generate(n: int):
-        out = step(input_ids=prompt, use_cache=True)
-        past, ids = out.past_key_values, [out.logits[:, -1].argmax(-1, keepdim=True)]
-        for _ in range(n - 1):
-            out = step(input_ids=ids[-1], past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            ids.append(out.logits[:, -1].argmax(-1, keepdim=True))
-        return ids
+    generate = dynamic.gpt2_generator(device, dynamic._compiler(compiler, [0]))
 
     with torch.no_grad():
         generate(128), generate(128)
@@ -55,7 +41,7 @@ def profile(compiler: str, device: str, tokens: int = 32, top: int = 12) -> None
     print(f"== {compiler} on {device}: wall {wall:.3f} ms/token; profiled {steps} tokens: kernels "
           f"{dev_us / steps / 1e3:.3f} ms/token, {launches / steps:.1f} launches/token")
     if kernels:
-        print(f"  top kernels (us/token, calls/token):")
+        print("  top kernels (us/token, calls/token):")
         for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
             print(f"    {e.self_device_time_total / steps:8.1f} {e.count / steps:6.1f}  {e.key[:110]}")
     print("  top host ops (self CPU us/token, calls/token):")

@@ -51,8 +51,8 @@ aten = torch.ops.aten
 
 def cumsum(x, dim, *, dtype=None):
     """On the GPU, a floating-point prefix sum along the last dim is ember's own Triton scan
-    (runtime.triton_scan.cumsum, a library call of one kernel): ATen's CUDA cumsum reached 1.75 TB/s on 64M
-    floats on the H200 where one pass of reads and writes runs near 3. Elsewhere ATen's op."""
+    (runtime.triton_scan.cumsum, a library call of one kernel): one pass of reads and writes, where ATen's CUDA
+    cumsum stays well below the memory's bandwidth. Elsewhere ATen's op."""
     g = ir.GRAPH
     if g.target != "gpu" or not triton_scan.supported(x.dtype, x.ndim, dim, dtype):
         return NotImplemented
@@ -65,8 +65,8 @@ CHOICES = {aten.addmm.default: addmm, aten.mm.default: mm, aten.bmm.default: bmm
 
 # a value read by several nodes is stored once above this compute cost (ir.compute_cost), recomputed by each
 # reader at or below it. On the CPU one exp or division (cost 2) per element costs more than a store and a load
-# (a silu, cost 3, read by a squeeze-excite block's mean and its gate's product: efficientnet_b0's kernels took
-# 112 ms recomputing it, 66 ms storing it, AVX2); a GPU recomputes it for less than a pass over memory.
+# (a silu read by a squeeze-excite block's mean and by its gate's product: its exp computed twice per element
+# costs more than one store); a GPU recomputes it for less than a pass over memory.
 SHARED_STORE_COST = {"cpu": 2, "gpu": 3}
 
 # sympy nodes an unmaterialized box's largest index may hold before the box is stored: past it, composing more

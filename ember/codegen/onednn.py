@@ -163,10 +163,10 @@ CONV_CALLS = CONVOLUTIONS + tuple(getattr(_POINTWISE_CONV, o, None) for o in ("d
 
 # CPU float32 products as oneDNN inner products (torch.ops.mkldnn._linear_pointwise: a @ w.T for a row-major
 # input and a row-major [N, K] weight, a linear layer's own layout), on a CPU that is not Intel's: there ATen's
-# mm (MKL) takes MKL's generic code paths, 2.2x slower than oneDNN (AMD EPYC). On an Intel CPU, MKL's sgemm is as
-# fast or faster on every linear layer's shape, AVX-512 or capped at AVX2, one thread or two (the inner product
-# 0-10% slower; a bias or activation inside it bought nothing over the library mm and a kernel that adds them:
-# bench/tools/cpu_products.py, cpu_linear_blocks.py), so there the products stay ATen's mm (onednn_products).
+# mm (MKL) takes MKL's generic code paths, much slower than oneDNN. On an Intel CPU, MKL's sgemm is as fast or
+# faster on linear layers' shapes, AVX-512 or AVX2, and a bias or activation inside the inner product buys nothing
+# over the library mm and a kernel that adds them (bench/tools/cpu_products.py, cpu_linear_blocks.py), so there
+# the products of static graphs stay ATen's mm (onednn_products).
 # Below ONEDNN_MIN_WORK multiply-adds oneDNN's fixed cost per call loses. A weight that is not row-major (x @ W of a [K, N] weight, the backward's products) stays with MKL:
 # oneDNN reorders such a weight on every call. The weight is read as it is on every call (no packed copy kept
 # across calls: `p.data.mul_(...)` changes a weight without bumping its version).
@@ -186,9 +186,8 @@ def _intel_cpu() -> bool:
 
 def onednn_products(symbolic: bool = False) -> bool:
     """Whether CPU float32 products go to oneDNN: config.ONEDNN_MATMULS, "auto" (the default) where ATen's mm is
-    not MKL on an Intel CPU (the comment above), and in a symbolic graph on any CPU: there the products with their
-    bias and activation fused stayed oneDNN's (bench/dynamic.py's BERT over 10 lengths on an Intel Xeon: 5.7 ms a
-    call against 7.2 with MKL's mm, 9.5 against 13.2 on one thread; eager 7.0 and 10.9)."""
+    not MKL on an Intel CPU (the comment above), and in a symbolic graph on any CPU: there ATen's mm and the separate kernels adding bias and activation
+    are slower than oneDNN's fused products (bench/dynamic.py's BERT loop, below eager's speed with MKL)."""
     v = config.ONEDNN_MATMULS
     if isinstance(v, str):
         v = v.strip().lower()

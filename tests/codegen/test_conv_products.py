@@ -48,6 +48,17 @@ def _same(got, want):
         assert g.stride() == w.stride()
 
 
+def _checked(m, x, again: bool = False):
+    """m compiled by the ember backend, its result equal to eager's on x (and on fresh values of x's shape)."""
+    with torch.no_grad():
+        run = compile_graph(torch.fx.symbolic_trace(m), [x])
+        _same(run(x), m(x))
+        if again:
+            x2 = torch.randn_like(x)
+            _same(run(x2), m(x2))
+    return run
+
+
 def _items(run):
     art = next(a for a in run.artifacts.values() if a is not None)
     return [it for it in art.forward.compiled.sched.items if isinstance(it, ExternBuffer)]
@@ -57,11 +68,7 @@ def _items(run):
 def test_one_by_one_convolutions_are_products_and_match_eager(memory_format):
     m = _randomized(Block())
     x = torch.randn(2, 8, 10, 12).contiguous(memory_format=memory_format)
-    with torch.no_grad():
-        run = compile_graph(torch.fx.symbolic_trace(m), [x])
-        _same(run(x), m(x))
-        x2 = torch.randn_like(x)
-        _same(run(x2), m(x2))
+    run = _checked(m, x, again=True)
     targets = [it.target for it in _items(run)]
     convs = [t for t in targets if t in onednn.CONV_CALLS]
     # se2, project (+ bn + residual add), last: products; expand (+ bn + relu) and se1 (+ relu): oneDNN's relu
@@ -76,9 +83,7 @@ def test_switch_off_keeps_library_convolutions(monkeypatch):
     monkeypatch.setattr(config, "CONV_PRODUCTS", False)
     m = _randomized(Block())
     x = torch.randn(2, 8, 10, 12)
-    with torch.no_grad():
-        run = compile_graph(torch.fx.symbolic_trace(m), [x])
-        _same(run(x), m(x))
+    run = _checked(m, x)
     targets = [it.target for it in _items(run)]
     assert MM not in targets and sum(t in onednn.CONV_CALLS for t in targets) == 9, targets
 
@@ -86,9 +91,7 @@ def test_switch_off_keeps_library_convolutions(monkeypatch):
 def test_training_and_float64_graphs_keep_convolutions():
     m = _randomized(Block()).double()
     x = torch.randn(2, 8, 10, 12, dtype=torch.float64)
-    with torch.no_grad():
-        run = compile_graph(torch.fx.symbolic_trace(m), [x])
-        _same(run(x), m(x))
+    run = _checked(m, x)
     assert MM not in [it.target for it in _items(run)]
     m = _randomized(Block()).train()
     ref = copy.deepcopy(m)
@@ -137,10 +140,6 @@ def test_one_by_one_convolutions_of_concatenations():
     torch.manual_seed(0)
     m = Dense().eval()
     x = torch.randn(2, 8, 7, 9)
-    with torch.no_grad():
-        run = compile_graph(torch.fx.symbolic_trace(m), [x])
-        _same(run(x), m(x))
-        x2 = torch.randn_like(x)
-        _same(run(x2), m(x2))
+    run = _checked(m, x, again=True)
     targets = [it.target for it in _items(run)]
     assert targets.count(MM) + targets.count(onednn._LINEAR.default if onednn._LINEAR else None) == 2, targets
