@@ -6,6 +6,11 @@ aot_module(gm, example_inputs, fw_compiler, bw_compiler) returns a callable with
   first backward with the real saved tensors as example inputs) inside one autograd.Function.
 After either: input mutations are copied back, outputs aliasing inputs are rebuilt as views (after_graph.finish).
 
+Autocast is applied once, by the trace: the ATen graphs hold its casts, so everything after the trace (the
+partition, the compilers, every run of either graph) happens with autocast off. Left on, it would cast again
+what the graph computes in float32 on purpose (a block inside the graph that turns autocast off, a log_softmax
+split into parts), so values would have other dtypes than the compiled code was planned for.
+
 An artifact is built per input signature (shape, stride, dtype, device, requires_grad, grad mode): the frontend
 guards on these too, but a graph from symbolic_trace may be called with anything, and a wrong artifact would be
 silently wrong. A graph the tracer cannot make functional runs as it is (eager), logged under EMBER_LOGS=fallbacks.
@@ -102,6 +107,9 @@ class CompiledGraphFunction(torch.autograd.Function):
         tangents = [torch.zeros(shape, dtype=dtype, device=device) if grads[k] is None else
                     grads[k].contiguous() if grads[k].layout == torch.strided else grads[k]
                     for k, (shape, dtype, device) in zip(art.meta.tangent_of, ctx.tangent_meta)]
+        if torch._C._is_any_autocast_enabled():   # (a backward() inside an autocast block; module docstring)
+            with torch._C._DisableAutocast():
+                return CompiledGraphFunction.backward(ctx, *grads)
         if art.backward is None:
             # the backward's compile, on the first backward: with the cyclic collector paused, as the frontend
             # pauses it for the forward's (ember.tools.collector says why); a crash in its compile or first
@@ -177,7 +185,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             else:
                 joint, meta = trace_joint(gm, user_inputs, symbolic=sym)
                 if meta.tangent_of:
-                    part = partition(joint, meta)
+                    with torch._C._DisableAutocast():
+                        part = partition(joint, meta)
                 else:
                     # no output needs a gradient (an optimizer step runs under no_grad): nothing to differentiate,
                     # and the inference path may write the mutated inputs in place
@@ -201,7 +210,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
             aten_gm.meta["ember_copied_back"] = _copied_back(meta)
             aten_gm.meta["ember_guarded"] = guarded    # the wrapper need not check the inputs again
             aten_gm.meta["ember_inference"] = True  # code generators may choose layouts (no backward reads them)
-            return _Artifact(meta, fw_compiler(aten_gm, inputs), name, no_grad=no_grad)
+            with torch._C._DisableAutocast():
+                return _Artifact(meta, fw_compiler(aten_gm, inputs), name, no_grad=no_grad)
         log.debug("%s: joint graph %d nodes -> forward %d, backward %d; saves %d tensors (%d bytes), "
                   "recomputes %d nodes", name, len(joint.graph.nodes), len(part.forward.graph.nodes),
                   len(part.backward.graph.nodes), len(part.saved), part.saved_bytes, len(part.recomputed))
@@ -216,7 +226,8 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
         differentiable = set(meta.tangent_of)
         meta.copy_back_without_grad = all(not inputs[m.input_index].requires_grad and
                                           m.output_index not in differentiable for m in meta.mutations)
-        return _Artifact(meta, fw_compiler(part.forward, inputs), name, part, bw_compiler)
+        with torch._C._DisableAutocast():
+            return _Artifact(meta, fw_compiler(part.forward, inputs), name, part, bw_compiler)
 
     # The frontend guards every input's metadata and the grad mode before it calls a graph, so a graph it
     # captured (gm.meta["ember_guarded"]) is only ever called with the example's signature: no need to
@@ -229,6 +240,20 @@ def aot_module(gm: torch.fx.GraphModule, example_inputs: list, fw_compiler: Comp
     example_key = key_of(example)
     artifacts[example_key] = build(example, example_key)
     return _runner(gm, lifted_names, guarded, key_of, build, artifacts, artifacts[example_key])
+
+
+def _call(art: _Artifact, inputs: list):
+    """The outputs of art's forward graph on inputs (through CompiledGraphFunction when training)."""
+    if art.training:
+        return CompiledGraphFunction.apply(art, inputs, *art.differentiable(inputs))
+    if art.no_grad:   # (torch.no_grad() as a context manager costs several times this, every step)
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            return art.forward(*inputs)
+        finally:
+            torch._C._set_grad_enabled(prev)
+    return art.forward(*inputs)
 
 
 def _runner(gm: torch.fx.GraphModule, lifted_names: list[str], guarded: bool, key_of: Callable | None,
@@ -248,18 +273,10 @@ def _runner(gm: torch.fx.GraphModule, lifted_names: list[str], guarded: bool, ke
             art = artifacts[key]
         if art is None:
             return gm(*args)
-        if art.training:
-            outs = CompiledGraphFunction.apply(art, inputs, *art.differentiable(inputs))
-        elif art.no_grad:   # (torch.no_grad() as a context manager costs several times this, every step)
-            prev = torch.is_grad_enabled()
-            torch._C._set_grad_enabled(False)
-            try:
-                outs = art.forward(*inputs)
-            finally:
-                torch._C._set_grad_enabled(prev)
-        else:
-            outs = art.forward(*inputs)
-        return finish(art.meta, inputs, outs)
+        if torch._C._is_any_autocast_enabled():   # (module docstring: the graphs hold autocast's casts)
+            with torch._C._DisableAutocast():
+                return finish(art.meta, inputs, _call(art, inputs))
+        return finish(art.meta, inputs, _call(art, inputs))
 
     run.artifacts = artifacts   # for tests and benchmarks: what was built per input signature
 

@@ -306,7 +306,8 @@ def trace_joint(gm: torch.nn.Module, example_inputs: list, symbolic: bool = True
     grads = [None] * len(wrt)
     if diff and wrt:
         rec.graph.origin = {"origin": "backward"}
-        with dispatch_context(fake_mode), fake_mode, rec:
+        # autocast off, as where eager's backward() is called: after the autocast block (its docs advise it)
+        with dispatch_context(fake_mode), fake_mode, rec, torch._C._DisableAutocast():
             grads = torch.autograd.grad([fw_fakes[k] for k in diff], wrt, tangents, allow_unused=True)
     grad_nodes = [None if g is None else rec.node_of(g) for g in grads]
     rec.graph.output(tuple(fw_nodes + grad_nodes))

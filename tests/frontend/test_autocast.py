@@ -114,3 +114,71 @@ def test_graph_break_inside_autocast_block_resumes_compiled_under_the_block():
     rec = check(f, rand(8, 16), rand(16, 16), _recompiles=True)
     assert rec.graphs >= 2 and sum(rec.ops[1:]) >= 3, rec   # (the block's end breaks once more: a graph of none)
     assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_graph_entered_under_autocast_keeps_its_float32_block(backend):
+    """The ATen graph holds autocast's casts: run under the caller's autocast, its float32 matmul (a block
+    that turns autocast off) must not be cast again."""
+    def f(x, w):
+        a = torch.relu(x @ w)
+        with torch.autocast("cpu", enabled=False):
+            b = x.float() @ w.float()
+        return a, b, (a.float() * b).sum(-1)
+    reset()
+    cf = ember.compile(f, backend=backend)
+    for _ in range(2):
+        x, w = rand(8, 16), rand(16, 16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, ref = cf(x, w), f(x, w)
+        assert [o.dtype for o in out] == [r.dtype for r in ref] == [torch.bfloat16, torch.float32, torch.float32]
+        torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_loss_compiled_under_autocast_backward_outside_matches_eager(backend):
+    """A loss graph entered under autocast, its backward run after the block (where eager's runs): the
+    gradient's dtype and value are eager's, with the log_softmax over the graph's input split by the
+    partition."""
+    def loss_fn(logits, labels, w):
+        h = logits @ w
+        return torch.nn.functional.cross_entropy(h, labels) + torch.exp(h.float()).mean() * 1e-3
+    reset()
+    cf = ember.compile(loss_fn, backend=backend)
+    for _ in range(2):
+        x, w, y = rand(32, 64), rand(64, 100), torch.randint(0, 100, (32,))
+        xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+        ws = [w.clone().requires_grad_(), w.clone().requires_grad_()]
+        losses = []
+        for fn, xi, wi in ((cf, xs[0], ws[0]), (loss_fn, xs[1], ws[1])):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = fn(xi, y, wi)
+            loss.backward()
+            losses.append(loss)
+        torch.testing.assert_close(losses[0], losses[1])
+        torch.testing.assert_close(xs[0].grad, xs[1].grad)
+        torch.testing.assert_close(ws[0].grad, ws[1].grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA autocast's float32 list (exp, log): the CPU's "
+                    "casts neither, so a partition that ran under it made no other dtype there")
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_cross_entropy_of_bfloat16_logits_under_cuda_autocast_matches_eager(backend):
+    """The partition splits the log_softmax over the graph's input into parts: computed under the caller's CUDA
+    autocast, their exp and log were float32 where the backward, run without it, made bfloat16."""
+    def loss_fn(logits, labels):
+        return torch.nn.functional.cross_entropy(logits, labels)
+    reset()
+    cf = ember.compile(loss_fn, backend=backend)
+    for _ in range(2):
+        x = torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16)
+        y = torch.randint(0, 1000, (64,), device="cuda")
+        xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+        losses = []
+        for fn, xi in ((cf, xs[0]), (loss_fn, xs[1])):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fn(xi, y)
+            loss.backward()
+            losses.append(loss)
+        torch.testing.assert_close(losses[0], losses[1])
+        torch.testing.assert_close(xs[0].grad, xs[1].grad)
