@@ -86,7 +86,17 @@ def recomputable(node: torch.fx.Node) -> bool:
         return False
     schema = op._schema
     is_view = bool(schema.returns) and schema.returns[0].alias_info is not None
-    return is_view or torch.Tag.pointwise in op.tags
+    return is_view or torch.Tag.pointwise in op.tags or _is_cast(node)
+
+
+def _is_cast(node: torch.fx.Node) -> bool:
+    """A dtype conversion on the same device: pointwise, though ATen does not tag `_to_copy` so."""
+    if node.target is not aten._to_copy.default or set(node.kwargs) - {"dtype", "device", "layout"}:
+        return False
+    x = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    v = node.meta.get("val")
+    return isinstance(x, torch.Tensor) and isinstance(v, torch.Tensor) and x.device == v.device and \
+        v.layout == x.layout == torch.strided
 
 
 def _through_views(n):
@@ -100,11 +110,16 @@ def _split_log_softmax(graph: torch.fx.Graph, n: torch.fx.Node) -> None:
     """Replace `n = _log_softmax(x, dim)` by its parts, in the arithmetic order of eager's kernels (and of the
     decomposition in ember.decomp.table): `(x - amax(x)) - log(sum(exp(x - amax(x))))`."""
     x, dim = n.args[0], n.args[1]
+    dtype = x.meta["val"].dtype
+    low = dtype in (torch.float16, torch.bfloat16)   # computed in float32 and rounded once, as eager's kernel
     with graph.inserting_before(n):
-        amax = _emit(graph, aten.amax.default, x, [dim], True)
-        shifted = _emit(graph, aten.sub.Tensor, x, amax)
+        xf = _emit(graph, aten._to_copy.default, x, dtype=torch.float32) if low else x
+        amax = _emit(graph, aten.amax.default, xf, [dim], True)
+        shifted = _emit(graph, aten.sub.Tensor, xf, amax)
         total = _emit(graph, aten.sum.dim_IntList, _emit(graph, aten.exp.default, shifted), [dim], True)
         out = _emit(graph, aten.sub.Tensor, shifted, _emit(graph, aten.log.default, total))
+        if low:
+            out = _emit(graph, aten._to_copy.default, out, dtype=dtype)
     n.replace_all_uses_with(out)
     graph.erase_node(n)
 
@@ -172,12 +187,12 @@ def _recipe_inputs(out: torch.fx.Node) -> list | None:
     return [x, stats[0], stats[1], w, b]
 
 
-def _emit(g: torch.fx.Graph, op, *args) -> torch.fx.Node:
-    node = g.call_function(op, args)
+def _emit(g: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node:
+    node = g.call_function(op, args, kwargs)
     vals = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
     fake_mode = next(v.fake_mode for v in vals if isinstance(v, torch.Tensor))
     with dispatch_context(fake_mode), fake_mode:
-        node.meta["val"] = op(*vals)
+        node.meta["val"] = op(*vals, **kwargs)
     return node
 
 

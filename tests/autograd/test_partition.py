@@ -80,10 +80,11 @@ def test_log_softmax_of_returned_logits_is_recomputed_from_row_statistics():
     torch.testing.assert_close((loss, logits, h.grad, w.grad), (ref, ref_logits, h2.grad, w2.grad))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_log_softmax_of_an_input_is_recomputed_from_row_statistics(dtype):
     """The loss in a graph of its own (after a graph break): the logits are an input, alive anyway; rows with
-    ignored targets and large logits (the max shift matters)."""
+    ignored targets and large logits (the max shift matters). 16-bit logits: the parts are computed in float32
+    and the output rounded once, as eager's kernel does (the statistics saved in float32)."""
     def f(logits, target):
         return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1))
     logits = (torch.randn(4, 6, 50, dtype=dtype) * 30).requires_grad_()
@@ -92,7 +93,10 @@ def test_log_softmax_of_an_input_is_recomputed_from_row_statistics(dtype):
     fn = aot_eager(torch.fx.symbolic_trace(f), [logits, target])
     loss = fn(logits, target)
     loss.backward()
-    _assert_log_softmax_recomputed(only_artifact(fn).part)
+    part = only_artifact(fn).part
+    _assert_log_softmax_recomputed(part)
+    amax = [n for n in part.forward.graph.nodes if n.target is torch.ops.aten.amax.default]
+    assert [n.meta["val"].dtype for n in amax] == [torch.float64 if dtype == torch.float64 else torch.float32]
     ref_in = logits.detach().clone().requires_grad_()
     ref = f(ref_in, target)
     ref.backward()
