@@ -180,5 +180,6 @@ def test_cross_entropy_of_bfloat16_logits_under_cuda_autocast_matches_eager(back
                 loss = fn(xi, y)
             loss.backward()
             losses.append(loss)
-        torch.testing.assert_close(losses[0], losses[1])
+        # (a mean of bfloat16 log-probabilities: one rounded the other way moves it by up to 4e-3 / 64)
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-3, atol=1e-3)
         torch.testing.assert_close(xs[0].grad, xs[1].grad)
