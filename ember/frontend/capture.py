@@ -216,7 +216,11 @@ class Capture:
             self.mutables.append(v)
 
     def tensor_constant(self, value: torch.Tensor) -> TensorV:
-        """A real tensor reached without a source (e.g. made by a trusted library at capture time)."""
+        """A real tensor reached without a source (e.g. made by a trusted library at capture time). A leaf that
+        requires grad (a parameter found through an object made while capturing) is an input instead, fetched by
+        identity: as a constant, autograd through the graph would never reach it and its gradient would be lost."""
+        if value.requires_grad and value.is_leaf and self.grad_enabled:
+            return self.wrap(value, self.consts.ref(value))
         name = f"_tensor_constant{len(self.tensor_constants)}"
         self.tensor_constants[id(value)] = value
         node = self.graph.get_attr(name)

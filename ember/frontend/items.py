@@ -61,6 +61,10 @@ class Items:
                     return self.getattr(obj, i)
                 keys = list(m._modules) if not isinstance(m, torch.nn.ParameterList) else list(m._parameters)
                 if isinstance(i, slice):
+                    # the children wrapped with their sources first: the new container's items are then found by
+                    # identity, so their parameters are guarded graph inputs, not constants autograd cannot reach
+                    for k in keys[i]:
+                        self.getattr(obj, k)
                     if isinstance(m, torch.nn.Sequential):
                         return ObjV(type(m)(collections.OrderedDict((k, m._modules[k]) for k in keys[i])))
                     return ObjV(type(m)([m._modules[k] for k in keys[i]]))

@@ -230,3 +230,43 @@ def test_a_cpu_loss_keeps_its_backward_in_autograd_by_default(monkeypatch):
     x = torch.randn(4)
     ember.compile(f)(x)
     torch.testing.assert_close(w.grad, x)
+
+
+class _SlicedLayers(torch.nn.Module):
+    """A decoder's loop over a slice of its layers (transformers: `self.layers[: config.num_hidden_layers]`): the
+    slice is a new ModuleList, made while capturing."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(3)])
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers[:2]:
+            x = torch.tanh(layer(x)) + x
+        return self.head(x)
+
+
+@pytest.mark.parametrize("backend", ["ember", "aot_eager"])
+def test_parameters_of_a_sliced_module_list_get_their_gradients(backend):
+    torch.manual_seed(0)
+    m1 = _SlicedLayers()
+    m2 = copy.deepcopy(m1)
+    o1, o2 = torch.optim.Adam(m1.parameters(), lr=0.01), torch.optim.Adam(m2.parameters(), lr=0.01)
+    compiled = ember.compile(_step, backend=backend)
+    for _ in range(3):
+        x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+        _step(m1, o1, x, y)
+        compiled(m2, o2, x, y)
+        _assert_same_training_state(m1, o1, m2, o2)
+    # a layer swapped in after the compile is the one the next call uses (the slice's layers are guarded inputs)
+    m1.layers[1] = torch.nn.Linear(16, 16)
+    m2.layers[1] = copy.deepcopy(m1.layers[1])
+    o1.add_param_group({"params": m1.layers[1].parameters()})
+    o2.add_param_group({"params": m2.layers[1].parameters()})
+    x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+    _step(m1, o1, x, y)
+    compiled(m2, o2, x, y)
+    _assert_same_training_state(m1, o1, m2, o2)
