@@ -25,7 +25,8 @@ and its own optimizer), then
   before, so neither is charged for the other's imports);
 - check: eval compares every floating output with eager's (assert_close, rtol 1e-3 and atol 1e-3 of the largest
   eager value in float32; 4e-2 in bfloat16); train compares the losses of the first 3 steps (the 2nd and 3rd
-  follow the optimizer's updates) at the same tolerances. A failed check is printed in the row (MISMATCH), and
+  follow the optimizer's updates) at the same tolerances, and how far each fell from the first (within the
+  tolerance of eager's drop, plus a tenth of it of the first loss). A failed check is printed in the row (MISMATCH), and
   the row is still timed;
 - timing: rounds in turns, each round starting at the next column, one call per column and round on the CPU, a
   block of calls of at least 5 ms on the GPU (synchronized after it); median ms per call over the rounds. --clock
@@ -269,6 +270,14 @@ def check(row: Row, outs: list, refs: list) -> str:
         except AssertionError:
             err = (g.detach().float() - w.detach().float()).abs().max().item()
             return f"MISMATCH: output {i} max error {err:.3g} (largest eager value {scale:.3g})"
+    if row.mode == "train" and len(want) > 1:
+        # the losses' drops from the first step: an update that is wrong (a gradient lost) moves the loss by much
+        # less than the loss itself, which the comparison above is scaled by
+        first, first_ref = float(got[0]), float(want[0])
+        for k in range(1, len(want)):
+            drop, drop_ref = first - float(got[k]), first_ref - float(want[k])
+            if abs(drop - drop_ref) > tol * abs(drop_ref) + 0.1 * tol * abs(first_ref):
+                return f"MISMATCH: the loss fell by {drop:.4g} by step {k + 1}, eager's by {drop_ref:.4g}"
     return "ok"
 
 

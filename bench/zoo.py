@@ -15,7 +15,8 @@ Each (model, mode) row:
   in bench/zoo_counts/torch-<version>.json (recomputed only with --recount-torch or when missing).
 - equal: eval runs forward under torch.no_grad and compares ember's outputs with eager's (assert_close at its
   default tolerances, dtypes, keys and output types included). train runs forward + backward of a scalar (the sum
-  of mean(output * fixed random weights) over the floating outputs) and compares the outputs and the mutated
+  of mean(output * fixed random weights) over the floating outputs; on the GPU ember compiles the three as one
+  function, a training step whose backward runs inside ember's graph; on the CPU the model) and compares the outputs and the mutated
   buffers with eager float32 (same check), and every parameter's gradient with a float64 eager run (same weights,
   same dropout masks, float inputs cast): over all gradients together, ember at most twice as far from float64
   (2-norm) as eager float32 is, and each parameter's gradient within 10x eager float32's error plus a small
@@ -105,20 +106,35 @@ def skeleton(out):
     return tree_map(lambda t: (tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else t, out)
 
 
-def scalar_loss(out):
+def scalar_loss(out, weights: list | None = None):
     """The scalar train mode differentiates: sum over the floating outputs that carry a gradient of mean(t * w),
-    w fixed random weights of t's shape (the same in float32 and float64 runs). A plain mean would be degenerate:
-    the mean of a LayerNorm's output does not depend on its input, so most gradients would be rounding noise."""
+    w fixed random weights of t's shape (the same in float32 and float64 runs; `weights`: loss_weights(out),
+    made ahead). A plain mean would be degenerate: the mean of a LayerNorm's output does not depend on its input,
+    so most gradients would be rounding noise."""
     import torch
     ts = [t for t in tensors(out) if t.is_floating_point() and t.requires_grad]
     if not ts:
         raise ValueError("no floating output carries a gradient")
     total = 0
-    for i, t in enumerate(ts):
-        w = torch.randn(t.shape, generator=torch.Generator().manual_seed(1000 + i), dtype=torch.float64)
+    for t, w in zip(ts, weights if weights is not None else loss_weights(out)):
         term = t * w.to(t.device, t.dtype)
         total = total + (term.mean() if t.dtype == torch.float64 else term.float().mean())
     return total
+
+
+def loss_weights(out) -> list:
+    """scalar_loss's weights for out's floating outputs that carry a gradient, on their devices and dtypes."""
+    import torch
+    ts = [t for t in tensors(out) if t.is_floating_point() and t.requires_grad]
+    return [torch.randn(t.shape, generator=torch.Generator().manual_seed(1000 + i), dtype=torch.float64).to(
+        t.device, t.dtype) for i, t in enumerate(ts)]
+
+
+def forward_backward(m, kw: dict, weights: list | None = None):
+    """The model's outputs after the forward and the backward of scalar_loss."""
+    out = m(**kw)
+    scalar_loss(out, weights).backward()
+    return out
 
 
 def within_f64(actual, eager32, f64) -> tuple[bool, str]:
@@ -279,24 +295,24 @@ def ember_row(name: str, mode: str, backend: str, check_train: bool = True, devi
         row["equal"] = ("yes (vs float64)" if row.get("vs_f64") else "yes") if diff is None else f"no: {diff}"
         return row
 
-    if not check_train:
+    def step(weights: list | None = None):
+        """On the GPU, forward, loss and backward compiled as one function, as a training step is written (ember
+        runs the backward inside its graph there); on the CPU the model compiled and the backward run after."""
+        if device == "cuda":
+            return ember.explain(forward_backward, backend=backend)(model, kwargs, weights)
         ex = ember.explain(model, backend=backend)(**kwargs)
         scalar_loss(ex.result).backward()
-        return dict(counts(ex), equal="not checked")
+        return ex
+    if not check_train:
+        return dict(counts(step()), equal="not checked")
     m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
     others = eager_variants(model, kwargs)
     torch.manual_seed(100)
     out32 = m32(**kwargs)
     scalar_loss(out32).backward()
     torch.manual_seed(100)
-    ex = ember.explain(model, backend=backend)(**kwargs)
+    ex = step(loss_weights(out32))
     row = counts(ex)
-    scalar_loss(ex.result).backward()
-
-    def forward_backward(m, kw):
-        out = m(**kw)
-        scalar_loss(out).backward()
-        return out
     try:
         out64 = run_f64(m64, kwargs, forward_backward)
     except Exception as e:  # noqa: BLE001 - a model that cannot run in float64: gradients against eager float32
@@ -382,10 +398,10 @@ def eager_variants(model, kwargs) -> list:
     eager run's: at 2 threads, and in channels_last where an input is an image batch. Eager float32's error on a
     gradient depends on the order (train-mode batch norm over few values), so one eager run is a poor estimate
     of it: check_grads takes the largest of these runs' errors."""
-    def forward_backward(m, kw):
-        scalar_loss(m(**kw)).backward()
+    def trained(m, kw):
+        forward_backward(m, kw)
         return m
-    return _variant_runs(model, kwargs, forward_backward)
+    return _variant_runs(model, kwargs, trained)
 
 
 def check_grads(model, m32s: list, m64) -> str | None:
