@@ -299,6 +299,20 @@ def _row_local(m: Member, producer: Member, numel: int) -> bool:
     return True
 
 
+def _outgrows_rows(g: FusedGroup, m: Member) -> bool:
+    """Whether pointwise m would do far more work per row than g's reductions, in a group of too few rows to
+    spread it: a Triton group runs one program per row, so m, fused, runs as serially as its rows are few
+    (a loss's backward over every logit after the scalar count of targets it divides by: one program for all of
+    them). m is a kernel of its own then."""
+    if m.is_reduction or symbols.hint(g.numel) >= FEW_ROWS:
+        return False
+    widths = [symbols.hint(ir.prod(r.inner)) for r in g.members if r.is_reduction]
+    inner = symbols.hint(ir.prod(m.inner))
+    return bool(widths) and inner > ROW_GROWTH * max(widths) and inner > ROW_GROWTH_MIN
+
+
+ROW_GROWTH, ROW_GROWTH_MIN = 4, 4096   # (a reduction's epilogue over its rows' elements: as wide as they are)
+FEW_ROWS = 256   # rows enough to keep a GPU's multiprocessors busy
 ACROSS_MAX_R = 4096   # longest row of an across member (Triton keeps it in registers, one program per row)
 
 SCRATCH_BYTES = 128 * 1024  # per-thread row buffers of one group live on the stack
@@ -407,7 +421,7 @@ def _schedule(lowered, row_buffers: bool, mutations: list | None, across: bool =
                 widths = {ir.prod(mm.inner) for mm in g.members if mm.is_reduction}
                 if m is not None and (ir.prod(m.inner) not in widths or symbols.hint(ir.prod(m.inner)) > ACROSS_MAX_R):
                     m = None
-            if m is None:
+            if m is None or (across and _outgrows_rows(g, m)):   # (C++ runs a one-row group's loops in parallel)
                 continue
             inside = [member_of[r] for r in m.reads if r in where and where[r] == j]
             if j == last or inside:

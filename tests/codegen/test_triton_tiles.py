@@ -172,3 +172,18 @@ def test_cumsum_in_a_symbolic_graph_serves_every_size(monkeypatch):
         torch.testing.assert_close(compiled(x), f(x), atol=1e-5, rtol=1e-5)
     assert triton_backend.STATS["graphs"] - before["graphs"] == 1
     assert triton_backend.STATS["eager_graphs"] == before["eager_graphs"]
+
+
+@pytest.mark.parametrize("n,c", [(64, 1000), (100, 333)])
+def test_pointwise_over_everything_after_a_scalar_reduction_is_not_one_program(n, c):
+    """A loss's backward divides every logit's gradient by the count of its targets, a one-element reduction:
+    fused into that reduction's group of one row, the whole pointwise ran in one program. It is a kernel of its
+    own, over every program."""
+    def f(x, t):
+        count = (t != -100).sum()
+        return torch.where(t[:, None] != -100, x.exp() / count, 0.0)
+    t = torch.randint(0, c, (n,), device=DEV)
+    t[1] = -100
+    call = compile_and_check(f, rand(n, c), t)
+    assert len(call.kernels) == 2, call.source
+    assert "[(1,)]" in call.source and call.source.count("[(1,)]") == 1, call.source
