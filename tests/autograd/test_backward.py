@@ -38,6 +38,15 @@ def _step(model, opt, x, y):
     opt.step()
 
 
+def _steps_match(compiled, m1, o1, m2, o2, steps: int) -> None:
+    """`steps` steps of eager _step on (m1, o1) and of `compiled` on (m2, o2), the same state after each."""
+    for _ in range(steps):
+        x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+        _step(m1, o1, x, y)
+        compiled(m2, o2, x, y)
+        _assert_same_training_state(m1, o1, m2, o2)
+
+
 @pytest.mark.parametrize("backend", ["ember", "aot_eager"])
 @pytest.mark.parametrize("make_opt", [lambda ps: torch.optim.Adam(ps, lr=0.01),
                                       lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)], ids=["adam", "sgd"])
@@ -47,11 +56,7 @@ def test_training_step_matches_eager_and_is_one_graph(backend, make_opt):
     m2 = copy.deepcopy(m1)
     o1, o2 = make_opt(m1.parameters()), make_opt(m2.parameters())
     compiled = ember.compile(_step, backend=backend)
-    for _ in range(3):
-        x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
-        _step(m1, o1, x, y)
-        compiled(m2, o2, x, y)
-        _assert_same_training_state(m1, o1, m2, o2)
+    _steps_match(compiled, m1, o1, m2, o2, 3)
     # with the optimizer's state made, the step after zero_grad (which runs in Python) is one graph
     explained = ember.explain(_step)(copy.deepcopy(m1), copy.deepcopy(o1), torch.randn(5, 8), torch.randint(0, 4, (5,)))
     with_backward = [ops for ops in explained.ops_per_graph if grads_of in ops]
@@ -256,17 +261,10 @@ def test_parameters_of_a_sliced_module_list_get_their_gradients(backend):
     m2 = copy.deepcopy(m1)
     o1, o2 = torch.optim.Adam(m1.parameters(), lr=0.01), torch.optim.Adam(m2.parameters(), lr=0.01)
     compiled = ember.compile(_step, backend=backend)
-    for _ in range(3):
-        x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
-        _step(m1, o1, x, y)
-        compiled(m2, o2, x, y)
-        _assert_same_training_state(m1, o1, m2, o2)
+    _steps_match(compiled, m1, o1, m2, o2, 3)
     # a layer swapped in after the compile is the one the next call uses (the slice's layers are guarded inputs)
     m1.layers[1] = torch.nn.Linear(16, 16)
     m2.layers[1] = copy.deepcopy(m1.layers[1])
     o1.add_param_group({"params": m1.layers[1].parameters()})
     o2.add_param_group({"params": m2.layers[1].parameters()})
-    x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
-    _step(m1, o1, x, y)
-    compiled(m2, o2, x, y)
-    _assert_same_training_state(m1, o1, m2, o2)
+    _steps_match(compiled, m1, o1, m2, o2, 1)
