@@ -100,7 +100,11 @@ def test_log_softmax_of_an_input_is_recomputed_from_row_statistics(dtype):
     ref_in = logits.detach().clone().requires_grad_()
     ref = f(ref_in, target)
     ref.backward()
-    torch.testing.assert_close((loss, logits.grad), (ref, ref_in.grad))
+    torch.testing.assert_close(loss, ref)
+    # 16-bit: a log-probability rounded the other way (float32 parts summed in another order than eager's kernel)
+    # moves its row's gradient (p - [target]) / N by up to one rounding of p, over the N = 22 counted targets
+    tol = {} if dtype in (torch.float32, torch.float64) else {"atol": torch.finfo(dtype).eps / 22, "rtol": 0}
+    torch.testing.assert_close(logits.grad, ref_in.grad, **tol)
 
 
 def test_dropout_mask_saved_and_same_as_eager():
