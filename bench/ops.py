@@ -1,12 +1,17 @@
 """Op sweep: the ops and small op patterns ember lowers, eager vs torch.compile (Inductor) vs ember, side by side.
 
     .venv/bin/python bench/ops.py [--device cpu|cuda] [--only a,b] [--no-inductor] [--scale S] [--shard i/n] [--json FILE]
+                                  [--cpu-target native|avx2|avx512] [--threads N] [--clock wall|process]
 
 Each row is one pattern at a realistic size (about 4M elements on the CPU, 16M on the GPU; --scale multiplies them), checked
 against eager first (assert_close; float16/bfloat16 rows at their dtype's tolerance), then timed: the compilers'
 calls interleaved one per round so all see the same load, median of the rounds. Columns: ms per call, and
 eager/compiler ratios (above 1: faster than eager). The summary gives the geomean of ember against Inductor and lists
 every row where ember is more than 5% slower than eager. Inference only (torch.no_grad): the patterns, not autograd.
+--cpu-target runs the sweep as on a CPU that has only that instruction set (bench/suite.py's ISA_ENV: ember's C++,
+ATen's kernels, Inductor's C++ and oneDNN all capped); --threads sets every column's threads; --clock process times
+the calls in this process's CPU time (a shared machine's other work does not add to it; with --threads 1 the wall
+time of an idle machine).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -27,6 +33,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 M = 1 << 20   # elements in a "1M" tensor
+ISA_ENV = {"avx2": {"EMBER_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                    "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+           "avx512": {"EMBER_CPU_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+                      "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+           "native": {}}
 
 
 def _pointwise_chain(n):
@@ -158,7 +169,7 @@ def make_inputs(specs, device):
     return out
 
 
-def median_ms(fns: dict, args, device: str, budget_s: float = 1.5) -> dict:
+def median_ms(fns: dict, args, device: str, budget_s: float = 1.5, clock=time.perf_counter) -> dict:
     """Median ms per call of each compiler, one call of each per round (the same load for all)."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     one = 0.0
@@ -174,14 +185,14 @@ def median_ms(fns: dict, args, device: str, budget_s: float = 1.5) -> dict:
     for _ in range(rounds):
         for k, fn in fns.items():
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn(*args)
             sync()
-            ts[k].append(time.perf_counter() - t0)
+            ts[k].append(clock() - t0)
     return {k: statistics.median(v) * 1e3 for k, v in ts.items()}
 
 
-def run_row(name: str, device: str, scale: float, inductor: bool) -> dict:
+def run_row(name: str, device: str, scale: float, inductor: bool, clock=time.perf_counter) -> dict:
     import ember
     n = int(M * (4 if device == "cuda" else 1) * scale)
     n = max(1 << 16, n // (1 << 16) * (1 << 16))   # a multiple of every row's inner sizes
@@ -214,7 +225,7 @@ def run_row(name: str, device: str, scale: float, inductor: bool) -> dict:
             except Exception as e:   # a failure is a row, not an abort
                 row[f"{k} error"] = f"{type(e).__name__}: {str(e)[:160]}"
                 del fns[k]
-        row.update({f"{k} ms": v for k, v in median_ms(fns, args, device).items()})
+        row.update({f"{k} ms": v for k, v in median_ms(fns, args, device, clock=clock).items()})
     return row
 
 
@@ -231,19 +242,31 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every row's size")
     p.add_argument("--shard", default="1/1", help="i/n: the i-th of n interleaved slices of the rows (1-based)")
     p.add_argument("--json")
+    p.add_argument("--cpu-target", default="native", choices=sorted(ISA_ENV), help="CPU instruction set (module doc)")
+    p.add_argument("--threads", type=int, default=0, help="threads of every column (default: torch's)")
+    p.add_argument("--clock", default="wall", choices=["wall", "process"], help="the timed calls' clock (module doc)")
     a = p.parse_args()
+    env = {**ISA_ENV[a.cpu_target], **({"OMP_NUM_THREADS": str(a.threads)} if a.threads else {})}
+    if any(os.environ.get(k) != v for k, v in env.items()):   # the caps are read at library load: a fresh process
+        # Inductor's cache would serve kernels built for another target (wrong results): its own directory
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix=f"ops_inductor_{a.cpu_target}_"))
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+    if a.threads:
+        torch.set_num_threads(a.threads)
     names = [k for k in PATTERNS if not a.only or any(s in k for s in a.only.split(","))]
     i, n = map(int, a.shard.split("/"))
     names = names[i - 1::n]
     dev = torch.cuda.get_device_name() if a.device == "cuda" else (platform.processor() or platform.machine())
     print(f"# bench/ops.py  {datetime.datetime.now().isoformat(timespec='minutes')}  {a.device}: {dev}, "
-          f"{os.cpu_count()} cores, torch {torch.__version__}, load {os.getloadavg()[0]:.2f}")
+          f"{os.cpu_count()} cores, torch {torch.__version__}, load {os.getloadavg()[0]:.2f}, target {a.cpu_target}, "
+          f"threads {torch.get_num_threads()}, clock {a.clock}")
     print(f"| {'pattern':24s} | {'elements':>9s} | {'dtype':8s} | {'eager ms':>9s} | {'inductor ms':>11s} | {'ember ms':>9s} "
           f"| {'ind x':>6s} | {'ember x':>7s} | {'ember/ind':>9s} |")
     print("|" + "|".join("-" * (w + 2) for w in (24, 9, 8, 9, 11, 9, 6, 7, 9)) + "|")
     rows = []
     for name in names:
-        r = run_row(name, a.device, a.scale, not a.no_inductor)
+        r = run_row(name, a.device, a.scale, not a.no_inductor,
+                    time.process_time if a.clock == "process" else time.perf_counter)
         rows.append(r)
         e, i, m = (r.get(f"{k} ms", float("nan")) for k in ("eager", "inductor", "ember"))
         print(f"| {name:24s} | {r['elements']:9d} | {r['dtype']:8s} | {e:9.3f} | {i:11.3f} | {m:9.3f} | {e / i:5.2f}x "

@@ -17,7 +17,8 @@ import torch
 
 from ember import ir
 from ember.ir import Expr, IndirectSymbol, symbols
-from ember.codegen import cpp_lowp, cpp_sums, printer
+from ember.codegen import cpp_lanes, cpp_lowp, cpp_sums, printer
+from ember.codegen.cpp_libm import ERF_AS, EXP_DOMAIN, MVEC_BINARY, MVEC_UNARY, _mvec_decls, exp_leaves_domain  # noqa: F401
 from ember.codegen.schedule import X0, FusedGroup, Member, Schedule, rvars
 from ember.runtime import cache
 
@@ -78,54 +79,6 @@ template <typename T> static inline T ember_rand(int64_t seed, int64_t i) {
 }
 """
 
-# libm functions with vector variants in glibc's libmvec: called through ember_<name>[f] aliases declared
-# `simd`, so loops calling them vectorize (and g++ does not merge sin+cos into sincos, which has none)
-MVEC_UNARY = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "erfc", "exp", "exp2", "expm1",
-              "log", "log10", "log1p", "log2", "sin", "sinh", "tan", "tanh")
-MVEC_BINARY = ("atan2", "hypot", "pow")
-
-
-# libmvec's exp sends a lane beyond |x| of 87.33 (float) / 708.39 (double) to the scalar exp, a slow path per
-# lane: a softmax over rows masked with -inf spends its time there. Where an infinite or huge
-# constant can reach exp's argument (`exp_leaves_domain`: masked_fill(-inf), where(m, x, -finfo.max)) the
-# exp is ember_exp_guarded[f]: libmvec's on |x| at most 87 / 704 and exp(x / 2)^2 beyond (1 ulp more), 0 where
-# it underflows by a select, never a multiply (a denormal product is a microcode assist too). Elsewhere the
-# guard would double exp's cost, so plain libmvec.
-EXP_DOMAIN = {torch.float32: 87.0, torch.float64: 704.0}
-GUARDED_EXP = "".join(rf"""
-static inline EMBER_NO_TRAPS {t} ember_exp_guarded{sfx}({t} x) {{
-  bool in = (x >= -{lim}) & (x <= {lim});   // false for NaN, which the libm path keeps
-  {t} h = x * (in ? {t}(1) : {t}(0.5));   // (no arithmetic in a select's arm: g++ then vectorizes it on AVX2)
-  {t} c = h < -{lim} ? -{lim} : h;
-  c = c > {lim} ? {lim} : c;
-  {t} e(ember_exp{sfx}(c));
-  return e * (in ? {t}(1) : (x < {t}({zero}) ? {t}(0) : e));
-}}""" for t, sfx, lim, zero in (("float", "f", "87.0f", -104), ("double", "", "704.0", -746)))
-
-
-def exp_leaves_domain(x: Expr) -> bool:
-    """Whether a constant beyond libmvec's fast exp domain (an infinity, -finfo.max) is among what `x` is
-    computed from."""
-    lim = EXP_DOMAIN.get(x.dtype)
-    return lim is not None and any(y.op == "const" and isinstance(y.args[0], float) and not abs(y.args[0]) <= lim
-                                   for y in x.walk())
-
-
-def _mvec_decls() -> str:
-    out = ['#define EMBER_SIMD __attribute__((simd("notinbranch"), const, nothrow))', 'extern "C" {']
-    for n in MVEC_UNARY:
-        out.append(f'EMBER_SIMD float ember_{n}f(float) __asm__("{n}f"); EMBER_SIMD double ember_{n}(double) __asm__("{n}");')
-    for n in MVEC_BINARY:
-        out.append(f'EMBER_SIMD float ember_{n}f(float, float) __asm__("{n}f"); '
-                   f'EMBER_SIMD double ember_{n}(double, double) __asm__("{n}");')
-    out.append("}")
-    out.append('#if defined(__AVX512F__)\n#define EMBER_WIDE __attribute__((target("prefer-vector-width=512")))\n'
-               '#else\n#define EMBER_WIDE\n#endif')
-    out.append('#if defined(__GNUC__) && !defined(__clang__)\n#define EMBER_NO_TRAPS __attribute__((optimize("no-trapping-math")))\n'
-               '#else\n#define EMBER_NO_TRAPS\n#endif')
-    return "\n".join(out) + GUARDED_EXP
-
-
 def _transpose16() -> str:
     """ember_transpose16(src, dst): dst = the transpose of src, 16x16 4-byte values, in registers (a tiled
     transpose's scattered stores into its tile cost ~2x the whole copy). Stage s swaps the off-diagonal s x s blocks
@@ -144,7 +97,7 @@ def _transpose16() -> str:
     return "\n".join(out + ["  __builtin_memcpy(dst, r, sizeof r);", "}"])
 
 
-PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls()).replace("//@TRANSPOSE@", _transpose16()) + cpp_lowp.PRELUDE
+PRELUDE = PRELUDE.replace("//@MVEC@", _mvec_decls()).replace("//@TRANSPOSE@", _transpose16()) + cpp_lowp.PRELUDE + ERF_AS
 cache.SHARED_PRELUDES.add(PRELUDE)
 UNARY_FLOAT = {"exp": "std::exp({})", "exp2": "std::exp2({})", "log": "std::log({})", "log2": "std::log2({})",
                "log10": "std::log10({})", "sqrt": "std::sqrt({})", "rsqrt": "({t}(1) / std::sqrt({}))",
@@ -175,7 +128,7 @@ BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "truediv":
 UNARY_BOOL = {"bitwise_not": "(!{})"}
 BINARY_BOOL = {"add": "({} || {})", "mul": "({} && {})", "maximum": "({} || {})", "minimum": "({} && {})"}
 # libmvec's functions, through their `simd` aliases (see MVEC_UNARY)
-MVEC_UNARY_FORMS = {n: f"ember_{n}{{sfx}}({{}})" for n in MVEC_UNARY}
+MVEC_UNARY_FORMS = {**{n: f"ember_{n}{{sfx}}({{}})" for n in MVEC_UNARY}, "erf": "ember_erf_as{sfx}({})"}
 MVEC_BINARY_FORMS = {n: f"ember_{n}{{sfx}}({{}}, {{}})" for n in MVEC_BINARY}
 REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
 OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "max": "max", "min": "min"}
@@ -760,7 +713,11 @@ def _sums(ms: list, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
     updates = [f"{bind}{parts[acc] if acc in parts else acc} += {b.emit(m.body.args[0] if acc in parts else m.body)};"
                for m, acc in zip(ms, accs)]
     head, close = cpp_sums.partial_loops(b.nest(head), close, inner, parts, _size_code(inner[-1]))
-    lines += [ind + "{"] + b.pre + b.loop(head, b.lines + updates, close) + [ind + "}"]
+    loop = b.pre + b.loop(head, b.lines + updates, close)
+    types = {**{acc: CTYPE[m.body.dtype] for m, acc in zip(ms, accs)}, **{p: "float" for p in parts.values()}}
+    if cpp_lanes.worth(types, _hint(inner[-1])):
+        loop = cpp_lanes.split(loop, types)
+    lines += [ind + "{"] + loop + [ind + "}"]
     for m, acc in zip(ms, accs):
         lines += _reduced(m, acc, ind)
     return lines
@@ -936,10 +893,18 @@ def _member(m: Member, ptrs, scalars, ind, parallel_inner, rows) -> list[str]:
         if not fl:
             upd = f"if ({v} {cmp} {acc}) {{ {acc} = {v}; {acc}_i = {flat}; }}"
     loop = b.pre + b.loop(head, b.lines + [bind + upd], close)
+    types = {acc: vt, f"{acc}_nan": flag if kind in ("max", "min") else "bool", **{p: "float" for p in parts.values()}}
+    if simple and m.inner and cpp_lanes.worth({acc: vt}, _hint(inner[-1])):
+        loop = cpp_lanes.split(loop, types)
     lines += [ind + "{"] + loop + [ind + "}"] if m.inner else loop
     if kind in ("max", "min") and fl:
         lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{vt}>::quiet_NaN();")
     return lines + _reduced(m, f"{acc}_i" if kind.startswith("arg") else acc, ind)
+
+
+def _hint(n) -> int:
+    """A loop's extent, or its example's where symbolic (a heuristic's input)."""
+    return int(n) if symbols.is_static(n) else symbols.hint(n)
 
 
 def _storage(dtype: torch.dtype) -> str:

@@ -228,6 +228,11 @@ def merged_dims(buf: Pointwise) -> list[list[int]]:
     nodes = view.fn(idx).walk()
     offsets = [x.args[1] for x in nodes if x.op == "load"]
     offsets.append(sum((i * st for i, st in zip(idx, view.stride)), sympy.Integer(0)))
+    # with each dim's range: a reshape's div/mod that cancels within it (a group norm's [N, G, C/G*H*W] statistics
+    # view read as [N, C, H, W]) is affine again, and H, W merge (rows of 1024, not of W = 32). Size-1 dims get
+    # no range: merging them changes no loop but would move where rows split (a [1, C, 1, 1] buffer as 1 row)
+    ranges = {i: s for i, s in zip(idx, view.size) if s != 1}
+    offsets = [ir.simplify_index(off, ranges) for off in offsets]
     blocked = set()
     for x in nodes:  # index values and indirect indices must see the dims as they are
         if x.op == "index":

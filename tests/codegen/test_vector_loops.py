@@ -159,7 +159,7 @@ def test_batch_norm_backward_sums_take_float_partials_and_vectorize():
         return torch.ops.aten.native_batch_norm_backward(dy, x, weight, None, None, mean, invstd, True, 1e-5,
                                                          [True, True, True])
     src, kernels = compiled(bn_backward, [x, y, gp, weight, mean, invstd])
-    assert kernels.count("_part += ") == 2 and "double" in kernels, kernels
+    assert kernels.count("_part += ") >= 2 and "double" in kernels, kernels   # (more where in lanes, cpp_lanes)
     assert re.search(r"float q\d+ = arg2\[", kernels), kernels   # the pooled gradient, before the innermost loop
     if config.CPU_ISA != "portable":
         assert scalar_float_compares(src) == [], kernels
