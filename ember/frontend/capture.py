@@ -30,6 +30,7 @@ from ember.frontend.values import (
 )
 from ember.autograd.recorder import cuda_attention
 from ember.ir.meta import MATMUL_METHODS, MATMULS, fake_of_real, fast_result, symbolic_matmul
+from ember.ir.symbols import SizeDecision, no_new_guards
 
 # What an op's own argument checks raise (a shape mismatch, an index out of range): raised by a fake run, the op
 # raises on the real tensors too. Fake tensors' own errors (data-dependent sizes, no fake kernel) are subclasses.
@@ -241,12 +242,21 @@ class Capture:
         fake_kwargs = map_v(kwargs, to_fake)
         # the commonest ops on plain inputs: the result's metadata without a FakeTensorMode dispatch (ember.ir.meta)
         symbolic = self.symbols is not None and self.symbols.any
-        out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs) if not symbolic else None
-        if symbolic and not fake_kwargs and len(fake_args) == 2 and (
+        if not symbolic:
+            out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs)
+        else:
+            # symbolic sizes: the same rules with the ShapeEnv closed, so each comparison they make on a size is
+            # one its ranges decide (a symbol is >= 2) and any other gives up on the rule, never adding a guard
+            try:
+                with no_new_guards(self.symbols.shape_env):
+                    out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs)
+            except SizeDecision:
+                out = None
+        if out is None and symbolic and not fake_kwargs and len(fake_args) == 2 and (
                 target in MATMULS if kind == "call_function" else kind == "call_method" and target in MATMUL_METHODS):
             with self.fake_mode:
                 out = symbolic_matmul(*fake_args)
-        elif symbolic and target is F.scaled_dot_product_attention:
+        elif out is None and symbolic and target is F.scaled_dot_product_attention:
             try:   # (what the ATen recorder records: torch's C++ choice on fakes reads sizes as ints)
                 with self.fake_mode:
                     out = cuda_attention(*fake_args, **fake_kwargs)
