@@ -28,6 +28,7 @@ from ember.frontend.symbolic import SYM_TYPES, Symbols, check_no_unbacked, log_d
 from ember.frontend.values import (
     AutocastExit, AutocastExitV, CellV, ConstV, DictV, GradExit, GradModeExitV, ListV, ObjV, SetV, TensorV, TupleV, V,
 )
+from ember.autograd.fake_dispatch import SymbolicFakeMode
 from ember.autograd.recorder import cuda_attention
 from ember.ir.meta import MATMUL_METHODS, MATMULS, fake_of_real, fast_result, symbolic_matmul
 from ember.ir.symbols import SizeDecision, no_new_guards
@@ -53,8 +54,9 @@ class Capture:
         # symbolic sizes (ember.frontend.symbolic): a ShapeEnv only where this capture may have a symbolic dim
         self.dims = dims
         self.symbols = Symbols(self) if dims is not None and dims.may_be_symbolic() else None
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True,
-                                        shape_env=self.symbols.shape_env if self.symbols is not None else None)
+        # (with symbols: SymbolicFakeMode, which answers a few ops directly that symbolic sizes make slow)
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if self.symbols is None else \
+            SymbolicFakeMode(allow_non_fake_inputs=True, shape_env=self.symbols.shape_env)
         self.guards = Guards(consts)
         self.consts = consts
         self.by_source: dict[str, V] = {}
