@@ -11,6 +11,7 @@ from torch.utils._mode_utils import no_dispatch
 
 from ember.autograd.functionalize import _is_write
 from ember.ir.meta import FLOATS, contiguous_strides, conv2d_output_shape
+from ember.ir.symbols import SizeDecision, no_new_guards
 
 aten = torch.ops.aten
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -249,3 +250,156 @@ def _fake_call(func, args, kwargs):
                 and func._overloadname == "Tensor"):
             raise
         return [torch.empty_like(t) for t in args[0]]
+
+
+# ------------------------------------------------------------------------------ symbolic sizes: direct results
+
+def _dense(mode: FakeTensorMode, t, device=None, dtype=None) -> bool:
+    """A fake tensor of `mode` with canonical contiguous strides (sizes symbolic or not), no bits, no constant;
+    called with the ShapeEnv closed, so a comparison its ranges do not decide raises SizeDecision."""
+    return (type(t) is FakeTensor and t.fake_mode is mode and t.layout is torch.strided and t.constant is None
+            and (device is None or t.fake_device == device) and (dtype is None or t.dtype == dtype)
+            and t.dtype in FLOATS and not t.is_neg() and not t.is_conj() and t.storage_offset() == 0
+            and t.stride() == contiguous_strides(t.shape))
+
+
+def _like(mode, t, dtype=None):
+    return _fake_tensor(mode, tuple(t.shape), t.stride(), dtype or t.dtype, t.fake_device)
+
+
+def _sym_unary(mode, args, kwargs):
+    """relu(x): a result like x."""
+    return _like(mode, args[0]) if len(args) == 1 and not kwargs and _dense(mode, args[0]) else None
+
+
+def _sym_log_softmax(mode, args, kwargs):
+    """_log_softmax(x, dim, half_to_float=False): a result like x."""
+    if kwargs or len(args) != 3 or args[2] is not False or type(args[1]) is not int or not _dense(mode, args[0]):
+        return None
+    return _like(mode, args[0])
+
+
+def _sym_nll_loss(mode, args, kwargs):
+    """nll_loss_forward(x (N, C), target (N,), weight=None, reduction mean or sum, ignore_index): the loss and
+    the total weight, 0-d tensors of x's dtype."""
+    if kwargs or len(args) != 5 or args[2] is not None or args[3] not in (1, 2) or type(args[4]) is not int:
+        return None
+    x, target = args[0], args[1]
+    if not _dense(mode, x) or x.dim() != 2 or type(target) is not FakeTensor or target.dtype != torch.int64 or \
+            target.dim() != 1 or target.fake_mode is not mode or target.shape[0] != x.shape[0]:
+        return None
+    return _fake_tensor(mode, (), (), x.dtype, x.fake_device), _fake_tensor(mode, (), (), x.dtype, x.fake_device)
+
+
+def _sym_threshold_backward(mode, args, kwargs):
+    """threshold_backward(grad, x, threshold) of same-shape, same-dtype tensors: a result like grad."""
+    if kwargs or len(args) != 3 or type(args[2]) not in (int, float) or not _dense(mode, args[0]):
+        return None
+    g, x = args[0], args[1]
+    if not _dense(mode, x, g.fake_device, g.dtype) or tuple(x.shape) != tuple(g.shape):
+        return None
+    return _like(mode, g)
+
+
+def _sym_log_softmax_backward(mode, args, kwargs):
+    """_log_softmax_backward_data(grad, out, dim, input_dtype) of same-shape tensors of input_dtype: like grad."""
+    if kwargs or len(args) != 4 or type(args[2]) is not int or not _dense(mode, args[0], None, args[3]):
+        return None
+    g, out = args[0], args[1]
+    if not _dense(mode, out, g.fake_device, g.dtype) or tuple(out.shape) != tuple(g.shape):
+        return None
+    return _like(mode, g)
+
+
+def _sym_nll_loss_backward(mode, args, kwargs):
+    """nll_loss_backward(grad, x (N, C), target, weight=None, reduction mean or sum, ignore_index, total_weight):
+    a result like x."""
+    if kwargs or len(args) != 7 or args[3] is not None or args[4] not in (1, 2) or type(args[5]) is not int:
+        return None
+    g, x, target, total = args[0], args[1], args[2], args[6]
+    if not _dense(mode, x) or x.dim() != 2 or any(type(t) is not FakeTensor or t.fake_mode is not mode
+                                                 for t in (g, target, total)) or g.dim() != 0 or total.dim() != 0:
+        return None
+    return _like(mode, x)
+
+
+def _bn_vectors(mode, x, vectors) -> bool:
+    """Batch norm's per-channel vectors (None or dense (C,) of x's dtype, C = x.shape[1])."""
+    return all(v is None or (_dense(mode, v, x.fake_device, x.dtype) and v.dim() == 1 and v.shape[0] == x.shape[1])
+               for v in vectors)
+
+
+def _bn_input(mode, x) -> bool:
+    return _dense(mode, x) and x.dtype in (torch.float32, torch.float64) and x.dim() >= 2
+
+
+def _channels(mode, x):
+    return _fake_tensor(mode, (x.shape[1],), (1,), x.dtype, x.fake_device)
+
+
+def _sym_batch_norm(mode, args, kwargs):
+    """native_batch_norm(x, weight, bias, running_mean, running_var, training=True, momentum, eps) of a float32 or
+    float64 input: the output like x and the saved mean and inverse deviation, (C,) of x's dtype."""
+    if kwargs or len(args) != 8 or args[5] is not True or not _bn_input(mode, args[0]) or \
+            not _bn_vectors(mode, args[0], args[1:5]):
+        return None
+    x = args[0]
+    return _like(mode, x), _channels(mode, x), _channels(mode, x)
+
+
+def _sym_batch_norm_functional(mode, args, kwargs):
+    """_native_batch_norm_legit_functional(x, weight, bias, running_mean, running_var, training=True, momentum,
+    eps): native_batch_norm's three results and the new running statistics."""
+    if kwargs or len(args) != 8 or args[5] is not True or args[3] is None or args[4] is None or \
+            not _bn_input(mode, args[0]) or not _bn_vectors(mode, args[0], args[1:5]):
+        return None
+    x = args[0]
+    return (_like(mode, x), *(_channels(mode, x) for _ in range(4)))
+
+
+def _sym_batch_norm_backward(mode, args, kwargs):
+    """native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train=True,
+    eps, output_mask all True): the gradients of x (like x), weight and bias ((C,) of x's dtype)."""
+    if kwargs or len(args) != 10 or args[7] is not True or list(args[9]) != [True, True, True] or \
+            args[2] is None or not _bn_input(mode, args[1]) or not _bn_vectors(mode, args[1], args[2:7]):
+        return None
+    g, x = args[0], args[1]
+    if not _dense(mode, g, x.fake_device, x.dtype) or tuple(g.shape) != tuple(x.shape):
+        return None
+    return _like(mode, x), _channels(mode, x), _channels(mode, x)
+
+
+# ATen ops whose fake dispatch runs a Python decomposition on symbolic sizes (FakeTensorMode's cache then holds
+# it per ShapeEnv only: each capture and trace of a symbolic graph pays it anew), answered directly
+_SYMBOLIC_DIRECT = {
+    aten.relu.default: _sym_unary,
+    aten._log_softmax.default: _sym_log_softmax,
+    aten.nll_loss_forward.default: _sym_nll_loss,
+    aten.threshold_backward.default: _sym_threshold_backward,
+    aten._log_softmax_backward_data.default: _sym_log_softmax_backward,
+    aten.nll_loss_backward.default: _sym_nll_loss_backward,
+    aten.native_batch_norm.default: _sym_batch_norm,
+    aten._native_batch_norm_legit_functional.default: _sym_batch_norm_functional,
+    aten.native_batch_norm_backward.default: _sym_batch_norm_backward,
+}
+
+
+class SymbolicFakeMode(FakeTensorMode):
+    """The FakeTensorMode of a capture with symbolic sizes (the ATen trace of its graph runs in it too): the ops
+    of _SYMBOLIC_DIRECT on symbolic inputs their rule takes are answered from the inputs' metadata, each rule run
+    with the ShapeEnv closed (ir.symbols.no_new_guards: a size comparison the symbols' ranges do not decide gives
+    up on the rule, never adds a guard); everything else dispatches as FakeTensorMode does.
+    tests/autograd/test_fake_dispatch.py compares each rule with FakeTensorMode."""
+
+    def dispatch(self, func, types, args=(), kwargs=None):
+        rule = _SYMBOLIC_DIRECT.get(func)
+        if rule is not None and not self.in_kernel_invocation and self.shape_env is not None and \
+                any(type(a) is FakeTensor and a._has_symbolic_sizes_strides for a in args):
+            try:
+                with no_new_guards(self.shape_env):
+                    out = rule(self, args, kwargs or {})
+            except SizeDecision:
+                out = None
+            if out is not None:
+                return out
+        return super().dispatch(func, types, args, kwargs)

@@ -28,8 +28,10 @@ from ember.frontend.symbolic import SYM_TYPES, Symbols, check_no_unbacked, log_d
 from ember.frontend.values import (
     AutocastExit, AutocastExitV, CellV, ConstV, DictV, GradExit, GradModeExitV, ListV, ObjV, SetV, TensorV, TupleV, V,
 )
+from ember.autograd.fake_dispatch import SymbolicFakeMode
 from ember.autograd.recorder import cuda_attention
 from ember.ir.meta import MATMUL_METHODS, MATMULS, fake_of_real, fast_result, symbolic_matmul
+from ember.ir.symbols import SizeDecision, no_new_guards
 
 # What an op's own argument checks raise (a shape mismatch, an index out of range): raised by a fake run, the op
 # raises on the real tensors too. Fake tensors' own errors (data-dependent sizes, no fake kernel) are subclasses.
@@ -52,8 +54,9 @@ class Capture:
         # symbolic sizes (ember.frontend.symbolic): a ShapeEnv only where this capture may have a symbolic dim
         self.dims = dims
         self.symbols = Symbols(self) if dims is not None and dims.may_be_symbolic() else None
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True,
-                                        shape_env=self.symbols.shape_env if self.symbols is not None else None)
+        # (with symbols: SymbolicFakeMode, which answers a few ops directly that symbolic sizes make slow)
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if self.symbols is None else \
+            SymbolicFakeMode(allow_non_fake_inputs=True, shape_env=self.symbols.shape_env)
         self.guards = Guards(consts)
         self.consts = consts
         self.by_source: dict[str, V] = {}
@@ -241,12 +244,21 @@ class Capture:
         fake_kwargs = map_v(kwargs, to_fake)
         # the commonest ops on plain inputs: the result's metadata without a FakeTensorMode dispatch (ember.ir.meta)
         symbolic = self.symbols is not None and self.symbols.any
-        out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs) if not symbolic else None
-        if symbolic and not fake_kwargs and len(fake_args) == 2 and (
+        if not symbolic:
+            out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs)
+        else:
+            # symbolic sizes: the same rules with the ShapeEnv closed, so each comparison they make on a size is
+            # one its ranges decide (a symbol is >= 2) and any other gives up on the rule, never adding a guard
+            try:
+                with no_new_guards(self.symbols.shape_env):
+                    out = fast_result(self.fake_mode, kind, target, fake_args, fake_kwargs)
+            except SizeDecision:
+                out = None
+        if out is None and symbolic and not fake_kwargs and len(fake_args) == 2 and (
                 target in MATMULS if kind == "call_function" else kind == "call_method" and target in MATMUL_METHODS):
             with self.fake_mode:
                 out = symbolic_matmul(*fake_args)
-        elif symbolic and target is F.scaled_dot_product_attention:
+        elif out is None and symbolic and target is F.scaled_dot_product_attention:
             try:   # (what the ATen recorder records: torch's C++ choice on fakes reads sizes as ints)
                 with self.fake_mode:
                     out = cuda_attention(*fake_args, **fake_kwargs)

@@ -17,7 +17,7 @@ import operator
 import sympy
 import torch
 import torch.fx
-from torch._guards import Source
+from torch._guards import SLoc, Source
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unbacked_symbols
 from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 from torch.utils._sympy.printers import PythonPrinter
@@ -61,6 +61,16 @@ for _name, _fn in (("ToFloat", "float"), ("OpaqueUnaryFn_sqrt", "___math.sqrt"),
     setattr(_SourcePrinter, f"_print_{_name}", lambda self, e, fn=_fn: f"{fn}({self._print(e.args[0])})")
 
 
+class CaptureShapeEnv(ShapeEnv):
+    """torch's ShapeEnv without its source lookup: torch finds a symbol's or guard's line by walking the Python
+    stack past a set of "uninteresting" files, and building that set imports torch.export._trace and inductor
+    (a tenth of a second of a loop's first compile). Under ember the frame it would find is the interpreter's,
+    not the user's; ember notes each guard at the user's line itself (Frame.run, Symbols.note_guards)."""
+
+    def _get_stack_summary(self, is_debug: bool = False, framework_loc: str | None = None) -> tuple[SLoc, str]:
+        return SLoc(framework_loc, None), ""
+
+
 class Symbols:
     """The symbols of one capture."""
 
@@ -68,7 +78,7 @@ class Symbols:
         self.cap = cap
         # (static by default: a tensor faked by FakeTensorMode.from_tensor, which ember did not make symbolic, keeps
         # its sizes; the symbolic dims are created here, Symbols.fake)
-        self.shape_env = ShapeEnv(assume_static_by_default=True)
+        self.shape_env = CaptureShapeEnv(assume_static_by_default=True)
         self.shape_env._ember_symbols = self        # (a SymInt finds its capture through its ShapeEnv)
         self.sources: dict[sympy.Symbol, list[str]] = {}
         self.placeholders: dict[sympy.Symbol, torch.fx.Node] = {}
