@@ -44,14 +44,33 @@ def run_sample(op, dtype, sample) -> tuple[str, str]:
     got = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
     try:
         assert len(got) == len(ref_leaves)
-        for g, r in zip(got, ref_leaves):
+        for k, (g, r) in enumerate(zip(got, ref_leaves)):
             tol = {"atol": 1e-5, "rtol": 1.3e-5} if dtype == torch.float32 else {}
-            torch.testing.assert_close(g, r, equal_nan=True, **tol)
+            try:
+                torch.testing.assert_close(g, r, equal_nan=True, **tol)
+            except AssertionError:
+                if dtype == torch.float32 or not _as_close_to_float64(g, r, fn, tensors, k):
+                    raise
     except AssertionError as e:
         return "FAIL", str(e).split("\n")[0][:200] + " | " + " ".join(str(e).split("\n")[2:4])[:200]
     if not hasattr(compiled, "compiled"):
         return "eager-graph", ""
     return ("pass+fallback" if sum(lower.FALLBACK_COUNTS.values()) - before else "pass"), ""
+
+
+def _as_close_to_float64(got, ref, fn, tensors, k: int) -> bool:
+    """A 16-bit result that differs from eager's passes where no element is further from a float64 run of the op
+    than eager's is plus one rounding (eager's 16-bit kernels may round intermediates: its group_norm is 2.3
+    bfloat16 ulps off where ember's result is the float64 one rounded once)."""
+    if got.dtype != ref.dtype or got.shape != ref.shape or not got.is_floating_point():
+        return False
+    wide = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors]
+    try:
+        exact = [o for o in pytree.tree_leaves(fn(*wide)) if isinstance(o, torch.Tensor)][k].double()
+    except Exception:
+        return False
+    ulp = torch.finfo(got.dtype).eps * exact.abs()
+    return bool(((got.double() - exact).abs() <= (ref.double() - exact).abs() + ulp).all())
 
 
 def sweep(ops, max_samples=2, out=print):

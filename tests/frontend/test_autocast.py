@@ -155,7 +155,8 @@ def test_loss_compiled_under_autocast_backward_outside_matches_eager(backend):
                 loss = fn(xi, y, wi)
             loss.backward()
             losses.append(loss)
-        torch.testing.assert_close(losses[0], losses[1])
+        # (the mean of 3,200 float32 exponentials: another summation order alone moves it by ~1e-6 of itself)
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(xs[0].grad, xs[1].grad)
         torch.testing.assert_close(ws[0].grad, ws[1].grad)
 
