@@ -295,8 +295,13 @@ def _sym_threshold_backward(mode, args, kwargs):
     """threshold_backward(grad, x, threshold) of same-shape, same-dtype tensors: a result like grad."""
     if kwargs or len(args) != 3 or type(args[2]) not in (int, float) or not _dense(mode, args[0]):
         return None
-    g, x = args[0], args[1]
-    if not _dense(mode, x, g.fake_device, g.dtype) or tuple(x.shape) != tuple(g.shape):
+    return _like_paired(mode, args[0], args[1])
+
+
+def _like_paired(mode, g, other):
+    """A result like g, where `other` is dense of g's shape, device and dtype (an elementwise backward's
+    operands); None otherwise."""
+    if not _dense(mode, other, g.fake_device, g.dtype) or tuple(other.shape) != tuple(g.shape):
         return None
     return _like(mode, g)
 
@@ -305,10 +310,7 @@ def _sym_log_softmax_backward(mode, args, kwargs):
     """_log_softmax_backward_data(grad, out, dim, input_dtype) of same-shape tensors of input_dtype: like grad."""
     if kwargs or len(args) != 4 or type(args[2]) is not int or not _dense(mode, args[0], None, args[3]):
         return None
-    g, out = args[0], args[1]
-    if not _dense(mode, out, g.fake_device, g.dtype) or tuple(out.shape) != tuple(g.shape):
-        return None
-    return _like(mode, g)
+    return _like_paired(mode, args[0], args[1])
 
 
 def _sym_nll_loss_backward(mode, args, kwargs):

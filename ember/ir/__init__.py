@@ -280,9 +280,10 @@ def _collected(e):
 
 def _size_coeff(t):
     """(coefficient, rest) of a term whose coefficient may hold size symbols (s1*((x // s1) % s0) -> s1, ...)."""
-    factors = sympy.Mul.make_args(t)
-    c = [f for f in factors if f.is_Number or f.free_symbols <= symbols.HINTS.keys()]
-    return sympy.Mul(*c), sympy.Mul(*[f for f in factors if not (f.is_Number or f.free_symbols <= symbols.HINTS.keys())])
+    coeff, rest = [], []
+    for f in sympy.Mul.make_args(t):
+        (coeff if f.is_Number or f.free_symbols <= symbols.HINTS.keys() else rest).append(f)
+    return sympy.Mul(*coeff), sympy.Mul(*rest)
 
 
 def _split_low(x, ranges):
